@@ -1,0 +1,121 @@
+"""The `opsctl` command line. Thin by design: parse arguments, call one function per command.
+
+Every command turns an OpsctlError into one line on stderr and its documented exit code
+(see opsctl/errors.py).
+"""
+
+import functools
+import sys
+
+import click
+
+from opsctl import __version__
+from opsctl.errors import ExitCode, OpsctlError
+
+
+def one_line_errors(func):
+    """Run a command body; an OpsctlError becomes one stderr line and its exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            code = func(*args, **kwargs)
+        except OpsctlError as err:
+            click.echo(f"opsctl: error: {err}", err=True)
+            sys.exit(int(err.exit_code))
+        sys.exit(int(code or ExitCode.OK))
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="opsctl")
+def main():
+    """Provision and keep healthy NVIDIA H200 GPU clusters."""
+
+
+# ---- health, nodes, drain, resume, history -------------------------------------------------
+# (section: health)
+# ---- end health ----------------------------------------------------------------------------
+
+
+# ---- lab: the simulated cluster on this machine --------------------------------------------
+@main.group()
+def lab():
+    """The simulated cluster: real Slurm and Prometheus, emulated H200 nodes."""
+
+
+@lab.command("up")
+@click.option("--nodes", type=click.IntRange(1, 1000), default=64, show_default=True, help="Emulated H200 nodes.")
+@click.option("--scrape-interval", type=click.IntRange(1, 300), default=5, show_default=True,
+              help="Prometheus scrape interval, seconds.")
+@one_line_errors
+def lab_up(nodes, scrape_interval):
+    """Start (or keep) the simulated cluster and wait until it is ready."""
+    from opsctl.lab.cluster import up
+
+    return up(nodes=nodes, scrape_interval=scrape_interval)
+
+
+@lab.command("down")
+@one_line_errors
+def lab_down():
+    """Stop every process the lab started."""
+    from opsctl.lab.cluster import down
+
+    return down()
+
+
+@lab.command("status")
+@one_line_errors
+def lab_status():
+    """Show what the lab runs."""
+    from opsctl.lab.cluster import status
+
+    return status()
+
+
+@lab.command("env")
+@one_line_errors
+def lab_env():
+    """Print shell exports: eval "$(opsctl lab env)"."""
+    from opsctl.lab.cluster import env
+
+    return env()
+
+
+@lab.command("inject")
+@click.argument("node")
+@click.argument("fault")
+@click.option("--gpu", type=click.IntRange(0, 7), default=None, help="GPU index (default 0).")
+@click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
+@one_line_errors
+def lab_inject(node, fault, gpu, hca):
+    """Inject FAULT into NODE's emulated hardware (see `opsctl lab faults`)."""
+    from opsctl.lab.cluster import inject
+
+    return inject(node, fault, gpu=gpu, hca=hca)
+
+
+@lab.command("clear")
+@click.argument("node")
+@one_line_errors
+def lab_clear(node):
+    """Clear every fault on NODE."""
+    from opsctl.lab.cluster import clear
+
+    return clear(node)
+
+
+@lab.command("faults")
+@one_line_errors
+def lab_faults():
+    """List the faults that `inject` takes."""
+    from opsctl.lab.faults import describe_faults
+
+    click.echo(describe_faults())
+    return ExitCode.OK
+
+
+# (section: lab machines)
+# ---- end lab -------------------------------------------------------------------------------

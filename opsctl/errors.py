@@ -1,0 +1,60 @@
+"""Exit codes and the one error type that the CLI turns into a one-line message.
+
+Exit codes (documented in README.md, "Exit codes"):
+  0 OK              no failing node
+  1 FAILING         failing nodes found
+  2 USAGE           usage or config error
+  3 SOURCE_DOWN     a data source (Prometheus, Slurm) was unavailable; no action was taken
+  4 SAFETY_STOP     a safety limit stopped the run (circuit breaker, budget, lock held)
+Precedence when several apply: 2 > 3 > 4 > 1.
+"""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILING = 1
+    USAGE = 2
+    SOURCE_DOWN = 3
+    SAFETY_STOP = 4
+
+
+_PRECEDENCE = [ExitCode.USAGE, ExitCode.SOURCE_DOWN, ExitCode.SAFETY_STOP, ExitCode.FAILING, ExitCode.OK]
+
+
+def worst(*codes: ExitCode) -> ExitCode:
+    """The code that wins by the documented precedence (2 > 3 > 4 > 1 > 0)."""
+    for code in _PRECEDENCE:
+        if code in codes:
+            return code
+    return ExitCode.OK
+
+
+class OpsctlError(Exception):
+    """An error the user must see as one line, with the exit code it maps to."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, exit_code: ExitCode | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class ConfigError(OpsctlError):
+    exit_code = ExitCode.USAGE
+
+
+class SourceUnavailable(OpsctlError):
+    """Prometheus or Slurm could not be read, or answered with something unusable."""
+
+    exit_code = ExitCode.SOURCE_DOWN
+
+
+class SafetyStop(OpsctlError):
+    exit_code = ExitCode.SAFETY_STOP
+
+
+class LabError(OpsctlError):
+    exit_code = ExitCode.USAGE
