@@ -111,7 +111,7 @@ def lab_clear(node):
 @one_line_errors
 def lab_faults():
     """List the faults that `inject` takes."""
-    from opsctl.lab.faults import describe_faults
+    from opsctl.lab.hardware import describe_faults
 
     click.echo(describe_faults())
     return ExitCode.OK
