@@ -118,4 +118,62 @@ def lab_faults():
 
 
 # (section: lab machines)
+@lab.group("machines")
+def lab_machines():
+    """Real Debian machines (systemd-nspawn) with emulated H200 hardware, for provisioning."""
+
+
+@lab_machines.command("up")
+@click.option("--count", type=click.IntRange(1, 32), default=3, show_default=True,
+              help="GPU machines gpu1..gpuN (plus the head machine).")
+@one_line_errors
+def lab_machines_up(count):
+    """Start (or keep) the machines and write inventory/lab/; prints the time of each phase."""
+    from opsctl.lab.machines import up
+
+    return up(count=count, echo=click.echo)
+
+
+@lab_machines.command("down")
+@click.option("--purge", is_flag=True, help="Also delete the machines' own layers (their installed state).")
+@one_line_errors
+def lab_machines_down(purge):
+    """Stop every machine; remove the lab's namespaces, bridge, guard route and apt cache daemon."""
+    from opsctl.lab.machines import down
+
+    return down(echo=click.echo, purge=purge)
+
+
+@lab_machines.command("status")
+@one_line_errors
+def lab_machines_status():
+    """Show the machines and whether they run."""
+    from opsctl.lab.machines import status
+
+    return status(echo=click.echo)
+
+
+@lab_machines.command("inject")
+@click.argument("machine")
+@click.argument("fault")
+@click.option("--gpu", type=click.IntRange(0, 7), default=None, help="GPU index (default 0).")
+@click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
+@one_line_errors
+def lab_machines_inject(machine, fault, gpu, hca):
+    """Inject FAULT into MACHINE's emulated hardware (`opsctl lab faults` lists them)."""
+    from opsctl.lab.machines import inject
+
+    return inject(machine, fault, gpu=gpu, hca=hca, echo=click.echo)
+
+
+@lab_machines.command("clear")
+@click.argument("machine")
+@one_line_errors
+def lab_machines_clear(machine):
+    """Clear every fault on MACHINE."""
+    from opsctl.lab.machines import clear
+
+    return clear(machine, echo=click.echo)
+
+
 # ---- end lab -------------------------------------------------------------------------------

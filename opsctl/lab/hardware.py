@@ -155,7 +155,7 @@ def hca_name(hca: str | int | None) -> str:
 def stable_int(*parts, modulo: int) -> int:
     """A value that is the same for the same node and device on every run."""
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % modulo
+    return int.from_bytes(digest, "big") % modulo
 
 
 @dataclass

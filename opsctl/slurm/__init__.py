@@ -1,1 +1,16 @@
-"""slurm."""
+"""Slurm access: the `cli` backend (sinfo/scontrol) or `pyslurm`, chosen by slurm.backend."""
+
+from opsctl.slurm.base import MANUAL_PREFIX, OWNED_PREFIX, Slurm, SlurmNode
+from opsctl.slurm.cli import SlurmCliImpl, process_sinfo_output
+
+
+def make_slurm(config) -> Slurm:
+    if config.slurm.backend == "pyslurm":
+        from opsctl.slurm.pyslurm_backend import PySlurmImpl
+
+        return PySlurmImpl()
+    return SlurmCliImpl(config.slurm.sinfo, config.slurm.scontrol, config.slurm.timeout)
+
+
+__all__ = ["MANUAL_PREFIX", "OWNED_PREFIX", "Slurm", "SlurmCliImpl", "SlurmNode", "make_slurm",
+           "process_sinfo_output"]

@@ -1,0 +1,283 @@
+"""The opsctl config file: one YAML mapping, every key validated, every error names its key.
+
+Found at `--config`, else `$OPSCTL_CONFIG`, else /etc/opsctl/config.yaml; when none of them is given
+and the default file does not exist, the built-in defaults apply. docs/health.md documents each key.
+"""
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from opsctl.errors import ConfigError
+
+DEFAULT_CONFIG = Path("/etc/opsctl/config.yaml")
+DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
+DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> int:
+    """'90s' -> 90, '5m' -> 300. The same spelling goes into PromQL range selectors unchanged."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    url: str = "http://127.0.0.1:9090"
+    bearer_token_file: str | None = None
+    basic_auth_username: str | None = None
+    basic_auth_password_file: str | None = None
+    ca_bundle: str | None = None
+    connect_timeout: float = 3.0
+    read_timeout: float = 15.0
+    dcgm_job: str = "dcgm"
+    node_job: str = "node"
+    stale_after: str = "2m"
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    backend: str = "cli"
+    sinfo: str = "sinfo"
+    scontrol: str = "scontrol"
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    files: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+    overrides: dict = field(default_factory=dict)
+    xid_source: str = "window"
+
+
+@dataclass(frozen=True)
+class MappingConfig:
+    labels: tuple[str, ...] = ("node", "Hostname", "hostname")
+    strip_domain: bool = True
+    names: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    gpus_per_node: int = 8
+    ib_devices: str = "mlx5_[0-7]"
+    ib_rate_bytes_per_second: float = 5e10
+
+
+@dataclass(frozen=True)
+class SafetyConfig:
+    max_drains_per_run: int = 4
+    max_drains_per_hour: int = 8
+    breaker_min_nodes: int = 2
+    breaker_fraction: float = 0.10
+    unknown_max_fraction: float = 0.5
+    resume_after: str = "10m"
+    reason_max_length: int = 128
+
+
+@dataclass(frozen=True)
+class Config:
+    prometheus: PrometheusConfig = PrometheusConfig()
+    slurm: SlurmConfig = SlurmConfig()
+    catalog: CatalogConfig = CatalogConfig()
+    node_mapping: MappingConfig = MappingConfig()
+    hardware: HardwareConfig = HardwareConfig()
+    safety: SafetyConfig = SafetyConfig()
+    state_dir: Path = DEFAULT_STATE_DIR
+    audit_log: Path = DEFAULT_AUDIT_LOG
+    source: str = "built-in defaults"
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key {key}: {message}")
+
+
+def _section(raw: dict, name: str, allowed: dict) -> dict:
+    """Validate one mapping section against {key: type-check} and return it with keys renamed."""
+    value = raw.get(name, {})
+    if value is None:
+        value = {}
+    _check(isinstance(value, dict), name, "must be a mapping")
+    for key in value:
+        _check(key in allowed, f"{name}.{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _typed(section: str, data: dict, key: str, kind, default, check=None, hint: str = ""):
+    if key not in data or data[key] is None:
+        return default
+    value = data[key]
+    name = f"{section}.{key}"
+    # bool is an int in Python: refuse it where a number is meant, it is always a typo there.
+    if kind in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"config key {name}: expected a number, got {value!r}")
+    if kind is float and isinstance(value, int):
+        value = float(value)
+    _check(isinstance(value, kind), name, f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    if check is not None:
+        _check(check(value), name, hint or f"invalid value {value!r}")
+    return value
+
+
+def _duration_ok(value: str) -> bool:
+    try:
+        duration_seconds(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _readable(path: str) -> bool:
+    return os.access(path, os.R_OK)
+
+
+def parse_config(raw, source: str, env: dict | None = None) -> Config:
+    """Turn the loaded YAML into a Config; raises ConfigError naming the first bad key."""
+    env = os.environ if env is None else env
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {source}: the top level must be a mapping")
+    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "state_dir", "audit_log"}
+    for key in raw:
+        _check(key in top, str(key), f"unknown key (known: {', '.join(sorted(top))})")
+
+    p = _section(raw, "prometheus", dict.fromkeys(
+        ["url", "bearer_token_file", "basic_auth", "ca_bundle", "timeout_seconds", "connect_timeout_seconds",
+         "jobs", "stale_after"]))
+    url = _typed("prometheus", p, "url", str, PrometheusConfig.url,
+                 lambda v: v.startswith(("http://", "https://")), "must start with http:// or https://")
+    token = _typed("prometheus", p, "bearer_token_file", str, None, _readable, "file is not readable")
+    auth = p.get("basic_auth") or {}
+    _check(isinstance(auth, dict), "prometheus.basic_auth", "must be a mapping with username, password_file")
+    for key in auth:
+        _check(key in ("username", "password_file"), f"prometheus.basic_auth.{key}",
+               "unknown key (known: password_file, username); put the password in a file")
+    user = _typed("prometheus.basic_auth", auth, "username", str, None)
+    pw_file = _typed("prometheus.basic_auth", auth, "password_file", str, None, _readable, "file is not readable")
+    _check((user is None) == (pw_file is None), "prometheus.basic_auth", "needs both username and password_file")
+    _check(not (token and user), "prometheus.bearer_token_file", "use either a bearer token or basic_auth, not both")
+    ca = _typed("prometheus", p, "ca_bundle", str, None, _readable, "file is not readable")
+    jobs = p.get("jobs") or {}
+    _check(isinstance(jobs, dict) and set(jobs) <= {"dcgm", "node"}, "prometheus.jobs",
+           "must be a mapping with keys dcgm and node (the scrape job names)")
+    for key, job in jobs.items():
+        # Job names go into PromQL label matchers verbatim; keep them to characters that need no escaping.
+        _check(isinstance(job, str) and re.match(r"^[A-Za-z0-9_-]+$", job), f"prometheus.jobs.{key}",
+               "must be a job name of letters, digits, _ and -")
+    prom = PrometheusConfig(
+        url=url.rstrip("/"), bearer_token_file=token, basic_auth_username=user, basic_auth_password_file=pw_file,
+        ca_bundle=ca,
+        read_timeout=_typed("prometheus", p, "timeout_seconds", float, 15.0, lambda v: v > 0, "must be > 0"),
+        connect_timeout=_typed("prometheus", p, "connect_timeout_seconds", float, 3.0, lambda v: v > 0,
+                               "must be > 0"),
+        dcgm_job=_typed("prometheus.jobs", jobs, "dcgm", str, "dcgm"),
+        node_job=_typed("prometheus.jobs", jobs, "node", str, "node"),
+        stale_after=_typed("prometheus", p, "stale_after", str, "2m", _duration_ok,
+                           "must be a duration like 30s, 2m"),
+    )
+
+    s = _section(raw, "slurm", dict.fromkeys(["backend", "sinfo", "scontrol", "timeout_seconds"]))
+    slurm = SlurmConfig(
+        backend=_typed("slurm", s, "backend", str, "cli", lambda v: v in ("cli", "pyslurm"),
+                       "must be cli or pyslurm"),
+        sinfo=_typed("slurm", s, "sinfo", str, "sinfo"),
+        scontrol=_typed("slurm", s, "scontrol", str, "scontrol"),
+        timeout=_typed("slurm", s, "timeout_seconds", float, 30.0, lambda v: v > 0, "must be > 0"),
+    )
+
+    c = _section(raw, "catalog", dict.fromkeys(["files", "disable", "overrides", "xid_source"]))
+    files = _typed("catalog", c, "files", list, [])
+    for i, f in enumerate(files):
+        _check(isinstance(f, str) and _readable(f), f"catalog.files[{i}]", f"not a readable file: {f!r}")
+    disable = _typed("catalog", c, "disable", list, [])
+    _check(all(isinstance(d, str) for d in disable), "catalog.disable", "must be a list of rule ids")
+    overrides = _typed("catalog", c, "overrides", dict, {})
+    catalog = CatalogConfig(
+        files=tuple(files), disable=tuple(disable), overrides=dict(overrides),
+        xid_source=_typed("catalog", c, "xid_source", str, "window", lambda v: v in ("window", "gauge"),
+                          "must be window or gauge"),
+    )
+
+    m = _section(raw, "node_mapping", dict.fromkeys(["labels", "strip_domain", "names"]))
+    labels = _typed("node_mapping", m, "labels", list, list(MappingConfig.labels),
+                    lambda v: v and all(isinstance(x, str) and re.match(r"^[A-Za-z_]\w*$", x) for x in v),
+                    "must be a non-empty list of label names")
+    names = _typed("node_mapping", m, "names", dict, {},
+                   lambda v: all(isinstance(a, str) and isinstance(b, str) for a, b in v.items()),
+                   "must map host names (strings) to Slurm node names")
+    mapping = MappingConfig(labels=tuple(labels), strip_domain=_typed("node_mapping", m, "strip_domain", bool, True),
+                            names=dict(names))
+
+    h = _section(raw, "hardware", dict.fromkeys(["gpus_per_node", "ib_devices", "ib_rate_bytes_per_second"]))
+    ib_devices = _typed("hardware", h, "ib_devices", str, HardwareConfig.ib_devices, _regex_ok,
+                        "must be a valid regular expression (RE2, anchored by PromQL)")
+    hardware = HardwareConfig(
+        gpus_per_node=_typed("hardware", h, "gpus_per_node", int, 8, lambda v: 1 <= v <= 64, "must be 1-64"),
+        ib_devices=ib_devices,
+        ib_rate_bytes_per_second=_typed("hardware", h, "ib_rate_bytes_per_second", float, 5e10,
+                                        lambda v: v > 0, "must be > 0"),
+    )
+
+    sf = _section(raw, "safety", dict.fromkeys(
+        ["max_drains_per_run", "max_drains_per_hour", "breaker_min_nodes", "breaker_fraction",
+         "unknown_max_fraction", "resume_after", "reason_max_length"]))
+    safety = SafetyConfig(
+        max_drains_per_run=_typed("safety", sf, "max_drains_per_run", int, 4, lambda v: v >= 0, "must be >= 0"),
+        max_drains_per_hour=_typed("safety", sf, "max_drains_per_hour", int, 8, lambda v: v >= 0, "must be >= 0"),
+        breaker_min_nodes=_typed("safety", sf, "breaker_min_nodes", int, 2, lambda v: v >= 0, "must be >= 0"),
+        breaker_fraction=_typed("safety", sf, "breaker_fraction", float, 0.10, lambda v: 0 <= v <= 1,
+                                "must be between 0 and 1"),
+        unknown_max_fraction=_typed("safety", sf, "unknown_max_fraction", float, 0.5, lambda v: 0 <= v <= 1,
+                                    "must be between 0 and 1"),
+        resume_after=_typed("safety", sf, "resume_after", str, "10m", _duration_ok,
+                            "must be a duration like 30s, 10m, 1h"),
+        reason_max_length=_typed("safety", sf, "reason_max_length", int, 128, lambda v: 32 <= v <= 1024,
+                                 "must be 32-1024"),
+    )
+
+    state_dir = Path(_typed("", raw, "state_dir", str, str(DEFAULT_STATE_DIR)))
+    audit_log = Path(_typed("", raw, "audit_log", str, str(DEFAULT_AUDIT_LOG)))
+    # OPSCTL_STATE_DIR moves both the state and the audit log: one directory per cluster or test.
+    if env.get("OPSCTL_STATE_DIR"):
+        state_dir = Path(env["OPSCTL_STATE_DIR"])
+        audit_log = state_dir / "audit.jsonl"
+    return Config(prometheus=prom, slurm=slurm, catalog=catalog, node_mapping=mapping, hardware=hardware,
+                  safety=safety, state_dir=state_dir, audit_log=audit_log, source=source)
+
+
+def _regex_ok(value: str) -> bool:
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return True
+
+
+def load_config(path: str | None = None, env: dict | None = None) -> Config:
+    """Read the config from --config, $OPSCTL_CONFIG or /etc/opsctl/config.yaml."""
+    env = os.environ if env is None else env
+    explicit = path or env.get("OPSCTL_CONFIG")
+    target = Path(explicit) if explicit else DEFAULT_CONFIG
+    if not target.exists():
+        if explicit:
+            raise ConfigError(f"config file {target} does not exist")
+        return parse_config({}, "built-in defaults", env)
+    try:
+        raw = yaml.safe_load(target.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config {target}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config {target}{where}: not valid YAML") from err
+    return parse_config(raw, str(target), env)

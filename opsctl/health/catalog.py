@@ -1,0 +1,194 @@
+"""The health rule catalog: shipped as opsctl/health/catalog.yaml, extended or overridden by the user.
+
+Loading turns the YAML into Rule objects with every placeholder filled in from the config, so the
+PromQL that `opsctl health` runs and the PromQL that `opsctl rules export` writes are the same text.
+"""
+
+import itertools
+import re
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+import yaml
+
+from opsctl.config.schema import Config, duration_seconds
+from opsctl.errors import ConfigError
+
+OPS = {
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
+RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "hold", "xid", "evidence",
+             "variants", "severity", "action", "auto_resume", "description", "remediation"}
+OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume",
+               "description", "remediation"}
+_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    source: str  # the scrape job whose data the rule needs: "dcgm" or "node"
+    device_label: str  # "gpu", "device" (an HCA) or "" for node-wide rules
+    expr: str
+    op: str
+    threshold: float
+    hold: str
+    severity: str  # "fail" or "warn"
+    action: str  # "drain" or "report"
+    auto_resume: bool
+    evidence: str
+    description: str
+    remediation: str
+    xid: int | None = None
+
+    def breaches(self, value: float) -> bool:
+        return OPS[self.op](value, self.threshold)
+
+    def alert_expr(self) -> str:
+        return f"({self.expr}) {self.op} {_number(self.threshold)}"
+
+    def format_evidence(self, device: str, value: float) -> str:
+        text = Template(self.evidence).safe_substitute(value=_number(value), threshold=_number(self.threshold))
+        return f"{device} {text}".strip()
+
+
+def _number(value: float) -> str:
+    """4.0 -> '4', 5e10 -> '50000000000', 0.25 -> '0.25': short, and valid PromQL."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def _placeholders(config: Config) -> dict:
+    return {
+        "dcgm": config.prometheus.dcgm_job,
+        "node": config.prometheus.node_job,
+        "by": ", ".join(config.node_mapping.labels),
+        "ib_devices": config.hardware.ib_devices,
+        "gpus_per_node": str(config.hardware.gpus_per_node),
+        "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
+    }
+
+
+def _read(path, label: str) -> list:
+    try:
+        text = path.read_text() if isinstance(path, Path) else path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except OSError as err:
+        raise ConfigError(f"catalog {label}: cannot read ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"catalog {label}: not valid YAML") from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
+        raise ConfigError(f"catalog {label}: needs a top-level `rules:` list")
+    return raw["rules"]
+
+
+def _expand(entry: dict, label: str) -> list[dict]:
+    """A `for_each: {xid: [..]}` entry becomes one rule per value, with ${xid} substituted."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"catalog {label}: every rule must be a mapping")
+    unknown = set(entry) - RULE_KEYS
+    if unknown:
+        raise ConfigError(f"catalog {label}: rule {entry.get('id')!r} has unknown key {sorted(unknown)[0]!r}")
+    loops = entry.get("for_each") or {}
+    if not isinstance(loops, dict) or not all(isinstance(v, list) for v in loops.values()):
+        raise ConfigError(f"catalog {label}: rule {entry.get('id')!r}: for_each must map names to lists")
+    body = {k: v for k, v in entry.items() if k != "for_each"}
+    out = []
+    for combo in itertools.product(*loops.values()) if loops else [()]:
+        values = {name: str(v) for name, v in zip(loops, combo, strict=True)}
+        out.append(_substitute(body, values))
+    return out
+
+
+def _substitute(value, values: dict):
+    if isinstance(value, str):
+        return Template(value).safe_substitute(values)
+    if isinstance(value, dict):
+        return {k: _substitute(v, values) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, values) for v in value]
+    return value
+
+
+def _build(raw: dict, config: Config, label: str) -> Rule:
+    rid = raw.get("id")
+    where = f"catalog {label}: rule {rid!r}"
+    if not isinstance(rid, str) or not _ID.match(rid):
+        raise ConfigError(f"{where}: id must be lowercase letters, digits and dashes")
+    variant = (raw.get("variants") or {}).get(config.catalog.xid_source) if raw.get("xid") is not None else None
+    merged = {**raw, **(variant or {})}
+    merged = _substitute(merged, _placeholders(config))
+    for key in ("expr", "op", "threshold", "severity", "action", "description", "remediation"):
+        if merged.get(key) in (None, ""):
+            raise ConfigError(f"{where}: missing key {key!r}")
+    if merged["op"] not in OPS:
+        raise ConfigError(f"{where}: op must be one of {' '.join(OPS)}")
+    if merged["severity"] not in ("fail", "warn"):
+        raise ConfigError(f"{where}: severity must be fail or warn")
+    if merged["action"] not in ("drain", "report"):
+        raise ConfigError(f"{where}: action must be drain or report")
+    if merged["action"] == "drain" and merged["severity"] != "fail":
+        raise ConfigError(f"{where}: only severity fail may drain")
+    source = merged.get("source", "dcgm")
+    if source not in ("dcgm", "node"):
+        raise ConfigError(f"{where}: source must be dcgm or node")
+    hold = str(merged.get("hold", "0s"))
+    try:
+        duration_seconds(hold)
+        threshold = float(merged["threshold"])
+        xid = int(merged["xid"]) if merged.get("xid") is not None else None
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+    expr = Template(str(merged["expr"])).safe_substitute(hold=hold)
+    if "${" in expr:
+        raise ConfigError(f"{where}: unknown placeholder in expr: {expr[expr.index('${'):][:30]}")
+    auto_resume = merged.get("auto_resume", True)
+    if not isinstance(auto_resume, bool):
+        raise ConfigError(f"{where}: auto_resume must be true or false")
+    return Rule(id=rid, source=source, device_label=str(merged.get("device_label", "")), expr=" ".join(expr.split()),
+                op=merged["op"], threshold=threshold, hold=hold, severity=merged["severity"],
+                action=merged["action"], auto_resume=auto_resume,
+                evidence=str(merged.get("evidence", "value=${value}")),
+                description=" ".join(str(merged["description"]).split()),
+                remediation=" ".join(str(merged["remediation"]).split()), xid=xid)
+
+
+def load_catalog(config: Config) -> list[Rule]:
+    """Shipped rules, then each of catalog.files (same id replaces), then overrides and disable."""
+    shipped = resources.files("opsctl.health").joinpath("catalog.yaml")
+    sources = [(shipped, "opsctl/health/catalog.yaml")] + [(Path(f), f) for f in config.catalog.files]
+    entries: dict[str, tuple[dict, str]] = {}
+    for path, label in sources:
+        for entry in _read(path, label):
+            for raw in _expand(entry, label):
+                entries[str(raw.get("id"))] = (raw, label)
+    for rid, fields in config.catalog.overrides.items():
+        if rid not in entries:
+            raise ConfigError(f"config key catalog.overrides.{rid}: no such rule")
+        if not isinstance(fields, dict) or not set(fields) <= OVERRIDABLE:
+            bad = sorted(set(fields) - OVERRIDABLE)[0] if isinstance(fields, dict) else ""
+            raise ConfigError(f"config key catalog.overrides.{rid}.{bad}: not overridable "
+                              f"(allowed: {', '.join(sorted(OVERRIDABLE))})")
+        raw, label = entries[rid]
+        # An override of expr/op/threshold must win over the gauge variant as well.
+        variants = {k: {f: v for f, v in var.items() if f not in fields} for k, var in (raw.get("variants") or {}).items()}
+        entries[rid] = ({**raw, **fields, "variants": variants}, label)
+    for rid in config.catalog.disable:
+        if rid not in entries:
+            raise ConfigError(f"config key catalog.disable: no such rule {rid!r}")
+        del entries[rid]
+    rules = [_build(raw, config, label) for raw, label in entries.values()]
+    return rules
+
+
+def with_rules(rules: list[Rule], **changes) -> list[Rule]:
+    """Copies of the rules with fields changed (used by the benchmark and tests)."""
+    return [replace(rule, **changes) for rule in rules]

@@ -1,0 +1,87 @@
+"""apt-cacher-ng on the bridge address: the machines' (and the image build's) only way to the Debian
+mirror. It runs as a plain daemon with this tier's own config dir, so it does not touch a system
+apt-cacher-ng, and its cache survives `down` (that is what makes a warm `up` fast)."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from opsctl.errors import LabError
+from opsctl.lab.machines.procs import pid_alive, stop_pid
+from opsctl.lab.machines.settings import APT_PORT, BRIDGE_ADDR, Settings
+
+SUPPORT_DIR = Path("/usr/lib/apt-cacher-ng")
+
+
+def _conf_dir(settings: Settings) -> Path:
+    return settings.state_dir / "apt-cacher-ng"
+
+
+def _pid_file(settings: Settings) -> Path:
+    return _conf_dir(settings) / "pid"
+
+
+def write_config(settings: Settings) -> Path:
+    conf = _conf_dir(settings)
+    (conf / "log").mkdir(parents=True, exist_ok=True)
+    settings.apt_cache_dir.mkdir(parents=True, exist_ok=True)
+    # The default Debian backends are public mirrors that do not resolve here: use the host's mirror.
+    (conf / "backends_debian").write_text(settings.mirror.rstrip("/") + "/\n")
+    (conf / "acng.conf").write_text(
+        f"CacheDir: {settings.apt_cache_dir}\n"
+        f"LogDir: {conf / 'log'}\n"
+        f"SupportDir: {SUPPORT_DIR}\n"
+        f"Port: {APT_PORT}\n"
+        f"BindAddress: {BRIDGE_ADDR}\n"
+        "Remap-debrep: file:deb_mirror*.gz /debian ; file:backends_debian\n"
+        "Remap-secdeb: security.debian.org security.debian.org/debian-security deb.debian.org/debian-security "
+        "/debian-security ; deb.debian.org/debian-security\n"
+        "ExThreshold: 4\n"
+        "ReportPage: acng-report.html\n"
+    )
+    return conf
+
+
+def running_pid(settings: Settings) -> int | None:
+    try:
+        pid = int(_pid_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid, "apt-cacher-ng") else None
+
+
+def _answers(timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((BRIDGE_ADDR, APT_PORT), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def ensure_running(settings: Settings) -> None:
+    if running_pid(settings) and _answers():
+        return
+    conf = write_config(settings)
+    log = open(conf / "log" / "daemon.out", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen(["apt-cacher-ng", "-c", str(conf), "ForeGround=1"], stdout=log, stderr=log,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    _pid_file(settings).write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if _answers():
+            return
+        time.sleep(0.1)
+    raise LabError(f"apt-cacher-ng did not answer on {BRIDGE_ADDR}:{APT_PORT}; see {conf / 'log'}")
+
+
+def stop(settings: Settings) -> None:
+    pid = running_pid(settings)
+    if pid:
+        stop_pid(pid, signal.SIGTERM, grace=10)
+    try:
+        os.unlink(_pid_file(settings))
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,137 @@
+"""Instant PromQL queries over HTTP, with every answer checked before anyone acts on it.
+
+An answer looks like (Prometheus HTTP API, /api/v1/query):
+  {"status": "success", "data": {"resultType": "vector",
+   "result": [{"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.123, "79"]}]}}
+Anything else (HTTP error, timeout, TLS failure, bad JSON, wrong types, NaN, a non-vector result)
+raises SourceUnavailable with one line that names the query, so no decision is made on it.
+"""
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import requests
+
+from opsctl.errors import SourceUnavailable
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: dict
+    value: float
+
+
+class PromQuery(Protocol):
+    """Runs one instant query; raises SourceUnavailable on any failure, never returns partial data."""
+
+    queries: int
+
+    def query(self, expr: str) -> list[Sample]: ...
+
+
+def _short(expr: str) -> str:
+    return expr if len(expr) <= 60 else expr[:57] + "..."
+
+
+def parse_vector(payload, expr: str) -> list[Sample]:
+    """Check the shape of a query answer strictly and return its samples."""
+    where = f"Prometheus answer to {_short(expr)!r}"
+    if not isinstance(payload, dict):
+        raise SourceUnavailable(f"{where}: not a JSON object")
+    if payload.get("status") != "success":
+        error = payload.get("error") or payload.get("status")
+        raise SourceUnavailable(f"{where}: status {error!r}")
+    data = payload.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind!r}")
+    samples = []
+    for item in data["result"]:
+        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+            raise SourceUnavailable(f"{where}: a result entry has no label set")
+        labels = item["metric"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise SourceUnavailable(f"{where}: labels must be strings in {labels!r}")
+        value = item.get("value")
+        # The API sends [unix_time, "value as string"]; a bare number is a broken or foreign server.
+        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str)
+                or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
+            raise SourceUnavailable(f"{where}: malformed value {value!r} for {labels!r}")
+        try:
+            number = float(value[1])
+        except ValueError:
+            raise SourceUnavailable(f"{where}: value {value[1]!r} is not a number for {labels!r}") from None
+        if math.isnan(number):
+            raise SourceUnavailable(f"{where}: NaN for {labels!r}; refusing to judge on it")
+        samples.append(Sample(labels=dict(labels), value=number))
+    return samples
+
+
+class PromClientImpl:
+    """Talks to one Prometheus. Secrets are read from files and never appear in messages."""
+
+    def __init__(self, url: str, bearer_token_file: str | None = None, username: str | None = None,
+                 password_file: str | None = None, ca_bundle: str | None = None,
+                 connect_timeout: float = 3.0, read_timeout: float = 15.0):
+        self.url = url.rstrip("/")
+        self.timeout = (connect_timeout, read_timeout)
+        self.queries = 0
+        self.session = requests.Session()
+        # Only settings passed here apply: no netrc or proxy variables sneak credentials in.
+        self.session.trust_env = False
+        self.session.verify = ca_bundle if ca_bundle else True
+        if bearer_token_file:
+            token = _secret(bearer_token_file, "prometheus.bearer_token_file")
+            self.session.headers["Authorization"] = f"Bearer {token}"
+        if username:
+            self.session.auth = (username, _secret(password_file, "prometheus.basic_auth.password_file"))
+
+    @classmethod
+    def from_config(cls, prom, url_override: str | None = None) -> "PromClientImpl":
+        return cls(url_override or prom.url, prom.bearer_token_file, prom.basic_auth_username,
+                   prom.basic_auth_password_file, prom.ca_bundle, prom.connect_timeout, prom.read_timeout)
+
+    def query(self, expr: str) -> list[Sample]:
+        self.queries += 1
+        where = f"Prometheus at {self.url}"
+        try:
+            resp = self.session.post(f"{self.url}/api/v1/query", data={"query": expr}, timeout=self.timeout)
+        except requests.exceptions.SSLError as err:
+            raise SourceUnavailable(f"{where}: TLS error ({_reason(err)})") from None
+        except requests.exceptions.Timeout:
+            raise SourceUnavailable(f"{where}: timed out after {self.timeout[1]:g}s") from None
+        except requests.exceptions.ConnectionError as err:
+            raise SourceUnavailable(f"{where}: cannot connect ({_reason(err)})") from None
+        except requests.exceptions.RequestException as err:
+            raise SourceUnavailable(f"{where}: request failed ({type(err).__name__})") from None
+        if resp.status_code in (401, 403):
+            raise SourceUnavailable(f"{where}: HTTP {resp.status_code} (check the token or basic auth)")
+        try:
+            payload = resp.json()
+        except ValueError:
+            payload = None
+        # Prometheus answers 400/422/503 with a JSON error body; pass its message on.
+        if resp.status_code != 200:
+            detail = payload.get("error") if isinstance(payload, dict) else None
+            raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))
+        if payload is None:
+            raise SourceUnavailable(f"{where}: answer to {_short(expr)!r} is not valid JSON")
+        return parse_vector(payload, expr)
+
+
+def _secret(path: str | None, key: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except (OSError, TypeError) as err:
+        raise SourceUnavailable(f"cannot read {key} ({getattr(err, 'strerror', err)})") from None
+
+
+def _reason(err: Exception) -> str:
+    """The innermost cause, without the URL-and-object noise that requests wraps it in."""
+    text = str(err)
+    for marker in ("SSLError(", "Caused by ", "NewConnectionError("):
+        if marker in text:
+            text = text.split(marker, 1)[1]
+    return text.strip("()'\" ")[:160]

@@ -1,0 +1,47 @@
+"""The `pyslurm` Slurm backend, for sites whose pyslurm matches their Slurm (25.11 and later).
+
+pyslurm is imported only when this backend is chosen, so the default install does not need it.
+"""
+
+import importlib
+
+from opsctl.errors import ConfigError, SourceUnavailable
+from opsctl.slurm.base import SlurmNode
+
+
+class PySlurmImpl:
+    def __init__(self):
+        try:
+            self.pyslurm = importlib.import_module("pyslurm")
+        except ImportError:
+            raise ConfigError("config key slurm.backend: pyslurm is not installed "
+                              "(pip install 'opsctl[pyslurm]', or use backend: cli)") from None
+
+    def nodes(self) -> dict[str, SlurmNode]:
+        try:
+            raw = self.pyslurm.Nodes.load()
+        except Exception as err:  # pyslurm raises its own RPCError family
+            raise SourceUnavailable(f"Slurm (pyslurm): {err}") from None
+        nodes = {}
+        for name, node in raw.items():
+            states = [s.lower() for s in str(node.state).replace("+", " ").split()]
+            flags = tuple(s.upper() for s in states[1:])
+            nodes[name] = SlurmNode(name=name, state=states[0] if states else "", flags=flags,
+                                    reason=node.reason or "")
+        return nodes
+
+    def _update(self, names: list[str], **changes) -> None:
+        try:
+            for name in names:
+                self.pyslurm.Node(name).modify(self.pyslurm.Node(**changes))
+        except Exception as err:
+            raise SourceUnavailable(f"Slurm (pyslurm): update failed: {err}") from None
+
+    def drain(self, names: list[str], reason: str) -> None:
+        self._update(names, state="DRAIN", reason=reason)
+
+    def resume(self, names: list[str]) -> None:
+        self._update(names, state="RESUME")
+
+    def expand(self, hostlist: str) -> list[str]:
+        return self.pyslurm.utils.expand_range_str(hostlist) if hasattr(self.pyslurm, "utils") else [hostlist]

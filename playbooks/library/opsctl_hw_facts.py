@@ -1,0 +1,201 @@
+#!/usr/bin/python
+"""Ansible module: the hardware facts that Slurm node definitions are built from."""
+
+DOCUMENTATION = r"""
+---
+module: opsctl_hw_facts
+short_description: Discover GPUs, HCAs, NVMe drives, CPU topology and memory of a node
+description:
+  - Reads C(nvidia-smi), the InfiniBand sysfs tree, C(/sys/class/nvme), C(/sys/devices/system/cpu)
+    and C(/proc/meminfo), and returns them as the C(opsctl_hw) fact.
+  - A missing C(nvidia-smi), or C(nvidia-smi) exiting 9 (driver not loaded), means "no GPUs", not a
+    failure, so the same play runs on head and storage nodes.
+  - Read-only; supports check mode.
+options:
+  nvidia_smi:
+    description: Path of nvidia-smi.
+    type: str
+    default: nvidia-smi
+  sysfs_root:
+    description: Root of the sysfs tree that holds C(class/infiniband) (the lab emulates it elsewhere).
+    type: str
+    default: /sys
+  ib_devices:
+    description: Regular expression of the HCA names that count as compute rails.
+    type: str
+    default: "^mlx5_[0-9]+$"
+"""
+
+EXAMPLES = r"""
+- name: Discover hardware
+  opsctl_hw_facts:
+    sysfs_root: /var/lib/opsctl-hw/sys
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: C(opsctl_hw) with gpu_model, gpu_count, gpus (index, name, pci_bus_id, cores),
+    hcas, nvme, sockets, cores_per_socket, threads_per_core, cpus, memory_mb.
+  returned: always
+  type: dict
+"""
+
+import glob
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+# rc 9 is NVML_ERROR_DRIVER_NOT_LOADED surfaced by nvidia-smi ("NVIDIA-SMI has failed because it
+# couldn't communicate with the NVIDIA driver"): the node has no usable GPU.
+NVSMI_NO_DRIVER = 9
+
+
+def read(path, default=""):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return default
+
+
+def cpu_topology(root="/sys/devices/system/cpu"):
+    """Sockets, cores per socket and threads per core as the kernel reports them (hwloc, which
+    slurmd uses, reads the same files)."""
+    cores = set()
+    sockets = set()
+    cpus = 0
+    for topo in sorted(glob.glob(os.path.join(root, "cpu[0-9]*", "topology"))):
+        package = read(os.path.join(topo, "physical_package_id"), "0")
+        core = read(os.path.join(topo, "core_id"), topo)
+        sockets.add(package)
+        cores.add((package, core))
+        cpus += 1
+    if not cpus:
+        cpus = os.cpu_count() or 1
+        sockets, cores = {"0"}, {("0", str(i)) for i in range(cpus)}
+    return {
+        "cpus": cpus,
+        "sockets": len(sockets),
+        "cores_per_socket": max(1, len(cores) // len(sockets)),
+        "threads_per_core": max(1, cpus // len(cores)),
+    }
+
+
+def memory_mb():
+    match = re.search(r"^MemTotal:\s+(\d+) kB", read("/proc/meminfo"), re.M)
+    return int(match.group(1)) // 1024 if match else 0
+
+
+def parse_cpu_list(text):
+    """'0-3,8' -> [0, 1, 2, 3, 8]; anything else -> []."""
+    cores = []
+    for part in text.replace(" ", "").split(","):
+        if re.fullmatch(r"\d+-\d+", part):
+            low, high = part.split("-")
+            cores.extend(range(int(low), int(high) + 1))
+        elif part.isdigit():
+            cores.append(int(part))
+        else:
+            return []
+    return cores
+
+
+def parse_topo_affinity(text):
+    """GPU index -> CPU list from `nvidia-smi topo -m`:
+
+            GPU0    GPU1  ...  NIC0 ... CPU Affinity    NUMA Affinity   GPU NUMA ID
+    GPU0     X      NV18  ...  PIX  ... 0-55,112-167    0               N/A
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or "CPU Affinity" not in lines[0]:
+        return {}
+    header = re.split(r"\t+|\s{2,}", lines[0].strip())
+    column = header.index("CPU Affinity") + 1  # data rows start with the row label
+    out = {}
+    for line in lines[1:]:
+        fields = re.split(r"\t+|\s{2,}", line.strip())
+        match = re.fullmatch(r"GPU(\d+)", fields[0])
+        if match and len(fields) > column:
+            out[int(match.group(1))] = fields[column]
+    return out
+
+
+def gpus(module, nvidia_smi):
+    path = module.get_bin_path(nvidia_smi) if "/" not in nvidia_smi else nvidia_smi
+    if not path or not os.access(path, os.X_OK):
+        return []
+    rc, out, _err = module.run_command([path, "--query-gpu=index,name,pci.bus_id", "--format=csv,noheader"])
+    if rc == NVSMI_NO_DRIVER:
+        return []
+    if rc != 0:
+        module.fail_json(msg=f"{path} --query-gpu failed with rc {rc}", stdout=out)
+    found = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            found.append({"index": int(parts[0]), "name": parts[1], "pci_bus_id": parts[2], "cores": ""})
+    rc, out, _err = module.run_command([path, "topo", "-m"])
+    if rc == 0:
+        affinity = parse_topo_affinity(out)
+        for gpu in found:
+            gpu["cores"] = affinity.get(gpu["index"], "")
+    return found
+
+
+def hcas(sysfs_root, pattern):
+    found = []
+    for dev in sorted(glob.glob(os.path.join(sysfs_root, "class", "infiniband", "*"))):
+        name = os.path.basename(dev)
+        port = os.path.join(dev, "ports", "1")
+        found.append({
+            "name": name,
+            "compute": bool(re.search(pattern, name)),
+            "fw_ver": read(os.path.join(dev, "fw_ver")),
+            "rate": read(os.path.join(port, "rate")),
+            "link_layer": read(os.path.join(port, "link_layer")),
+        })
+    return found
+
+
+def nvme():
+    found = []
+    for dev in sorted(glob.glob("/sys/class/nvme/nvme*")):
+        found.append({"name": os.path.basename(dev), "model": read(os.path.join(dev, "model"))})
+    return found
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "sysfs_root": {"type": "str", "default": "/sys"},
+            "ib_devices": {"type": "str", "default": "^mlx5_[0-9]+$"},
+        },
+        supports_check_mode=True,
+    )
+    gpu_list = gpus(module, module.params["nvidia_smi"])
+    topo = cpu_topology()
+    # Cores= is only "known" if every listed CPU exists here; a partial map would make slurmd reject
+    # gres.conf, so any gap drops the affinity for the whole node.
+    for gpu in gpu_list:
+        cores = parse_cpu_list(gpu["cores"]) if gpu["cores"] else []
+        gpu["cores"] = gpu["cores"] if cores and max(cores) < topo["cpus"] else ""
+    if any(not gpu["cores"] for gpu in gpu_list):
+        for gpu in gpu_list:
+            gpu["cores"] = ""
+    models = sorted({gpu["name"] for gpu in gpu_list})
+    facts = {
+        "gpu_count": len(gpu_list),
+        "gpu_model": models[0] if len(models) == 1 else ("mixed" if models else ""),
+        "gpus": gpu_list,
+        "hcas": hcas(module.params["sysfs_root"], module.params["ib_devices"]),
+        "nvme": nvme(),
+        "memory_mb": memory_mb(),
+        **topo,
+    }
+    module.exit_json(changed=False, ansible_facts={"opsctl_hw": facts})
+
+
+if __name__ == "__main__":
+    main()
