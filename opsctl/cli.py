@@ -35,7 +35,110 @@ def main():
 
 
 # ---- health, nodes, drain, resume, history -------------------------------------------------
-# (section: health)
+def _http_url(ctx, param, value):
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://")
+    return value
+
+
+config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+                             help="Config file (default: $OPSCTL_CONFIG, then /etc/opsctl/config.yaml).")
+
+
+@main.command("health")
+@click.option("--drain", is_flag=True, help="Drain failing nodes (within the safety limits).")
+@click.option("--dry-run", is_flag=True, help="Show what --drain/--resume would do; change nothing.")
+@click.option("--resume", is_flag=True, help="Resume nodes opsctl drained whose rule is ok again.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...], "summary": {...}}.')
+@click.option("--watch", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Run again every SECONDS until SIGTERM.")
+@click.option("--prometheus", callback=_http_url, default=None, metavar="URL", help="Override prometheus.url.")
+@click.option("--all", "all_nodes", is_flag=True, help="List ok nodes in the table too.")
+@config_option
+@one_line_errors
+def health_cmd(drain, dry_run, resume, as_json, watch, prometheus, all_nodes, config_path):
+    """Judge every node by the health rules; with --drain/--resume, act on the verdicts.
+
+    Exit codes: 0 no failing node, 1 failing nodes, 2 usage/config error, 3 Prometheus or Slurm
+    unavailable (nothing done), 4 safety stop (circuit breaker, budget, lock held).
+    """
+    from opsctl.health.commands import health
+
+    return health(config_path, drain, dry_run, resume, as_json, watch, prometheus, all_nodes)
+
+
+@main.command("nodes")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@config_option
+@one_line_errors
+def nodes_cmd(as_json, config_path):
+    """List Slurm nodes with their state and who owns their drain reason."""
+    from opsctl.health.commands import nodes
+
+    return nodes(config_path, as_json)
+
+
+@main.command("drain")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--reason", required=True, help="Why; stored as `opsctl:manual <reason>`.")
+@config_option
+@one_line_errors
+def drain_cmd(hostlist, reason, config_path):
+    """Drain NODES (a Slurm hostlist such as gpu[001-004]) by hand."""
+    from opsctl.health.commands import drain
+
+    return drain(config_path, hostlist, reason)
+
+
+@main.command("resume")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--force", is_flag=True, help="Also resume nodes drained by someone else.")
+@config_option
+@one_line_errors
+def resume_cmd(hostlist, force, config_path):
+    """Resume NODES by hand."""
+    from opsctl.health.commands import resume
+
+    return resume(config_path, hostlist, force)
+
+
+@main.command("history")
+@click.option("--node", default=None, help="Only this node.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Last N entries.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSONL records.")
+@config_option
+@one_line_errors
+def history_cmd(node, limit, as_json, config_path):
+    """Show the audit log: every drain, resume and refusal."""
+    from opsctl.health.commands import history
+
+    return history(config_path, node, limit, as_json)
+
+
+@main.group("rules")
+def rules_group():
+    """The health rule catalog."""
+
+
+@rules_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["prometheus"]), default="prometheus", show_default=True)
+@config_option
+@one_line_errors
+def rules_export_cmd(fmt, config_path):
+    """Print the catalog as a Prometheus alert rules file."""
+    from opsctl.health.commands import rules_export
+
+    return rules_export(config_path, fmt)
+
+
+@rules_group.command("list")
+@config_option
+@one_line_errors
+def rules_list_cmd(config_path):
+    """List the rules in effect (shipped catalog plus config)."""
+    from opsctl.health.commands import rules_list
+
+    return rules_list(config_path)
 # ---- end health ----------------------------------------------------------------------------
 
 

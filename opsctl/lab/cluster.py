@@ -86,7 +86,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     for name, seconds in phases:
         click.echo(f"  {name:24} {seconds:6.1f} s")
     click.echo(f"lab ready: {nodes} nodes idle, {2 * nodes} targets up, in {time.monotonic() - started:.1f} s")
-    click.echo(f'use it: eval "$(opsctl lab env)"')
+    click.echo('use it: eval "$(opsctl lab env)"')
     return ExitCode.OK
 
 

@@ -132,6 +132,7 @@ FIELDS = [
           lambda g: int(g.counter("nvlink_recovery"))),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
           "Total number of NVLink bandwidth counters for all lanes.", lambda g: 0),
+    Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", lambda g: 0),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
           lambda g: 0.0, "float"),
     Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
@@ -224,7 +225,8 @@ class _QuietServer(ThreadingHTTPServer):
 
     def server_bind(self):
         # HTTPServer.server_bind calls getfqdn(), which takes seconds per listener here.
-        socket.socket.bind(self.socket, self.server_address)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(self.server_address)
         self.server_name, self.server_port = self.server_address[:2]
 
 
@@ -274,7 +276,10 @@ def run(nodes: list[EmulatedNode], tick: float = 0.5) -> None:
             if down and node.server is not None:
                 _stop(node)
             elif not down and node.server is None:
-                _start(node)
+                try:
+                    _start(node)
+                except OSError as err:  # the address may still be held; try again next tick
+                    sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
             rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
             if node.sysfs_root is not None and (changed or rising):
                 write_tree(node.sysfs_root, node.hw, now)
@@ -303,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         node.refresh()
         if node.sysfs_root is not None:
             write_tree(node.sysfs_root, node.hw)
-    try:
-        run(nodes)
-    except OSError as err:
-        sys.stderr.write(f"dcgm-exporter emulator: {err}\n")
-        return 1
+    run(nodes)
     return 0
 
 

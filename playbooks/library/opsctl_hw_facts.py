@@ -61,25 +61,37 @@ def read(path, default=""):
 
 def cpu_topology(root="/sys/devices/system/cpu"):
     """Sockets, cores per socket and threads per core as the kernel reports them (hwloc, which
-    slurmd uses, reads the same files)."""
-    cores = set()
-    sockets = set()
-    cpus = 0
+    slurmd uses, reads the same files), and each CPU's Slurm core index: Slurm numbers cores, not
+    CPUs, in gres.conf Cores= (gres.conf(5), "Cores"), socket by socket."""
+    cpu_core = {}
     for topo in sorted(glob.glob(os.path.join(root, "cpu[0-9]*", "topology"))):
-        package = read(os.path.join(topo, "physical_package_id"), "0")
-        core = read(os.path.join(topo, "core_id"), topo)
-        sockets.add(package)
-        cores.add((package, core))
-        cpus += 1
-    if not cpus:
-        cpus = os.cpu_count() or 1
-        sockets, cores = {"0"}, {("0", str(i)) for i in range(cpus)}
+        cpu = int(re.search(r"cpu(\d+)", topo).group(1))
+        package = int(read(os.path.join(topo, "physical_package_id"), "0") or 0)
+        core = int(read(os.path.join(topo, "core_id"), str(cpu)) or cpu)
+        cpu_core[cpu] = (package, core)
+    if not cpu_core:
+        cpu_core = {cpu: (0, cpu) for cpu in range(os.cpu_count() or 1)}
+    ordered = sorted(set(cpu_core.values()))
+    index = {core: i for i, core in enumerate(ordered)}
+    sockets = {package for package, _core in ordered}
     return {
-        "cpus": cpus,
+        "cpus": len(cpu_core),
         "sockets": len(sockets),
-        "cores_per_socket": max(1, len(cores) // len(sockets)),
-        "threads_per_core": max(1, cpus // len(cores)),
+        "cores_per_socket": max(1, len(ordered) // len(sockets)),
+        "threads_per_core": max(1, len(cpu_core) // len(ordered)),
+        "_cpu_to_core": {cpu: index[core] for cpu, core in cpu_core.items()},
     }
+
+
+def core_list(cores):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out = []
+    for number in sorted(set(cores)):
+        if out and out[-1][1] == number - 1:
+            out[-1][1] = number
+        else:
+            out.append([number, number])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
 def memory_mb():
@@ -176,11 +188,13 @@ def main():
     )
     gpu_list = gpus(module, module.params["nvidia_smi"])
     topo = cpu_topology()
-    # Cores= is only "known" if every listed CPU exists here; a partial map would make slurmd reject
-    # gres.conf, so any gap drops the affinity for the whole node.
+    cpu_to_core = topo.pop("_cpu_to_core")
+    # Cores= is only "known" if every CPU that nvidia-smi lists exists here; a partial map would make
+    # slurmd reject gres.conf, so any gap drops the affinity for the whole node.
     for gpu in gpu_list:
-        cores = parse_cpu_list(gpu["cores"]) if gpu["cores"] else []
-        gpu["cores"] = gpu["cores"] if cores and max(cores) < topo["cpus"] else ""
+        cpus = parse_cpu_list(gpu["cores"]) if gpu["cores"] else []
+        known = cpus and all(cpu in cpu_to_core for cpu in cpus)
+        gpu["cores"] = core_list(cpu_to_core[cpu] for cpu in cpus) if known else ""
     if any(not gpu["cores"] for gpu in gpu_list):
         for gpu in gpu_list:
             gpu["cores"] = ""

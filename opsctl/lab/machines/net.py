@@ -9,7 +9,15 @@ away, traffic for the subnet is refused on this host instead of following the ho
 from pathlib import Path
 
 from opsctl.lab.machines.proc import run
-from opsctl.lab.machines.settings import BRIDGE, BRIDGE_ADDR, PREFIX_LEN, SUBNET, machine_addr, netns_name, veth_name
+from opsctl.lab.machines.settings import (
+    BRIDGE,
+    BRIDGE_ADDR,
+    PREFIX_LEN,
+    SUBNET,
+    machine_addr,
+    netns_name,
+    veth_name,
+)
 
 NETNS_DIR = Path("/run/netns")
 
