@@ -35,6 +35,7 @@ class QuietServer(ThreadingHTTPServer):
     def server_bind(self):
         # HTTPServer.server_bind calls getfqdn(), which is slow here.
         self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = self.server_address[:2]
 
 

@@ -2,7 +2,7 @@
 node_exporter (see promlab.py). Faults are injected into the in-memory hardware model."""
 
 import pytest
-from promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
+from tests.unit.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
 
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog

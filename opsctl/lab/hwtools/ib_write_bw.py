@@ -87,10 +87,11 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"Couldn't connect to {args.host}:{args.port}\n Unable to open file descriptor for socket connection\n")
             return 1
     else:
-        sys.stdout.write("\n************************************\n* Waiting for client to connect... *\n"
-                         "************************************\n")
-        sys.stdout.flush()
-        with socket.create_server(("0.0.0.0", args.port), reuse_port=False) as server:
+        with socket.create_server(("0.0.0.0", args.port)) as server:
+            # Listening before the banner: a client started on seeing it always finds the server.
+            sys.stdout.write("\n************************************\n* Waiting for client to connect... *\n"
+                             "************************************\n")
+            sys.stdout.flush()
             conn, _ = server.accept()
     with conn:
         peer = _exchange(conn, mine)

@@ -32,10 +32,9 @@ def render_dev(dev: dict) -> str:
              f"\tphys_port_cnt:\t\t\t{len(dev['ports'])}"]
     for port in dev["ports"]:
         code = port["state"].split(":")[0]
-        mtu = "1024 (3)" if port["link_layer"] == "Ethernet" else "4096 (5)"
         lines += [f"\t\tport:\t{port['port']}",
                   f"\t\t\tstate:\t\t\t{PORT_STATES.get(code, 'invalid state')} ({code})",
-                  "\t\t\tmax_mtu:\t\t4096 (5)", f"\t\t\tactive_mtu:\t\t{mtu}",
+                  "\t\t\tmax_mtu:\t\t4096 (5)", "\t\t\tactive_mtu:\t\t4096 (5)",
                   f"\t\t\tsm_lid:\t\t\t{port['sm_lid']}", f"\t\t\tport_lid:\t\t{port['lid']}",
                   "\t\t\tport_lmc:\t\t0x00", f"\t\t\tlink_layer:\t\t{port['link_layer']}"]
     return "\n".join(lines) + "\n\n"

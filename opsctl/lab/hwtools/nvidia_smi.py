@@ -13,7 +13,6 @@ nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus.
 """
 
 import json
-import socket
 import sys
 import time
 from importlib import resources
@@ -190,7 +189,7 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict:
         "power.draw": f"{v['power']} W", "power.draw.average": f"{v['power_avg']} W",
         "power.draw.instant": f"{v['power']} W",
         "clocks.current.graphics": f"{v['sm_clock']} MHz", "clocks.current.sm": f"{v['sm_clock']} MHz",
-        "platform.module_id": str(gpu + 1), "hostname": socket.gethostname(),
+        "platform.module_id": str(gpu + 1),
     })
     return row
 

@@ -1,0 +1,60 @@
+"""`opsctl lab up` twice changes nothing; `down` leaves no process; `up` after `down` works.
+Runs after the other lab tests (file order) and leaves the lab up for later ones."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import opsctl
+
+pytestmark = pytest.mark.lab
+
+
+def _pids(lab_dir: Path) -> dict:
+    return {p.stem: p.read_text().strip() for p in (lab_dir / "run").glob("*.pid")}
+
+
+def _lab_processes(lab_dir: Path) -> list[str]:
+    """Live processes whose command line names the lab directory or a lab daemon (the lab machines,
+    a separate tier under <lab>/machines, are not this lab's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        ours = str(lab_dir) in cmdline.replace(str(lab_dir / "machines"), "") or \
+            "opsctl.lab.dcgm_emulator --nodes-file" in cmdline
+        if state != "Z" and ours:
+            found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+def test_second_up_changes_nothing(lab):
+    configs = [lab.lab_dir / "slurm" / "slurm.conf", lab.lab_dir / "prometheus" / "prometheus.yml"]
+    before = (_pids(lab.lab_dir), [c.read_text() for c in configs])
+    proc = opsctl("lab", "up", env=lab.env)
+    assert "lab ready" in proc.stdout
+    assert (_pids(lab.lab_dir), [c.read_text() for c in configs]) == before
+
+
+def test_up_with_other_size_is_refused_while_running(lab):
+    proc = opsctl("lab", "up", "--nodes", "3", env=lab.env, check=False)
+    assert proc.returncode == 2 and "lab down" in proc.stderr
+
+
+def test_down_leaves_no_process_then_up_works(lab):
+    pids = _pids(lab.lab_dir)
+    assert len(pids) >= 4 + 2 * lab.nodes
+    opsctl("lab", "down", env=lab.env)
+    for name, pid in pids.items():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", name
+    assert _lab_processes(lab.lab_dir) == []
+    status = opsctl("lab", "status", env=lab.env, check=False)
+    assert status.returncode == 1 and "not running" in status.stdout
+    opsctl("lab", "up", env=lab.env, timeout=300)
+    assert set(lab.sinfo_states().values()) == {"idle"}

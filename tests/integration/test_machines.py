@@ -1,0 +1,186 @@
+"""The lab machines tier for real: systemd-nspawn machines with systemd and sshd, reached over SSH
+with strict host-key checking; emulated tools checked from inside the machines with this project's
+parsers. Needs root and `make deps-machines`. The machines are left running at the end (the last
+test brings them back up after checking `down`)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from opsctl.fabric import (
+    process_ib_write_bw_output,
+    process_ibstat_output,
+    process_ibv_devinfo_output,
+    process_nvidia_smi_csv_output,
+)
+from opsctl.lab.machines import keys, net
+from opsctl.lab.machines.settings import BRIDGE, SUBNET, Settings
+
+pytestmark = [
+    pytest.mark.machines,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
+    pytest.mark.skipif(any(shutil.which(t) is None for t in ("systemd-nspawn", "debootstrap", "apt-cacher-ng")),
+                       reason="make deps-machines"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = Settings()
+
+
+def opsctl(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "opsctl", "lab", "machines", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def on(machine, command, check=True):
+    out = subprocess.run(keys.ssh_args(SETTINGS, machine) + [command], capture_output=True, text=True, timeout=120)
+    if check:
+        assert out.returncode == 0, f"{machine}: {command}: {out.stderr}"
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machines():
+    out = opsctl("up")
+    assert out.returncode == 0, out.stderr
+    yield
+    for gpu in ("gpu1", "gpu2", "gpu3"):
+        opsctl("clear", gpu)
+
+
+def test_up_is_idempotent_and_quick():
+    began = time.monotonic()
+    out = opsctl("up")
+    assert out.returncode == 0 and "already up" in out.stdout
+    assert time.monotonic() - began < 15
+
+
+def test_ansible_ping_with_host_key_checking():
+    ansible = Path(sys.executable).with_name("ansible")
+    env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="True")
+    out = subprocess.run([str(ansible), "-i", str(SETTINGS.inventory_dir), "all", "-m", "ansible.builtin.ping",
+                          "-o"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(line.split()[0] for line in out.stdout.splitlines() if "SUCCESS" in line) == [
+        "gpu1", "gpu2", "gpu3", "head"]
+
+
+def test_a_wrong_host_key_is_refused(tmp_path):
+    bad = tmp_path / "known_hosts"
+    bad.write_text(SETTINGS.known_hosts.read_text().replace("gpu1,", "gpu9,", 1))
+    args = [a.replace(str(SETTINGS.known_hosts), str(bad)) for a in keys.ssh_args(SETTINGS, "gpu1")]
+    assert subprocess.run(args + ["true"], capture_output=True, timeout=30).returncode != 0
+
+
+def test_machines_are_real_systemd_hosts_with_apt_through_the_cache():
+    for machine in ("head", "gpu1"):
+        assert on(machine, "hostname").stdout.strip() == machine
+        assert on(machine, "systemctl is-system-running --wait", check=False).stdout.strip() in ("running",)
+    assert "opsctl-lab" not in on("head", "ip route").stdout  # only the lab subnet, no default route
+    assert "default" not in on("head", "ip route").stdout
+    on("head", "apt-get -q update && apt-cache policy munge | grep -q Candidate")
+
+
+def test_nvidia_smi_in_a_gpu_machine():
+    rows = process_nvidia_smi_csv_output(on("gpu1", "nvidia-smi --query-gpu=name,memory.total --format=csv").stdout)
+    assert rows == [{"name": "NVIDIA H200", "memory.total": 143771}] * 8
+    assert on("gpu1", "nvidia-smi").stdout.count("NVIDIA H200") == 8
+
+
+def test_infiniband_tools_in_a_gpu_machine():
+    cas = process_ibstat_output(on("gpu1", "ibstat").stdout)
+    devs = process_ibv_devinfo_output(on("gpu1", "ibv_devinfo").stdout)
+    assert len(cas) == len(devs) == 9
+    assert all(ca.ports[0].rate == 400 and ca.ports[0].state == "Active" for ca in cas[:8])
+    state = on("gpu1", "cat /var/lib/opsctl-hw/sys/class/infiniband/mlx5_0/ports/1/state").stdout
+    assert state == "4: ACTIVE\n"
+
+
+def test_dcgm_exporter_service_agrees_with_nvidia_smi():
+    on("gpu1", "systemctl is-active dcgm-exporter")
+    for _ in range(50):
+        try:
+            body = urllib.request.urlopen("http://10.213.0.11:9400/metrics", timeout=5).read().decode()
+            break
+        except OSError:
+            time.sleep(0.2)
+    used = process_nvidia_smi_csv_output(on("gpu1", "nvidia-smi --query-gpu=index,memory.used --format=csv").stdout)
+    for row in used:
+        line = next(x for x in body.splitlines() if x.startswith(f'DCGM_FI_DEV_FB_USED{{gpu="{row["index"]}"'))
+        assert int(line.rsplit(" ", 1)[1]) == row["memory.used"]
+
+
+def _bandwidth(client, server, hca):
+    on(server, f"ib_write_bw -d {hca} --report_gbits >/tmp/ib_write_bw.server 2>&1 &")
+    time.sleep(0.7)
+    return process_ib_write_bw_output(on(client, f"ib_write_bw -d {hca} --report_gbits {server}").stdout)
+
+
+def test_ib_write_bw_between_machines_follows_the_fabric_model():
+    assert _bandwidth("gpu1", "gpu2", "mlx5_3").bw_average > 390
+    assert opsctl("inject", "gpu2", "ib-slow", "--hca", "3").returncode == 0
+    try:
+        assert 190 < _bandwidth("gpu1", "gpu2", "mlx5_3").bw_average < 200
+        assert _bandwidth("gpu1", "gpu3", "mlx5_3").bw_average > 390
+    finally:
+        opsctl("clear", "gpu2")
+
+
+def test_a_fault_changes_that_machine_only():
+    def snapshot(machine):
+        return (on(machine, "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader").stdout,
+                on(machine, "ibstat mlx5_2").stdout.replace("\t", ""))
+
+    before = {m: snapshot(m) for m in ("gpu1", "gpu2", "gpu3")}
+    assert opsctl("inject", "gpu2", "gpu-leftover-memory", "--gpu", "4").returncode == 0
+    assert opsctl("inject", "gpu2", "ib-down", "--hca", "2").returncode == 0
+    try:
+        apps = process_nvidia_smi_csv_output(on("gpu2", "nvidia-smi --query-compute-apps=pid,used_memory "
+                                                        "--format=csv").stdout)
+        assert len(apps) == 1 and apps[0]["used_gpu_memory"] > 80000
+        assert process_ibstat_output(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Down"
+        assert snapshot("gpu1") == before["gpu1"] and snapshot("gpu3") == before["gpu3"]
+    finally:
+        assert opsctl("clear", "gpu2").returncode == 0
+    assert process_ibstat_output(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Active"
+
+
+def test_bad_inject_is_one_line_exit_2():
+    out = opsctl("inject", "gpu2", "no-such-fault")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    out = opsctl("inject", "gpu9", "dbe")
+    assert out.returncode == 2 and out.stderr.startswith("opsctl: error: unknown GPU machine")
+
+
+def _lab_processes():
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(SETTINGS.image_dir) in cmd or str(SETTINGS.state_dir) in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_down_leaves_nothing_and_up_again_works():
+    out = opsctl("down")
+    assert out.returncode == 0, out.stderr
+    assert _lab_processes() == []  # nspawn machines and apt-cacher-ng (zombies have no cmdline)
+    assert net.lab_netns() == []
+    assert subprocess.run(["ip", "link", "show", "dev", BRIDGE], capture_output=True).returncode != 0
+    assert "olab-" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert SUBNET not in subprocess.run(["ip", "route", "show", "table", "all"], capture_output=True,
+                                        text=True).stdout
+    began = time.monotonic()
+    out = opsctl("up")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - began < 60  # a warm image
+    assert "cached" in out.stdout and "total" in out.stdout
+    on("gpu3", "nvidia-smi -L")

@@ -1,0 +1,120 @@
+"""The dcgm-exporter emulator speaks dcgm-exporter's exact text format and label set."""
+
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from opsctl.lab.dcgm_emulator import render
+from opsctl.lab.hardware import FB_RESERVED_MIB, FB_TOTAL_MIB, NodeHardware
+from tests.conftest import FIXTURES
+
+SAMPLE = (FIXTURES / "samples" / "dcgm-exporter-sample.txt").read_text()
+# Labels that only Kubernetes pod mapping adds; a Slurm host has none of them.
+K8S_LABELS = {"container", "namespace", "pod", "pod_uid"}
+
+
+def _verbatim_block(text: str) -> str:
+    return text.split("# ---- BEGIN VERBATIM ----", 1)[1].split("# ---- END VERBATIM ----", 1)[0]
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _sample_families() -> dict:
+    body = "\n".join(line for line in _verbatim_block(SAMPLE).splitlines() if line.startswith(("#", "DCGM")))
+    return _families(body)
+
+
+def _label_names(family) -> set:
+    return set(family.samples[0].labels)
+
+
+@pytest.fixture
+def healthy():
+    return _families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))
+
+
+def test_output_parses_and_has_eight_gpus(healthy):
+    assert len(healthy["DCGM_FI_DEV_GPU_TEMP"].samples) == 8
+    assert {s.labels["modelName"] for s in healthy["DCGM_FI_DEV_GPU_TEMP"].samples} == {"NVIDIA H200"}
+
+
+def test_every_sample_metric_is_emitted_with_the_same_labels_and_type(healthy):
+    for name, family in _sample_families().items():
+        assert name in healthy, name
+        assert healthy[name].type == family.type, name
+        assert _label_names(healthy[name]) == _label_names(family) - K8S_LABELS, name
+
+
+def test_help_lines_match_the_sample_verbatim():
+    ours = dict(re.findall(r"^# HELP (\S+) (.*)$", render(NodeHardware(node="n")), re.M))
+    theirs = dict(re.findall(r"^# HELP (\S+) (.*)$", _verbatim_block(SAMPLE), re.M))
+    for name, text in theirs.items():
+        assert ours[name].rstrip(".") == text.rstrip("."), name
+
+
+def test_label_order_follows_dcgm_exporter():
+    line = next(line for line in render(NodeHardware(node="gpu007")).splitlines()
+                if line.startswith("DCGM_FI_DEV_XID_ERRORS{"))
+    keys = re.findall(r'(\w+)="', line)
+    assert keys == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
+                    "err_code", "err_msg"]
+
+
+def test_values_plausible_and_stable(healthy):
+    for gpu in range(8):
+        used, free, reserved = (next(s.value for s in healthy[f"DCGM_FI_DEV_FB_{k}"].samples
+                                     if s.labels["gpu"] == str(gpu)) for k in ("USED", "FREE", "RESERVED"))
+        assert used + free + reserved == FB_TOTAL_MIB and reserved == FB_RESERVED_MIB
+    assert all(0 < s.value <= 700 for s in healthy["DCGM_FI_DEV_POWER_USAGE"].samples)
+    again = _families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))
+    assert [s.value for s in again["DCGM_FI_DEV_GPU_TEMP"].samples] == \
+        [s.value for s in healthy["DCGM_FI_DEV_GPU_TEMP"].samples]
+
+
+def test_counters_only_go_up_across_inject_and_clear():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("pcie-replays", gpu=2, now=1000.0)
+
+    def replays(now):
+        fams = _families(render(hw, now=now))
+        return next(s.value for s in fams["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"].samples if s.labels["gpu"] == "2")
+
+    rising = [replays(t) for t in (1000.0, 1010.0, 1020.0)]
+    assert rising[0] < rising[1] < rising[2]
+    hw.clear(now=1020.0)
+    assert replays(1020.0) == replays(1500.0) == rising[2]
+
+
+def test_gpu_missing_removes_every_series_of_that_gpu():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("gpu-missing", gpu=6)
+    fams = _families(render(hw))
+    for family in fams.values():
+        assert all(s.labels.get("gpu") != "6" for s in family.samples), family.name
+    assert len(fams["DCGM_FI_DEV_GPU_TEMP"].samples) == 7
+
+
+def test_xid_sets_gauge_err_labels_and_windowed_count():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("xid:79", gpu=3, now=1000.0)
+    fams = _families(render(hw, now=1010.0))
+    xid = next(s for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "3")
+    assert xid.value == 79 and xid.labels["err_code"] == "79" and xid.labels["err_msg"] == "GPU has fallen off the bus"
+    count = fams["DCGM_EXP_XID_ERRORS_COUNT"].samples
+    assert [(s.labels["xid"], s.labels["window_size_in_ms"], s.value) for s in count] == [("79", "300000", 1)]
+    hw.clear(now=1020.0)
+    fams = _families(render(hw, now=1030.0))
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in fams or not fams["DCGM_EXP_XID_ERRORS_COUNT"].samples
+    assert next(s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "3") == 79
+
+
+def test_thermal_sets_temperature_and_clock_event_bits():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("thermal", gpu=1)
+    fams = _families(render(hw))
+    temp = next(s.value for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples if s.labels["gpu"] == "1")
+    reasons = int(next(s.value for s in fams["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].samples if s.labels["gpu"] == "1"))
+    assert temp > 90 and reasons & 0x40 and reasons & 0x8
