@@ -214,7 +214,8 @@ def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None
     if spec.machines_only:
         raise LabError(f"{fault} is a fault of the lab machines: `opsctl lab machines inject`")
     if spec.target != "gpu" and gpu is not None or spec.target != "hca" and hca is not None:
-        raise LabError(f"{fault} takes {'--gpu' if spec.target == 'gpu' else '--hca' if spec.target == 'hca' else 'no device'}")
+        takes = {"gpu": "--gpu", "hca": "--hca"}.get(spec.target, "no device")
+        raise LabError(f"{fault} takes {takes}")
     hw = NodeHardware.load(paths.hardware(node), node)
     injected = hw.inject(fault, gpu=gpu, hca=hca)
     hw.save(paths.hardware(node))

@@ -1,11 +1,11 @@
 """`opsctl lab up` twice changes nothing; `down` leaves no process; `up` after `down` works.
 Runs after the other lab tests (file order) and leaves the lab up for later ones."""
 
-import os
 from pathlib import Path
 
 import pytest
 
+from opsctl.lab import processes
 from tests.conftest import opsctl
 
 pytestmark = pytest.mark.lab
@@ -52,7 +52,7 @@ def test_down_leaves_no_process_then_up_works(lab):
     assert len(pids) >= 4 + 2 * lab.nodes
     opsctl("lab", "down", env=lab.env)
     for name, pid in pids.items():
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", name
+        assert not processes.alive(int(pid)), name
     assert _lab_processes(lab.lab_dir) == []
     status = opsctl("lab", "status", env=lab.env, check=False)
     assert status.returncode == 1 and "not running" in status.stdout

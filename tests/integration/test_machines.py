@@ -71,8 +71,10 @@ def test_ansible_ping_with_host_key_checking():
 
 
 def test_a_wrong_host_key_is_refused(tmp_path):
+    # gpu1's address with gpu2's host key: ssh must refuse, not learn the new key.
+    lines = {line.split(",")[0]: line for line in SETTINGS.known_hosts.read_text().splitlines()}
     bad = tmp_path / "known_hosts"
-    bad.write_text(SETTINGS.known_hosts.read_text().replace("gpu1,", "gpu9,", 1))
+    bad.write_text(lines["gpu1"].split()[0] + " " + " ".join(lines["gpu2"].split()[1:]) + "\n")
     args = [a.replace(str(SETTINGS.known_hosts), str(bad)) for a in keys.ssh_args(SETTINGS, "gpu1")]
     assert subprocess.run(args + ["true"], capture_output=True, timeout=30).returncode != 0
 

@@ -152,7 +152,7 @@ def test_storage_port_is_not_a_compute_rail(clean):
     clean.nodeexp["gpu001"].rewrite()
     clean.wait_scrapes(5)
     report, _, _ = run(clean)
-    assert report.nodes["gpu001"].status == "ok"
+    assert report.nodes["gpu001"].status == "ok", report.nodes["gpu001"].checks
     # ... and it is so because of the allowlist: widen it and the same data fails.
     wide = config_for(clean, hardware={"ib_devices": "mlx5_.*"})
     report, _, _ = run(clean, wide)
