@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INVENTORY ?=
 PYTEST_ARGS ?=
+PLAYBOOK_ARGS ?=
 
 # Debian packages per purpose. The lab runs Debian's real Slurm, munge, Prometheus and node_exporter.
 LAB_DEBS := slurmctld slurmd slurm-client munge prometheus prometheus-node-exporter
@@ -49,9 +50,34 @@ test: deps-test venv
 test-unit: venv
 	$(BIN)/pytest -m "not lab and not machines and not provision" $(PYTEST_ARGS)
 
+# ansible-lint (production profile, config in .ansible-lint) runs from playbooks/ so that
+# playbooks/ansible.cfg resolves the roles, library and filter plugins; yamllint covers inventories too.
 lint: venv
 	$(BIN)/ruff check opsctl tests bench
-	cd playbooks && ../$(BIN)/ansible-lint --offline --profile production
+	cd playbooks && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --offline --profile production
+	$(BIN)/yamllint -s playbooks inventory .ansible-lint .yamllint
+
+# `make provision`: the lab machines (started when not running), or INVENTORY=DIR for a real cluster.
+# Never touches `opsctl lab up` (the host-level simulated cluster). Prints each phase's wall time.
+PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
+provision: venv
+	@set -e; \
+	phase() { echo "== provision: $$1: $$(( $$(date +%s) - $$2 )) s"; }; \
+	if [ -n "$(INVENTORY)" ]; then \
+	  inv="$(INVENTORY)"; \
+	else \
+	  inv=inventory/lab; t0=$$(date +%s); \
+	  if [ -f $$inv/hosts.yml ] && $(PLAYBOOK_ENV) $(BIN)/ansible -i $$inv all -m ansible.builtin.ping -o >/dev/null 2>&1; then \
+	    echo "== provision: lab machines are running"; \
+	  else \
+	    $(MAKE) --no-print-directory deps-machines; \
+	    $(BIN)/opsctl lab machines up; \
+	  fi; \
+	  phase "lab machines" $$t0; \
+	fi; \
+	t0=$$(date +%s); \
+	$(PLAYBOOK_ENV) $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS); \
+	phase "playbooks/site.yml on $$inv" $$t0
 
 bench: deps-lab venv
 	$(BIN)/python bench/health_scale.py

@@ -54,9 +54,10 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
               help="Run again every SECONDS until SIGTERM.")
 @click.option("--prometheus", callback=_http_url, default=None, metavar="URL", help="Override prometheus.url.")
 @click.option("--all", "all_nodes", is_flag=True, help="List ok nodes in the table too.")
+@click.option("--nodes", "scope", default=None, metavar="HOSTLIST", help="Judge and act on these nodes only.")
 @config_option
 @one_line_errors
-def health_cmd(drain, dry_run, resume, as_json, watch, prometheus, all_nodes, config_path):
+def health_cmd(drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope, config_path):
     """Judge every node by the health rules; with --drain/--resume, act on the verdicts.
 
     Exit codes: 0 no failing node, 1 failing nodes, 2 usage/config error, 3 Prometheus or Slurm
@@ -64,7 +65,7 @@ def health_cmd(drain, dry_run, resume, as_json, watch, prometheus, all_nodes, co
     """
     from opsctl.health.commands import health
 
-    return health(config_path, drain, dry_run, resume, as_json, watch, prometheus, all_nodes)
+    return health(config_path, drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope)
 
 
 @main.command("nodes")
@@ -227,8 +228,8 @@ def lab_machines():
 
 
 @lab_machines.command("up")
-@click.option("--count", type=click.IntRange(1, 32), default=3, show_default=True,
-              help="GPU machines gpu1..gpuN (plus the head machine).")
+@click.option("--count", type=int, default=3, show_default=True,
+              help="GPU machines gpu1..gpuN, 1-32 (plus the head machine).")
 @one_line_errors
 def lab_machines_up(count):
     """Start (or keep) the machines and write inventory/lab/; prints the time of each phase."""
@@ -259,7 +260,7 @@ def lab_machines_status():
 @lab_machines.command("inject")
 @click.argument("machine")
 @click.argument("fault")
-@click.option("--gpu", type=click.IntRange(0, 7), default=None, help="GPU index (default 0).")
+@click.option("--gpu", type=int, default=None, help="GPU index 0-7 (default 0).")
 @click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
 @one_line_errors
 def lab_machines_inject(machine, fault, gpu, hca):

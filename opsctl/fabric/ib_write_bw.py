@@ -2,15 +2,17 @@
 
     ---------------------------------------------------------------------------------------
                         RDMA_Write BW Test
-     Dual-port       : OFF		Device         : mlx5_0
+     Dual-port       : OFF        Device         : mlx5_0
      ...
      Link type       : IB
      ...
      #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
-     65536      5000             392.38             392.34 		     0.748336
+     65536      5000             392.38             392.34              0.748336
 
 Lines between the column header and the row (e.g. "Conflicting CPU frequency values detected") are
-skipped. With several runs in one text (a saved session), the last run is returned. Without --report_gbits perftest reports MB/sec; the unit is returned with the numbers.
+skipped. With several runs in one text (a saved session), the last run is returned. Without
+--report_gbits perftest reports MB/sec; the unit is returned with the numbers. (Real output separates
+some header columns with tabs.)
 """
 
 import re

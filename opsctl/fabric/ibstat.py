@@ -1,18 +1,18 @@
 """Parse `ibstat` output (infiniband-diags) into one record per port.
 
     CA 'mlx5_0'
-    	CA type: MT4129
-    	Number of ports: 1
-    	Firmware version: 28.41.1000
-    	Hardware version: 0
-    	Node GUID: 0xa088c20300e3142a
-    	System image GUID: 0xa088c20300e3142a
-    	Port 1:
-    		State: Active
-    		Physical state: LinkUp
-    		Rate: 400
-    		...
-    		Link layer: InfiniBand
+        CA type: MT4129
+        Number of ports: 1
+        Firmware version: 28.41.1000
+        Hardware version: 0
+        Node GUID: 0xa088c20300e3142a
+        System image GUID: 0xa088c20300e3142a
+        Port 1:
+            State: Active
+            Physical state: LinkUp
+            Rate: 400
+            ...
+            Link layer: InfiniBand
 
 (the real file is tab-indented; see shared/samples/infiniband/gpud_ibstat.*). A CA with no port
 block is kept with no ports.

@@ -1,15 +1,15 @@
-"""Parse `ibv_devinfo` output (rdma-core) into one record per device.
+"""Parse `ibv_devinfo` output (rdma-core, tab-indented) into one record per device.
 
-    hca_id:	mlx5_0
-    	transport:			InfiniBand (0)
-    	fw_ver:				28.41.1000
-    	node_guid:			a088:c203:00e3:142a
-    	...
-    	phys_port_cnt:			1
-    		port:	1
-    			state:			PORT_ACTIVE (4)
-    			...
-    			link_layer:		InfiniBand
+    hca_id:    mlx5_0
+        transport:            InfiniBand (0)
+        fw_ver:                28.41.1000
+        node_guid:            a088:c203:00e3:142a
+        ...
+        phys_port_cnt:            1
+            port:    1
+                state:            PORT_ACTIVE (4)
+                ...
+                link_layer:        InfiniBand
 """
 
 from dataclasses import dataclass, field

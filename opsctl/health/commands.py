@@ -20,13 +20,12 @@ from opsctl.remediation.run import RunOptions, run_health
 from opsctl.slurm import make_slurm
 
 
-def health(config_path, drain, dry_run, resume, as_json, watch_s, prometheus, all_nodes) -> ExitCode:
+def health(config_path, drain, dry_run, resume, as_json, watch_s, prometheus, all_nodes, scope=None) -> ExitCode:
     config = load_config(config_path)
 
     def once():
-        result = run_health(config, RunOptions(drain=drain, resume=resume, dry_run=dry_run,
-                                               prometheus_url=prometheus))
-        return result
+        return run_health(config, RunOptions(drain=drain, resume=resume, dry_run=dry_run,
+                                             prometheus_url=prometheus, scope=scope))
 
     def show(result):
         click.echo(render_json(result) if as_json else render_table(result, all_nodes))

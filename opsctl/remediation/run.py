@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ExitCode, OpsctlError, SafetyStop, SourceUnavailable, worst
+from opsctl.errors import ConfigError, ExitCode, OpsctlError, SafetyStop, SourceUnavailable, worst
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.prom.client import PromClientImpl, PromQuery
@@ -25,6 +25,7 @@ class RunOptions:
     resume: bool = False
     dry_run: bool = False
     prometheus_url: str | None = None
+    scope: str | None = None  # a Slurm hostlist: judge and act on these nodes only
 
 
 @dataclass
@@ -69,6 +70,15 @@ def _run_locked(config, options, rules, prom, slurm, audit, state, now) -> RunRe
     slurm_nodes = slurm.nodes()
     now = time.time() if now is None else now
     report = evaluate(prom, rules, config, slurm_nodes.keys(), state.handled_xids(), now)
+    scoped = slurm_nodes
+    if options.scope:
+        names = set(slurm.expand(options.scope))
+        unknown = sorted(names - set(slurm_nodes))
+        if unknown:
+            raise ConfigError(f"--nodes: not Slurm nodes: {', '.join(unknown[:5])}")
+        # The breaker still measures against the whole cluster; only judging and acting narrow.
+        report.nodes = {n: v for n, v in report.nodes.items() if n in names}
+        scoped = {n: node for n, node in slurm_nodes.items() if n in names}
     plan = Plan()
     code = ExitCode.FAILING if any(v.status == "fail" for v in report.nodes.values()) else ExitCode.OK
     if options.drain:
@@ -80,7 +90,7 @@ def _run_locked(config, options, rules, prom, slurm, audit, state, now) -> RunRe
             code = worst(code, ExitCode.SAFETY_STOP)
         _drain(plan, slurm, audit, state, options.dry_run, now)
     if options.resume:
-        plan = plan_resumes(report, slurm_nodes, rules, state.healthy_since(),
+        plan = plan_resumes(report, scoped, rules, state.healthy_since(),
                             duration_seconds(config.safety.resume_after), options.dry_run, now, plan)
         _resume(plan, slurm_nodes, slurm, audit, state, options.dry_run, now)
     return RunResult(report=report, exit_code=code, plan=plan)

@@ -147,3 +147,42 @@ class Stack:
             exp.stop()
         for end in self.dcgm.values():
             end.server.shutdown()
+
+
+GOOD = {"status": "success", "data": {"resultType": "vector", "result": [
+    {"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.1, "79"]}]}}
+
+
+class FakeProm:
+    """A real HTTP server; `answer` is (status, body bytes) or a callable; requests are recorded."""
+
+    def __init__(self, tls_context=None):
+        self.answer = (200, json.dumps(GOOD).encode())
+        self.requests = []
+        self.delay = 0.0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length", 0))
+                owner.requests.append((self.path, dict(self.headers), self.rfile.read(length).decode()))
+                time.sleep(owner.delay)
+                status, body = owner.answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = serve(Handler)
+        scheme = "http"
+        if tls_context is not None:
+            self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()

@@ -40,3 +40,17 @@ def test_inject_then_clear(env):
 def test_bad_input_is_one_line_and_nonzero(env, args):
     out = admin(env, *args)
     assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_sysfs_link_host_keeps_the_emulated_infiniband(env, tmp_path):
+    host = tmp_path / "hostsys"
+    for d in ("class/net/eth0", "class/infiniband/real0", "devices/system", "kernel"):
+        (host / d).mkdir(parents=True)
+    from opsctl.lab.hwtools.admin import link_host_sysfs
+
+    assert admin(env, "sysfs").returncode == 0
+    root = Path(env["OPSCTL_HW_SYSFS_ROOT"])
+    link_host_sysfs(root, host)
+    assert (root / "class/net").resolve() == host / "class/net" and (root / "kernel").is_symlink()
+    assert not (root / "class/infiniband").is_symlink()
+    assert sorted(p.name for p in (root / "class/infiniband").iterdir())[-1] == "mlx5_bond_0"

@@ -113,7 +113,8 @@ def test_every_real_csv_field_has_the_real_header_and_unit(node):
     header, row = out.stdout.splitlines()
     assert header.split(", ") == [h for h, _ in real.values()]
     for (field, (_, real_value)), value in zip(real.items(), row.split(", "), strict=True):
-        unit = real_value.rsplit(" ", 1)[-1] if real_value.rsplit(" ", 1)[-1] in ("MiB", "W", "%", "MHz", "us") else None
+        last = real_value.rsplit(" ", 1)[-1]
+        unit = last if last in ("MiB", "W", "%", "MHz", "us") else None
         if unit:
             assert value.endswith(" " + unit), (field, value, real_value)
         assert (value == "[N/A]") == (real_value == "[N/A]"), field

@@ -4,7 +4,7 @@ dcgm-exporter service, which re-reads the file) reports the fault.
 
     opsctl-hw inject FAULT [--gpu G | --hca H]
     opsctl-hw clear
-    opsctl-hw sysfs          # write the sysfs tree from the state (boot-time service)
+    opsctl-hw sysfs [--link-host]   # write the sysfs tree from the state (boot-time service)
     opsctl-hw show           # the state file
 """
 
@@ -14,6 +14,7 @@ import json
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict
+from pathlib import Path
 
 from opsctl.lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 
@@ -35,7 +36,8 @@ def main(argv: list[str]) -> int:
     inj.add_argument("--gpu", type=int)
     inj.add_argument("--hca")
     sub.add_parser("clear")
-    sub.add_parser("sysfs")
+    sysfs = sub.add_parser("sysfs")
+    sysfs.add_argument("--link-host", action="store_true")
     sub.add_parser("show")
     args = parser.parse_args(argv)
     with _locked():
@@ -52,8 +54,27 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(f"{hw.node}: cleared {count} fault(s)\n")
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
-        fresh_sysfs(hw)
+        root = fresh_sysfs(hw)
+        if args.cmd == "sysfs" and args.link_host:
+            link_host_sysfs(root)
     return 0
+
+
+def link_host_sysfs(root: Path, host: Path = Path("/sys")) -> None:
+    """Make the emulated tree a whole sysfs for node_exporter --path.sysfs: everything but
+    class/infiniband links to the machine's real /sys, so the other collectors still see it."""
+    for entry in host.iterdir():
+        if entry.name != "class":
+            _link(root / entry.name, entry)
+    for entry in (host / "class").iterdir():
+        if entry.name != "infiniband":
+            _link(root / "class" / entry.name, entry)
+
+
+def _link(path: Path, target: Path) -> None:
+    if not path.is_symlink() and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(target)
 
 
 if __name__ == "__main__":

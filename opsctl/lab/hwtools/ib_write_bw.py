@@ -25,7 +25,9 @@ DASH = "-" * 87
 def header(device: str, link_type: str, port: PortView, peer: PortView) -> str:
     def addr(view: PortView) -> str:
         seed = (view.node, view.hca)
-        return (f"LID {stable_int(*seed, 'lid', modulo=0xff) + 1:#06x} QPN {stable_int(*seed, 'qpn', modulo=0xffff):#06x}"
+        # perftest's printf formats: LID %#04x, QPN %#06x, PSN %#08x, VAddr %#016llx.
+        return (f"LID {stable_int(*seed, 'lid', modulo=0xfe) + 1:#04x}"
+                f" QPN {stable_int(*seed, 'qpn', modulo=0xffff):#06x}"
                 f" PSN {stable_int(*seed, 'psn', modulo=0xffffff):#08x} RKey 0x1fff00"
                 f" VAddr {stable_int(*seed, 'va', modulo=1 << 44):#016x}")
 
@@ -78,13 +80,15 @@ def main(argv: list[str]) -> int:
         return 1
     mine = PortView.of(hw, device)
     if not mine.active:
-        sys.stderr.write(" Port number 1 state is Down\n Couldn't set the link layer\n Couldn't get context for the device\n")
+        sys.stderr.write(" Port number 1 state is Down\n Couldn't set the link layer\n"
+                         " Couldn't get context for the device\n")
         return 1
     if args.host:
         try:
             conn = socket.create_connection((args.host, args.port), timeout=10)
         except OSError:
-            sys.stderr.write(f"Couldn't connect to {args.host}:{args.port}\n Unable to open file descriptor for socket connection\n")
+            sys.stderr.write(f"Couldn't connect to {args.host}:{args.port}\n"
+                             " Unable to open file descriptor for socket connection\n")
             return 1
     else:
         with socket.create_server(("0.0.0.0", args.port)) as server:

@@ -1,24 +1,24 @@
 """Emulated `ibstat` (infiniband-diags), reading the machine's sysfs InfiniBand tree.
 
-Output as on a real ConnectX-7 host (shared/samples/infiniband/gpud_ibstat.47.0.h100.all.active.0.txt):
+Output (tab-indented) as on a real ConnectX-7 host (shared/samples/infiniband/gpud_ibstat.47.0.h100.all.active.0.txt):
 
     CA 'mlx5_0'
-    	CA type: MT4129
-    	Number of ports: 1
-    	Firmware version: 28.41.1000
-    	Hardware version: 0
-    	Node GUID: 0xa088c20300e3142a
-    	System image GUID: 0xa088c20300e3142a
-    	Port 1:
-    		State: Active
-    		Physical state: LinkUp
-    		Rate: 400
-    		Base lid: 0
-    		LMC: 0
-    		SM lid: 0
-    		Capability mask: 0x00010000
-    		Port GUID: 0xa288c2fffee3142a
-    		Link layer: Ethernet
+        CA type: MT4129
+        Number of ports: 1
+        Firmware version: 28.41.1000
+        Hardware version: 0
+        Node GUID: 0xa088c20300e3142a
+        System image GUID: 0xa088c20300e3142a
+        Port 1:
+            State: Active
+            Physical state: LinkUp
+            Rate: 400
+            Base lid: 0
+            LMC: 0
+            SM lid: 0
+            Capability mask: 0x00010000
+            Port GUID: 0xa288c2fffee3142a
+            Link layer: Ethernet
 
 Forms: `ibstat`, `ibstat -l` (CA names), `ibstat CA [PORT]`.
 """

@@ -2,13 +2,13 @@
 
 Layout follows rdma-core's libibverbs/examples/devinfo.c (tabs as printed there):
 
-    hca_id:	mlx5_0
-    	transport:			InfiniBand (0)
-    	fw_ver:				28.41.1000
-    	node_guid:			a088:c203:00e3:142a
-    	...
-    		port:	1
-    			state:			PORT_ACTIVE (4)
+    hca_id:    mlx5_0
+        transport:            InfiniBand (0)
+        fw_ver:                28.41.1000
+        node_guid:            a088:c203:00e3:142a
+        ...
+            port:    1
+                state:            PORT_ACTIVE (4)
 
 Forms: `ibv_devinfo`, `ibv_devinfo -d DEV`, `ibv_devinfo -l`.
 """

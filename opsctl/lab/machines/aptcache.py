@@ -11,7 +11,7 @@ from pathlib import Path
 
 from opsctl.errors import LabError
 from opsctl.lab.machines.procs import pid_alive, stop_pid
-from opsctl.lab.machines.settings import APT_PORT, BRIDGE_ADDR, Settings
+from opsctl.lab.machines.settings import APT_PORT, Settings
 
 SUPPORT_DIR = Path("/usr/lib/apt-cacher-ng")
 
@@ -35,7 +35,7 @@ def write_config(settings: Settings) -> Path:
         f"LogDir: {conf / 'log'}\n"
         f"SupportDir: {SUPPORT_DIR}\n"
         f"Port: {APT_PORT}\n"
-        f"BindAddress: {BRIDGE_ADDR}\n"
+        f"BindAddress: {settings.bridge_addr}\n"
         "Remap-debrep: file:deb_mirror*.gz /debian ; file:backends_debian\n"
         "Remap-secdeb: security.debian.org security.debian.org/debian-security deb.debian.org/debian-security "
         "/debian-security ; deb.debian.org/debian-security\n"
@@ -53,16 +53,16 @@ def running_pid(settings: Settings) -> int | None:
     return pid if pid_alive(pid, "apt-cacher-ng") else None
 
 
-def _answers(timeout: float = 0.5) -> bool:
+def _answers(settings: Settings, timeout: float = 0.5) -> bool:
     try:
-        with socket.create_connection((BRIDGE_ADDR, APT_PORT), timeout=timeout):
+        with socket.create_connection((settings.bridge_addr, APT_PORT), timeout=timeout):
             return True
     except OSError:
         return False
 
 
 def ensure_running(settings: Settings) -> None:
-    if running_pid(settings) and _answers():
+    if running_pid(settings) and _answers(settings):
         return
     conf = write_config(settings)
     log = open(conf / "log" / "daemon.out", "ab")  # noqa: SIM115 - handed to the daemon
@@ -71,10 +71,10 @@ def ensure_running(settings: Settings) -> None:
     _pid_file(settings).write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        if _answers():
+        if _answers(settings):
             return
         time.sleep(0.1)
-    raise LabError(f"apt-cacher-ng did not answer on {BRIDGE_ADDR}:{APT_PORT}; see {conf / 'log'}")
+    raise LabError(f"apt-cacher-ng did not answer on {settings.bridge_addr}:{APT_PORT}; see {conf / 'log'}")
 
 
 def stop(settings: Settings) -> None:

@@ -51,7 +51,7 @@ Before=dcgm-exporter.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/usr/local/sbin/opsctl-hw sysfs
+ExecStart=/usr/local/sbin/opsctl-hw sysfs --link-host
 
 [Install]
 WantedBy=multi-user.target
@@ -74,9 +74,14 @@ def install(upper: Path, name: str) -> None:
     units = upper / "etc/systemd/system"
     wants = units / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
-    (units / DCGM_UNIT).write_text(dcgm_unit(name))
+    mine = [SYSFS_UNIT]
     (units / SYSFS_UNIT).write_text(SYSFS_UNIT_TEXT)
-    for unit in (DCGM_UNIT, SYSFS_UNIT):
+    # Once provisioning has written its own dcgm-exporter unit, keep it: restarting a machine must not
+    # undo what the playbooks did (their next run would report a change).
+    if not (units / DCGM_UNIT).exists():
+        (units / DCGM_UNIT).write_text(dcgm_unit(name))
+        mine.append(DCGM_UNIT)
+    for unit in mine:
         link = wants / unit
         link.unlink(missing_ok=True)
         link.symlink_to(f"/etc/systemd/system/{unit}")

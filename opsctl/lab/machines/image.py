@@ -1,9 +1,12 @@
 """The one Debian 12 image every machine boots from (each machine writes to its own overlay layer).
 
-Built once with debootstrap through the lab's apt cache and reused while its recipe is unchanged: the
-recipe's hash is stored in the image, so a changed recipe rebuilds it.
+Built once with debootstrap through the lab's apt cache and reused while its recipe is unchanged.
+Each recipe has its own directory (`<image_dir>/<recipe hash>`): a changed recipe builds a new image
+next to the old one, so machines still running on the old one keep their lower layer; an old image
+is deleted once no machine runs on it.
 """
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -15,7 +18,7 @@ from opsctl.lab.machines.settings import SUITE, Settings
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "iproute2",
             "ca-certificates", "procps", "iputils-ping"]
 STAMP = ".opsctl-image-recipe"
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "3"
 
 # Debian's ssh.service has no key generation step; sshd refuses to start without host keys. Each
 # machine gets its own keys from the lab (so known_hosts is exact); this covers any key type missing.
@@ -23,38 +26,66 @@ SSH_KEYGEN_DROPIN = "[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen 
 
 
 def recipe(settings: Settings) -> str:
-    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, settings.apt_proxy, *PACKAGES, SSH_KEYGEN_DROPIN])
+    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, SSH_KEYGEN_DROPIN])
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def path(settings: Settings) -> Path:
+    return settings.image_dir / recipe(settings)[:16]
 
 
 def is_current(settings: Settings) -> bool:
     try:
-        return (settings.image_dir / STAMP).read_text().strip() == recipe(settings)
+        return (path(settings) / STAMP).read_text().strip() == recipe(settings)
     except OSError:
         return False
 
 
 def build(settings: Settings) -> bool:
     """Build the image unless the cached one is current. True if it built."""
-    if is_current(settings):
-        return False
-    target = settings.image_dir
+    settings.image_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.image_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another lab on this host may be building it right now
+        if is_current(settings):
+            return False
+        _build(settings)
+    _prune(settings)
+    return True
+
+
+def _in_use(image: Path) -> bool:
+    needle = f"-D {image} ".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "cmdline").read_bytes().replace(b"\0", b" "):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _prune(settings: Settings) -> None:
+    current = path(settings)
+    for old in settings.image_dir.iterdir():
+        # Only what this module made: <16 hex digits> images and their .new staging dirs.
+        name = old.name.removesuffix(".new")
+        if (len(name) == 16 and all(c in "0123456789abcdef" for c in name) and old.is_dir()
+                and old != current and not _in_use(old)):
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(settings: Settings) -> None:
+    target = path(settings)
     staging = target.with_name(target.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.parent.mkdir(parents=True, exist_ok=True)
     # debootstrap fetches with wget, which honours http_proxy: the packages land in the apt cache too.
     env = dict(os.environ, http_proxy=settings.apt_proxy)
     run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(staging),
          settings.mirror], env=env, timeout=900)
     _configure(staging, settings)
     (staging / STAMP).write_text(recipe(settings) + "\n")
-    old = target.with_name(target.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
+    shutil.rmtree(target, ignore_errors=True)  # an incomplete one (no stamp); nothing boots from it
     staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-    return True
 
 
 def _configure(root: Path, settings: Settings) -> None:
@@ -65,9 +96,6 @@ def _configure(root: Path, settings: Settings) -> None:
         f"deb {mirror} {SUITE}-updates main\n"
         f"deb {security} {SUITE}-security main\n"
     )
-    # Machines have no route off the lab subnet: apt goes through the cache on the bridge, as on a
-    # cluster whose nodes use a site proxy.
-    (root / "etc/apt/apt.conf.d/01opsctl-proxy").write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
     # Host keys are per machine (written into each machine's layer); none may be shared via the image.
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
@@ -81,5 +109,7 @@ def _configure(root: Path, settings: Settings) -> None:
         mask = root / "etc/systemd/system" / unit
         mask.unlink(missing_ok=True)
         mask.symlink_to("/dev/null")
+    # minbase has no locales; pam_env logs an error at every login without this file.
+    (root / "etc/default/locale").write_text("LANG=C.UTF-8\n")
     (root / "etc/apt/apt.conf.d/99opsctl-no-recommends").write_text('APT::Install-Recommends "false";\n')
     run(["chroot", str(root), "apt-get", "clean"], check=False)

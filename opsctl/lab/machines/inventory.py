@@ -3,13 +3,13 @@ roles at the emulated hardware are committed separately in inventory/lab/group_v
 
 import yaml
 
-from opsctl.lab.machines.settings import Settings, machine_addr
+from opsctl.lab.machines.settings import Settings
 
 
 def render(settings: Settings, names: list[str]) -> str:
     def host(name: str) -> dict:
         return {
-            "ansible_host": machine_addr(name),
+            "ansible_host": settings.addr(name),
             "ansible_user": "root",
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(settings.ssh_key),

@@ -4,13 +4,13 @@ the lab makes itself, so known_hosts is written from the keys, never learnt on f
 from pathlib import Path
 
 from opsctl.lab.machines.proc import run
-from opsctl.lab.machines.settings import Settings, machine_addr
+from opsctl.lab.machines.settings import Settings
 
 
 def ensure_client_key(settings: Settings) -> str:
     key = settings.ssh_key
+    key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not key.exists():
-        key.parent.mkdir(parents=True, exist_ok=True)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "opsctl-lab", "-f", str(key)])
     key.chmod(0o600)
     return Path(f"{key}.pub").read_text().strip()
@@ -28,7 +28,7 @@ def write_known_hosts(settings: Settings, uppers: dict[str, Path]) -> None:
     lines = []
     for name, upper in sorted(uppers.items()):
         algo, blob = Path(upper / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2]
-        lines.append(f"{name},{machine_addr(name)} {algo} {blob}")
+        lines.append(f"{name},{settings.addr(name)} {algo} {blob}")
     settings.known_hosts.parent.mkdir(parents=True, exist_ok=True)
     settings.known_hosts.write_text("\n".join(lines) + "\n")
 
@@ -37,4 +37,4 @@ def ssh_args(settings: Settings, name: str) -> list[str]:
     """ssh to a machine as the inventory does: lab key, lab known_hosts, strict checking."""
     return ["ssh", "-i", str(settings.ssh_key), "-o", f"UserKnownHostsFile={settings.known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-            "-o", "LogLevel=ERROR", f"root@{machine_addr(name)}"]
+            "-o", "LogLevel=ERROR", f"root@{settings.addr(name)}"]

@@ -17,7 +17,7 @@ from opsctl.errors import ExitCode, LabError
 from opsctl.lab.hardware import NodeHardware
 from opsctl.lab.machines import aptcache, hwinstall, image, inventory, keys, net, nspawn
 from opsctl.lab.machines.procs import stop_pid
-from opsctl.lab.machines.settings import MAX_GPU_NODES, Settings, machine_addr, machine_names
+from opsctl.lab.machines.settings import MAX_GPU_NODES, Settings, machine_names
 
 Echo = Callable[[str], None]
 NEEDED = ["ip", "debootstrap", "systemd-nspawn", "apt-cacher-ng", "ssh", "ssh-keygen", "chroot"]
@@ -70,18 +70,18 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
             return ExitCode.OK
         phase = _phases(echo)
         with phase("network"):
-            net.ensure_bridge()
+            net.ensure_bridge(settings)
         with phase("apt cache"):
             aptcache.ensure_running(settings)
         with phase("image") as note:
-            note(f"built {settings.image_dir}" if image.build(settings) else f"cached {settings.image_dir}")
+            note(f"{'built' if image.build(settings) else 'cached'} {image.path(settings)}")
         with phase("machines") as note:
             started = _start_machines(settings, names)
             note(f"started {', '.join(started)}" if started else "all running")
         with phase("ssh"):
             nspawn.wait_ssh(settings, names)
         inventory.write(settings, names)
-    echo(f"lab machines up: {', '.join(f'{n}={machine_addr(n)}' for n in names)}; "
+    echo(f"lab machines up: {', '.join(f'{n}={settings.addr(n)}' for n in names)}; "
          f"inventory {settings.inventory_dir}/hosts.yml; total {time.monotonic() - start:.1f}s")
     return ExitCode.OK
 
@@ -100,7 +100,7 @@ def _phases(echo: Echo):
 def _start_machines(settings: Settings, names: list[str]) -> list[str]:
     for extra in [n for n in _known(settings) if n not in names and nspawn.running_pid(settings, n)]:
         nspawn.stop(settings, extra)
-        net.remove_machine_netns(extra)
+        net.remove_machine_netns(settings, extra)
     pubkey = keys.ensure_client_key(settings)
     uppers = {}
     started = []
@@ -109,7 +109,7 @@ def _start_machines(settings: Settings, names: list[str]) -> list[str]:
         if running:
             uppers[name] = nspawn.upper(settings, name)
             continue
-        net.ensure_machine_netns(name)
+        net.ensure_machine_netns(settings, name)
         uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
         if name != "head":
             hwinstall.install(uppers[name], name)
@@ -132,10 +132,10 @@ def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Setting
             nspawn.stop(settings, name)
         for pid in nspawn.stray_pids(settings):
             stop_pid(pid)
-        for name in net.lab_netns():
-            net.remove_machine_netns(name)
+        for name in net.lab_netns(settings):
+            net.remove_machine_netns(settings, name)
         aptcache.stop(settings)
-        net.remove_bridge()
+        net.remove_bridge(settings)
         if purge:
             for name in names:
                 shutil.rmtree(settings.machine_dir(name))
@@ -152,7 +152,7 @@ def status(echo: Echo = lambda _line: None, settings: Settings | None = None) ->
         return ExitCode.OK
     for name in names:
         pid = nspawn.running_pid(settings, name)
-        echo(f"{name:6} {machine_addr(name):12} {'running pid ' + str(pid) if pid else 'stopped'}")
+        echo(f"{name:6} {settings.addr(name):12} {'running pid ' + str(pid) if pid else 'stopped'}")
     return ExitCode.OK
 
 

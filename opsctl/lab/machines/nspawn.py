@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 from opsctl.errors import LabError
+from opsctl.lab.machines import image as img
 from opsctl.lab.machines import keys
 from opsctl.lab.machines.procs import cmdline, pid_alive, stop_pid
-from opsctl.lab.machines.settings import Settings, machine_addr, netns_name
+from opsctl.lab.machines.settings import Settings
 
 
 def upper(settings: Settings, name: str) -> Path:
@@ -28,7 +29,8 @@ def running_pid(settings: Settings, name: str) -> int | None:
         pid = int(_pid_file(settings, name).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid_alive(pid, f"-M {name} ") or pid_alive(pid, f"--machine={name}") else None
+    # The overlay argument names this machine's own layer, so it tells our process from a reused pid.
+    return pid if pid_alive(pid, f":{upper(settings, name)}:/") else None
 
 
 def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str) -> Path:
@@ -40,13 +42,18 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     if not machine_id.exists() or not machine_id.read_text().strip():
         machine_id.write_text(secrets.token_hex(16) + "\n")
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    hosts += [f"{machine_addr(n)}\t{n}" for n in names]
+    hosts += [f"{settings.addr(n)}\t{n}" for n in names]
     (top / "etc/hosts").write_text("\n".join(hosts) + "\n")
     ssh_dir = top / "root/.ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     ssh_dir.chmod(0o700)
     (ssh_dir / "authorized_keys").write_text(client_pubkey + "\n")
     (ssh_dir / "authorized_keys").chmod(0o600)
+    # Machines have no route off the lab subnet: apt goes through the cache on the bridge, as on a
+    # cluster whose nodes use a site proxy.
+    proxy = top / "etc/apt/apt.conf.d/01opsctl-proxy"
+    proxy.parent.mkdir(parents=True, exist_ok=True)
+    proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
     keys.ensure_host_key(top, name)
     return top
 
@@ -54,14 +61,17 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
 def start(settings: Settings, name: str) -> int:
     mdir = settings.machine_dir(name)
     log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
-    image = str(settings.image_dir)
+    image = str(img.path(settings))
     proc = subprocess.Popen(
         ["systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
-         f"--network-namespace-path=/run/netns/{netns_name(name)}", "--register=no", "--keep-unit",
-         "-M", name, "--console=pipe"],
+         f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
+         "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     _pid_file(settings, name).write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 
 
 def stop(settings: Settings, name: str) -> None:
@@ -69,6 +79,18 @@ def stop(settings: Settings, name: str) -> None:
     if pid:
         stop_pid(pid, signal.SIGTERM, grace=30)
     _pid_file(settings, name).unlink(missing_ok=True)
+    remove_propagate_dir(settings.nspawn_name(name))
+
+
+def remove_propagate_dir(name: str) -> None:
+    """nspawn makes /run/systemd/nspawn/propagate/<machine> and, where /run is not a tmpfs, refuses
+    to delete it on exit ("Attempted to remove disk file system"): the lab removes it (it is empty)."""
+    try:
+        (PROPAGATE_DIR / name).rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass  # not empty or still in use: leave it rather than guess
 
 
 def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
@@ -79,7 +101,7 @@ def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
         for name in sorted(pending):
             if running_pid(settings, name) is None:
                 raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
-            if _port_open(machine_addr(name), 22) and subprocess.run(
+            if _port_open(settings.addr(name), 22) and subprocess.run(
                     keys.ssh_args(settings, name) + ["true"], capture_output=True, timeout=15).returncode == 0:
                 pending.discard(name)
         if pending:
@@ -98,11 +120,11 @@ def _port_open(addr: str, port: int) -> bool:
 
 
 def stray_pids(settings: Settings) -> list[int]:
-    """nspawn processes that boot this tier's image, whether or not a pid file knows them."""
-    image = f"-D {settings.image_dir} "
+    """nspawn processes running a layer of this lab's state dir, whether or not a pid file knows them."""
+    layers = f":{settings.state_dir}/"
     found = []
     for entry in Path("/proc").iterdir():
-        if (entry.name.isdigit() and int(entry.name) != os.getpid() and pid_alive(int(entry.name), image)
+        if (entry.name.isdigit() and int(entry.name) != os.getpid() and pid_alive(int(entry.name), layers)
                 and cmdline(int(entry.name)).startswith("systemd-nspawn")):
             found.append(int(entry.name))
     return found

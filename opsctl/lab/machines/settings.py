@@ -2,9 +2,11 @@
 
 Every path can be moved with an environment variable, so tests and CI can use their own:
   OPSCTL_LAB_DIR          state root; this tier uses <root>/machines   (default /var/lib/opsctl-lab)
-  OPSCTL_LAB_IMAGE_DIR    the cached Debian 12 image                     (default /var/cache/opsctl/lab-image)
-  OPSCTL_LAB_APT_CACHE    apt-cacher-ng's cache                          (default /var/cache/opsctl/apt-cacher-ng)
-  OPSCTL_LAB_INVENTORY    where hosts.yml, the SSH key and known_hosts go (default <project>/inventory/lab)
+  OPSCTL_LAB_IMAGE_DIR    the cached Debian 12 images, one per recipe   (default /var/cache/opsctl/lab-images)
+  OPSCTL_LAB_APT_CACHE    apt-cacher-ng's cache         (default /var/cache/opsctl/apt-cacher-ng[-<net>])
+  OPSCTL_LAB_INVENTORY    hosts.yml, SSH key, known_hosts (default <project>/inventory/lab)
+  OPSCTL_LAB_NET          0-254: which lab network (default 0: 10.213.0.0/24, bridge opsctl-lab0). A
+                          second lab on the same host (e.g. the integration tests) takes another one.
 """
 
 import os
@@ -13,10 +15,6 @@ from pathlib import Path
 
 import opsctl
 
-# Addresses inside the lab bridge only; a guard route keeps them on this host (see net.py).
-SUBNET = "10.213.0.0/24"
-BRIDGE = "opsctl-lab0"
-BRIDGE_ADDR = "10.213.0.1"
 PREFIX_LEN = 24
 APT_PORT = 3142
 FIRST_HOST = 10  # head is .10, gpuN is .10+N
@@ -40,46 +38,85 @@ def _project_inventory() -> Path:
     return Path.cwd() / "inventory" / "lab"
 
 
+def _env_path(name: str, default: str) -> Path:
+    return Path(os.environ.get(name) or default)
+
+
+def _net_index() -> int:
+    text = os.environ.get("OPSCTL_LAB_NET", "0")
+    if not text.isdigit() or not 0 <= int(text) <= 254:
+        from opsctl.errors import LabError
+
+        raise LabError(f"OPSCTL_LAB_NET must be 0-254, not {text!r}")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Settings:
-    state_dir: Path = field(default_factory=lambda: Path(os.environ.get("OPSCTL_LAB_DIR", "/var/lib/opsctl-lab"))
-                            / "machines")
-    image_dir: Path = field(default_factory=lambda: Path(os.environ.get("OPSCTL_LAB_IMAGE_DIR",
-                                                                        "/var/cache/opsctl/lab-image")))
-    apt_cache_dir: Path = field(default_factory=lambda: Path(os.environ.get("OPSCTL_LAB_APT_CACHE",
-                                                                            "/var/cache/opsctl/apt-cacher-ng")))
-    inventory_dir: Path = field(default_factory=lambda: Path(os.environ["OPSCTL_LAB_INVENTORY"])
-                                if os.environ.get("OPSCTL_LAB_INVENTORY") else _project_inventory())
+    net: int = field(default_factory=_net_index)
+    state_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_DIR", "/var/lib/opsctl-lab") / "machines")
+    image_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_IMAGE_DIR", "/var/cache/opsctl/lab-images"))
+    apt_cache_dir: Path | None = None
+    inventory_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_INVENTORY", str(_project_inventory())))
     mirror: str = DEFAULT_MIRROR
+
+    def __post_init__(self):
+        if self.apt_cache_dir is None:
+            # Each lab network has its own apt-cacher-ng, so each needs its own cache directory.
+            suffix = "" if self.net == 0 else f"-{self.net}"
+            default = f"/var/cache/opsctl/apt-cacher-ng{suffix}"
+            object.__setattr__(self, "apt_cache_dir", _env_path("OPSCTL_LAB_APT_CACHE", default))
+
+    # ---- network ---------------------------------------------------------------------------------
+    @property
+    def subnet(self) -> str:
+        return f"10.213.{self.net}.0/{PREFIX_LEN}"
+
+    @property
+    def bridge(self) -> str:
+        return f"opsctl-lab{self.net}"
+
+    @property
+    def bridge_addr(self) -> str:
+        return f"10.213.{self.net}.1"
 
     @property
     def apt_proxy(self) -> str:
-        return f"http://{BRIDGE_ADDR}:{APT_PORT}"
+        return f"http://{self.bridge_addr}:{APT_PORT}"
 
+    def addr(self, name: str) -> str:
+        index = 0 if name == "head" else int(name.removeprefix("gpu"))
+        return f"10.213.{self.net}.{FIRST_HOST + index}"
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of the host-side names of this lab (namespaces, nspawn machine names)."""
+        return "opsctl-" if self.net == 0 else f"opsctl{self.net}-"
+
+    def netns(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def veth(self, name: str) -> str:
+        return (f"olab-{name}" if self.net == 0 else f"olab{self.net}-{name}")[:15]  # IFNAMSIZ
+
+    def nspawn_name(self, name: str) -> str:
+        # The first lab keeps the plain names; another lab's machines need names of their own on the host.
+        return name if self.net == 0 else f"{self.prefix}{name}"
+
+    # ---- files -----------------------------------------------------------------------------------
     def machine_dir(self, name: str) -> Path:
         return self.state_dir / name
 
+    # In a dot directory: ansible never reads those as inventory sources (a key or known_hosts next to
+    # hosts.yml would be tried as one, with a warning each).
     @property
     def ssh_key(self) -> Path:
-        return self.inventory_dir / "id_ed25519"
+        return self.inventory_dir / ".ssh" / "id_ed25519"
 
     @property
     def known_hosts(self) -> Path:
-        return self.inventory_dir / "known_hosts"
+        return self.inventory_dir / ".ssh" / "known_hosts"
 
 
 def machine_names(gpu_nodes: int) -> list[str]:
     return ["head"] + [f"gpu{i}" for i in range(1, gpu_nodes + 1)]
-
-
-def machine_addr(name: str) -> str:
-    index = 0 if name == "head" else int(name.removeprefix("gpu"))
-    return f"10.213.0.{FIRST_HOST + index}"
-
-
-def netns_name(name: str) -> str:
-    return f"opsctl-{name}"
-
-
-def veth_name(name: str) -> str:
-    return f"olab-{name}"[:15]  # IFNAMSIZ

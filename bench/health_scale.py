@@ -1,0 +1,232 @@
+"""How `opsctl health` scales: 64, 1024 and 4096 simulated H200 nodes of 8 GPUs.
+
+For each size this backfills a real Prometheus with 11 minutes of the series the health rules read
+(`promtool tsdb create-blocks-from openmetrics`), starts a real slurmctld that knows the nodes, runs
+`opsctl health --json` end to end, and times the same PromQL queries sent directly. One node in a
+hundred carries a fault, so the verdict path does real work. It prints one row per size:
+
+    nodes   gpus   series  e2e_s  promql_s  queries
+       64    512     9728   0.61      0.21       37
+
+Run: .venv/bin/python bench/health_scale.py [--sizes 64,1024,4096] [--keep DIR]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import requests
+
+from opsctl.config import parse_config
+from opsctl.health.catalog import load_catalog
+from opsctl.health.evaluate import presence_queries
+
+GPU_METRICS = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+               "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+               "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+               "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+               "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+               "DCGM_FI_DEV_XID_ERRORS"]
+IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second",
+              "node_infiniband_link_error_recovery_total", "node_infiniband_link_downed_total",
+              "node_infiniband_port_errors_received_total"]
+HCAS = [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"]
+SPAN_S, STEP_S = 660, 60
+
+
+def node_names(n: int) -> list[str]:
+    return [f"sim{i:04d}" for i in range(1, n + 1)]
+
+
+def gpu_value(metric: str, faulty: bool, gpu: int) -> float:
+    if metric == "DCGM_FI_DEV_GPU_TEMP":
+        return 41.0 + gpu
+    if metric == "DCGM_FI_DEV_ROW_REMAP_PENDING" and faulty and gpu == 0:
+        return 1.0
+    return 0.0
+
+
+def ib_value(metric: str, faulty: bool, hca: str) -> float:
+    if metric == "node_infiniband_state_id":
+        return 1.0 if faulty and hca == "mlx5_3" else 4.0
+    if metric == "node_infiniband_rate_bytes_per_second":
+        return 2.5e10 if hca == "mlx5_bond_0" else 5e10
+    return 0.0
+
+
+def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
+    """Every series with a sample each STEP_S up to `end`. Returns the number of series."""
+    stamps = list(range(end - SPAN_S, end + 1, STEP_S))
+    series = 0
+    faulty = set(nodes[::100])
+    with path.open("w") as out:
+        def family(name, rows):
+            nonlocal series
+            out.write(f"# TYPE {name} gauge\n")
+            for labels, value in rows:
+                series += 1
+                out.write("".join(f"{name}{{{labels}}} {value} {t}\n" for t in stamps))
+        family("up", [(f'job="{job}",instance="{n}:{port}",node="{n}"', 1)
+                      for job, port in (("dcgm", 9400), ("node", 9100)) for n in nodes])
+        for metric in GPU_METRICS:
+            family(metric, [(f'job="dcgm",node="{n}",Hostname="{n}",gpu="{g}"', gpu_value(metric, n in faulty, g))
+                            for n in nodes for g in range(8)])
+        family("DCGM_EXP_XID_ERRORS_COUNT", [(f'job="dcgm",node="{n}",gpu="2",window_size_in_ms="300000",xid="79"',
+                                              1) for n in faulty])
+        for metric in IB_METRICS:
+            family(metric, [(f'job="node",node="{n}",device="{h}",port="1"', ib_value(metric, n in faulty, h))
+                            for n in nodes for h in HCAS])
+        out.write("# EOF\n")
+    return series
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"bench: timed out waiting for {what}")
+
+
+class Slurm:
+    """A real slurmctld (and munged) that knows the simulated nodes; no slurmd is needed to list them."""
+
+    def __init__(self, root: Path, nodes: int):
+        self.root = root
+        (root / "state").mkdir(parents=True)
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.munged = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={root}/munge.socket",
+                                        f"--key-file={key}", f"--pid-file={root}/munged.pid",
+                                        f"--log-file={root}/munged.log", f"--seed-file={root}/munged.seed"])
+        wait(lambda: (root / "munge.socket").exists(), 10, "munged")
+        self.conf = root / "slurm.conf"
+        self.conf.write_text(
+            f"ClusterName=bench\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={free_port()}\n"
+            f"SlurmUser=root\nAuthType=auth/munge\nAuthInfo=socket={root}/munge.socket\nCredType=cred/munge\n"
+            f"StateSaveLocation={root}/state\nSlurmctldPidFile={root}/slurmctld.pid\n"
+            f"SlurmctldLogFile={root}/slurmctld.log\nSlurmdSpoolDir={root}/spool\nSelectType=select/cons_tres\n"
+            f"NodeName=sim[0001-{nodes:04d}] CPUs=224 RealMemory=2000000 State=UNKNOWN\n"
+            f"PartitionName=gpu Nodes=ALL Default=YES State=UP\n")
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.ctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait(lambda: subprocess.run(["sinfo", "-h"], env=self.env, capture_output=True).returncode == 0, 30,
+             "slurmctld")
+
+    def stop(self) -> None:
+        for proc in (self.ctld, self.munged):
+            proc.terminate()
+            proc.wait(20)
+
+
+class Prometheus:
+    def __init__(self, root: Path, blocks: Path):
+        data = root / "data"
+        shutil.copytree(blocks, data)
+        (root / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\n")
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={root / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={data}", f"--web.listen-address={self.url[7:]}",
+                                      "--storage.tsdb.retention.time=30d", "--log.level=error"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200, 120, "prometheus")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def raw_promql_seconds(url: str, exprs: list[str]) -> float:
+    session = requests.Session()
+    started = time.monotonic()
+    for expr in exprs:
+        resp = session.post(f"{url}/api/v1/query", data={"query": expr}, timeout=120)
+        resp.raise_for_status()
+    return time.monotonic() - started
+
+
+def bench_size(n: int, work: Path) -> dict:
+    root = work / f"n{n}"
+    root.mkdir(parents=True)
+    end = int(time.time()) - 5
+    started = time.monotonic()
+    series = write_openmetrics(root / "data.om", node_names(n), end)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "data.om"), str(root / "blocks")],
+                   check=True, capture_output=True)
+    (root / "data.om").unlink()
+    prep = time.monotonic() - started
+    prom = Prometheus(root, root / "blocks")
+    slurm = Slurm(root / "slurm", n)
+    try:
+        config = root / "opsctl.yaml"
+        # Samples are up to a minute apart here (scrapes would be seconds), so staleness allows more.
+        config.write_text(json.dumps({"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 120},
+                                      "slurm": {"backend": "cli"}}))
+        env = {**slurm.env, "OPSCTL_CONFIG": str(config), "OPSCTL_STATE_DIR": str(root / "state")}
+        parsed = parse_config(json.loads(config.read_text()), "bench", env)
+        exprs = list(presence_queries(parsed)) + [rule.expr for rule in load_catalog(parsed)]
+        raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json"], env=env, capture_output=True,
+                              text=True, timeout=600)
+        e2e = time.monotonic() - started
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"bench: opsctl health exited {proc.returncode}: {proc.stderr.strip()}")
+        summary = json.loads(proc.stdout)["summary"]
+        raw = raw_promql_seconds(prom.url, exprs)
+    finally:
+        slurm.stop()
+        prom.stop()
+    return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "opsctl_query_s": summary["query_seconds"],
+            "promql_s": raw, "queries": summary["queries"], "fail": summary["fail"], "unknown": summary["unknown"],
+            "prep_s": prep}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64,1024,4096")
+    parser.add_argument("--keep", default=None, help="Work directory to keep (default: a temporary one).")
+    args = parser.parse_args(argv)
+    for tool in ("prometheus", "promtool", "slurmctld", "munged", "sinfo"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"bench: {tool} is not installed (make deps-lab)")
+    work = Path(args.keep or tempfile.mkdtemp(prefix="opsctl-bench-"))
+    header = f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'promql_s':>9} {'queries':>8} {'fail':>5} {'prep_s':>7}"
+    lines = [header]
+    sys.stdout.write(header + "\n")
+    try:
+        for n in (int(s) for s in args.sizes.split(",")):
+            row = bench_size(n, work)
+            line = (f"{row['nodes']:>6} {row['gpus']:>6} {row['series']:>8} {row['e2e_s']:>7.2f} "
+                    f"{row['promql_s']:>9.2f} {row['queries']:>8} {row['fail']:>5} {row['prep_s']:>7.1f}")
+            lines.append(line)
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

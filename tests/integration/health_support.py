@@ -1,0 +1,91 @@
+"""Helpers for the health tests on the shared lab. These tests touch only gpu033..gpu064, give every
+test its own state directory and config, and clear and resume every node they touched."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from opsctl.slurm import process_sinfo_output
+
+FAST = {"catalog": {"overrides": {
+    "ib-down": {"hold": "10s"}, "ib-degraded": {"hold": "10s"}, "gpu-temp-high": {"hold": "15s"},
+    "nvlink-errors": {"hold": "20s"}, "pcie-replays": {"hold": "20s"}, "sbe-storm": {"hold": "20s"},
+    "ib-errors": {"hold": "20s"}}}}
+
+
+class HealthLab:
+    def __init__(self, lab, tmp: Path, safety: dict | None = None, prometheus: str = "http://127.0.0.1:19090"):
+        self.lab = lab
+        self.tmp = tmp
+        self.config = tmp / "opsctl.yaml"
+        raw = {"prometheus": {"url": prometheus}, "slurm": {"backend": "cli"}, **FAST}
+        if safety:
+            raw["safety"] = safety
+        self.config.write_text(yaml.safe_dump(raw))
+        self.state = tmp / "state"
+        self.touched: set[str] = set()
+
+    def env(self) -> dict:
+        return {**os.environ, **self.lab.env, "OPSCTL_CONFIG": str(self.config), "OPSCTL_STATE_DIR": str(self.state)}
+
+    def opsctl(self, *args, timeout=120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "opsctl", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+
+    def popen(self, *args) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "opsctl", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env())
+
+    def health_json(self, *args) -> tuple[int, dict]:
+        proc = self.opsctl("health", "--json", *args)
+        assert proc.returncode in (0, 1, 4), proc.stderr
+        data = json.loads(proc.stdout)
+        return proc.returncode, {n["node"]: n for n in data["nodes"]} | {"_summary": data["summary"]}
+
+    def inject(self, node: str, fault: str, gpu=None, hca=None) -> None:
+        assert "gpu033" <= node <= "gpu064", "health tests touch gpu033..gpu064 only"
+        self.touched.add(node)
+        argv = ["lab", "inject", node, fault]
+        if gpu is not None:
+            argv += ["--gpu", str(gpu)]
+        if hca is not None:
+            argv += ["--hca", str(hca)]
+        proc = self.opsctl(*argv)
+        assert proc.returncode == 0, proc.stderr
+
+    def scontrol(self, *args) -> None:
+        self.lab.run("scontrol", *args)
+
+    def slurm(self) -> dict:
+        return process_sinfo_output(self.lab.run("sinfo", "--json").stdout)
+
+    def wait_statuses(self, scope: str, expected: dict, rules: dict | None = None, timeout: float = 120.0) -> dict:
+        """Poll read-only runs until every node in `expected` shows its status (and the check in `rules`)."""
+        deadline = time.monotonic() + timeout
+        rules = rules or {}
+        while True:
+            _, nodes = self.health_json("--nodes", scope)
+            got = {n: nodes[n]["status"] for n in expected}
+            seen = all(any(c["id"] == rule for c in nodes[n]["checks"]) for n, rule in rules.items())
+            if got == expected and seen:
+                return nodes
+            if time.monotonic() > deadline:
+                raise AssertionError(f"verdicts did not settle: want {expected}, got {got}")
+            time.sleep(3)
+
+    def audit(self) -> list[dict]:
+        path = self.state / "audit.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def cleanup(self) -> None:
+        for node in sorted(self.touched):
+            self.opsctl("lab", "clear", node)
+        nodes = self.slurm()
+        drained = [n for n in sorted(self.touched) if nodes[n].drained]
+        if drained:
+            self.scontrol("update", f"nodename={','.join(drained)}", "state=resume")

@@ -1,0 +1,100 @@
+"""`opsctl health --drain` on the simulated cluster: the issue's verdict table and acceptance list.
+
+All faults are injected on gpu033..gpu064 (gpu001..gpu032 belong to other tests of the lab)."""
+
+import pytest
+
+from tests.integration.health_support import HealthLab
+
+pytestmark = pytest.mark.lab
+
+DRAIN_ROWS = [  # (fault, node, gpu, hca, rule that must own the drain)
+    ("xid:79", "gpu033", 3, None, "xid-79"),
+    ("xid:48", "gpu034", 1, None, "xid-48"),
+    ("xid:95", "gpu035", 2, None, "xid-95"),
+    ("dbe", "gpu036", 4, None, "ecc-dbe-new"),
+    ("row-remap-failure", "gpu037", 5, None, "row-remap-failure"),
+    ("row-remap-pending", "gpu038", 6, None, "row-remap-pending"),
+    ("gpu-missing", "gpu039", 7, None, "gpu-count"),
+    ("ib-down", "gpu040", None, 3, "ib-down"),
+    ("ib-degraded", "gpu041", None, 5, "ib-degraded"),
+]
+WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
+    ("xid:13", "gpu042", 0, None, "xid-13"),
+    ("xid:31", "gpu043", 1, None, "xid-31"),
+    ("xid:94", "gpu044", 2, None, "xid-94"),
+    ("thermal", "gpu045", 3, None, "gpu-temp-high"),
+    ("nvlink-errors", "gpu046", 4, None, "nvlink-errors"),
+    ("pcie-replays", "gpu047", 5, None, "pcie-replays"),
+    ("sbe-storm", "gpu048", 6, None, "sbe-storm"),
+    ("ib-counters", "gpu049", None, 1, "ib-errors"),
+]
+STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
+SCOPE = "gpu[033-052]"
+
+
+@pytest.fixture(scope="module")
+def table(lab, tmp_path_factory):
+    """Inject every row at once on its own node, wait for the verdicts, then run one --drain."""
+    h = HealthLab(lab, tmp_path_factory.mktemp("table"),
+                  safety={"breaker_min_nodes": 12, "max_drains_per_run": 20, "max_drains_per_hour": 100})
+    try:
+        for fault, node, gpu, hca, _ in DRAIN_ROWS + WARN_ROWS:
+            h.inject(node, fault, gpu=gpu, hca=hca)
+        h.inject("gpu050", "exporter-down")
+        for fault, node, gpu, hca in STORAGE_ROWS:
+            h.inject(node, fault, gpu=gpu, hca=hca)
+        expected = {row[1]: "fail" for row in DRAIN_ROWS} | {row[1]: "warn" for row in WARN_ROWS}
+        expected |= {"gpu050": "unknown"} | {row[1]: "ok" for row in STORAGE_ROWS}
+        h.wait_statuses(SCOPE, expected, rules={row[1]: row[4] for row in DRAIN_ROWS + WARN_ROWS})
+        before = h.slurm()
+        code, nodes = h.health_json("--drain", "--nodes", SCOPE)
+        yield h, code, nodes, before, h.slurm()
+    finally:
+        h.cleanup()
+
+
+@pytest.mark.parametrize("fault,node,gpu,hca,rule", DRAIN_ROWS, ids=[r[0] for r in DRAIN_ROWS])
+def test_drain_rows_fail_and_are_drained_by_their_rule(table, fault, node, gpu, hca, rule):
+    _, code, nodes, before, after = table
+    assert code == 1
+    entry = nodes[node]
+    assert (entry["status"], entry["action"]) == ("fail", "drain")
+    assert not before[node].drained and after[node].drained
+    assert after[node].reason.startswith(f"opsctl:{rule}")
+    check = next(c for c in entry["checks"] if c["id"] == rule)
+    assert check["status"] == "fail" and check["value"] is not None and check["threshold"] is not None
+    assert check.get("gpu") == (f"gpu{gpu}" if gpu is not None and rule != "gpu-count" else None)
+    assert check.get("hca") == (f"mlx5_{hca}" if hca is not None else None)
+
+
+@pytest.mark.parametrize("fault,node,gpu,hca,rule", WARN_ROWS, ids=[r[0] for r in WARN_ROWS])
+def test_warn_rows_warn_and_are_not_drained(table, fault, node, gpu, hca, rule):
+    _, _, nodes, _, after = table
+    assert (nodes[node]["status"], nodes[node]["action"]) == ("warn", "none")
+    assert any(c["id"] == rule and c["status"] == "warn" for c in nodes[node]["checks"])
+    assert not after[node].drained
+
+
+def test_exporter_down_is_unknown_and_not_drained(table):
+    _, _, nodes, _, after = table
+    assert nodes["gpu050"]["status"] == "unknown" and not after["gpu050"].drained
+    assert {c["id"] for c in nodes["gpu050"]["checks"]} >= {"data-dcgm", "data-node"}
+
+
+@pytest.mark.parametrize("fault,node,gpu,hca", STORAGE_ROWS, ids=[r[0] for r in STORAGE_ROWS])
+def test_drain_fault_on_the_storage_port_only_is_ok(table, fault, node, gpu, hca):
+    _, _, nodes, _, after = table
+    assert (nodes[node]["status"], nodes[node]["action"]) == ("ok", "none") and not after[node].drained
+
+
+def test_the_faulty_nodes_and_no_other_are_drained(table):
+    h, _, nodes, before, after = table
+    newly = {n for n in after if after[n].drained and not before[n].drained}
+    assert newly == {row[1] for row in DRAIN_ROWS}
+    assert all(after[n].reason.startswith("opsctl:") for n in newly)
+    drains = [r for r in h.audit() if r["event"] == "drain"]
+    assert {r["node"] for r in drains} == newly
+    assert all(r["dry_run"] is False and r["user"] and r["checks"] and r["evidence"] for r in drains)
+    summary = nodes["_summary"]
+    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (9, 9, 8, 1)

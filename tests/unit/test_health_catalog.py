@@ -1,0 +1,125 @@
+"""The rule catalog: shipped defaults, user extension and override, and the Prometheus export."""
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from opsctl.config import parse_config
+from opsctl.errors import ConfigError
+from opsctl.health.catalog import load_catalog
+from opsctl.health.export import alert_name, render_prometheus_rules
+
+DRAIN_XIDS = [48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 154, 155]
+REPORT_XIDS = [13, 31, 43, 45, 68, 63, 92, 94]
+
+
+def rules_of(raw=None):
+    return {r.id: r for r in load_catalog(parse_config(raw or {}, "t", {}))}
+
+
+def test_xid_defaults_follow_the_issue():
+    rules = rules_of()
+    for xid in DRAIN_XIDS:
+        rule = rules[f"xid-{xid}"]
+        assert (rule.severity, rule.action, rule.xid, rule.auto_resume) == ("fail", "drain", xid, False)
+        assert f'xid="{xid}"' in rule.expr and "DCGM_EXP_XID_ERRORS_COUNT" in rule.expr
+    for xid in REPORT_XIDS:
+        assert (rules[f"xid-{xid}"].severity, rules[f"xid-{xid}"].action) == ("warn", "report")
+
+
+@pytest.mark.parametrize("rid,severity,action", [
+    ("row-remap-failure", "fail", "drain"), ("row-remap-pending", "fail", "drain"), ("ecc-dbe-new", "fail", "drain"),
+    ("remapped-rows-high", "fail", "drain"), ("gpu-count", "fail", "drain"), ("ib-down", "fail", "drain"),
+    ("ib-degraded", "fail", "drain"), ("gpu-temp-high", "warn", "report"), ("clocks-hw-slowdown", "warn", "report"),
+    ("nvlink-errors", "warn", "report"), ("pcie-replays", "warn", "report"), ("sbe-storm", "warn", "report"),
+    ("ib-errors", "warn", "report"),
+])
+def test_non_xid_defaults(rid, severity, action):
+    rule = rules_of()[rid]
+    assert (rule.severity, rule.action) == (severity, action)
+    assert rule.description and rule.remediation and "${" not in rule.expr
+
+
+def test_ib_rules_use_the_hardware_allowlist_and_rate():
+    rules = rules_of({"hardware": {"ib_devices": "mlx5_ib[0-7]", "ib_rate_bytes_per_second": 2.5e10}})
+    for rid in ("ib-down", "ib-degraded", "ib-errors"):
+        assert 'device=~"mlx5_ib[0-7]"' in rules[rid].expr
+    assert rules["ib-degraded"].threshold == 2.5e10
+    assert rules["gpu-count"].threshold == 8
+
+
+def test_hold_is_in_the_promql():
+    rules = rules_of({"catalog": {"overrides": {"gpu-temp-high": {"hold": "90s", "threshold": 80}}}})
+    assert rules["gpu-temp-high"].expr == 'min_over_time(DCGM_FI_DEV_GPU_TEMP{job="dcgm"}[90s])'
+    assert rules["gpu-temp-high"].alert_expr().endswith(") > 80")
+
+
+def test_gauge_variant_for_exporters_without_the_windowed_count():
+    rule = rules_of({"catalog": {"xid_source": "gauge"}})["xid-79"]
+    assert rule.alert_expr() == '(DCGM_FI_DEV_XID_ERRORS{job="dcgm"}) == 79'
+
+
+def test_user_file_adds_and_replaces_rules(tmp_path):
+    extra = tmp_path / "site.yaml"
+    extra.write_text(yaml.safe_dump({"rules": [
+        {"id": "gpu-power-low", "source": "dcgm", "device_label": "gpu", "expr": "DCGM_FI_DEV_POWER_USAGE",
+         "op": "<", "threshold": 50, "severity": "warn", "action": "report", "description": "d", "remediation": "r"},
+        {"id": "gpu-temp-high", "source": "dcgm", "device_label": "gpu", "expr": "DCGM_FI_DEV_GPU_TEMP",
+         "op": ">", "threshold": 95, "severity": "fail", "action": "drain", "description": "d", "remediation": "r"},
+    ]}))
+    rules = rules_of({"catalog": {"files": [str(extra)]}})
+    assert rules["gpu-power-low"].threshold == 50
+    assert (rules["gpu-temp-high"].threshold, rules["gpu-temp-high"].action) == (95, "drain")
+
+
+def test_disable_removes_a_rule():
+    assert "sbe-storm" not in rules_of({"catalog": {"disable": ["sbe-storm"]}})
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"catalog": {"overrides": {"nope": {"threshold": 1}}}}, "catalog.overrides.nope: no such rule"),
+    ({"catalog": {"overrides": {"ib-down": {"source": "x"}}}}, "catalog.overrides.ib-down.source: not overridable"),
+    ({"catalog": {"overrides": {"ib-down": {"severity": "warn"}}}}, "only severity fail may drain"),
+    ({"catalog": {"overrides": {"ib-down": {"op": "=~"}}}}, "op must be one of"),
+    ({"catalog": {"overrides": {"ib-down": {"hold": "soon"}}}}, "not a duration"),
+    ({"catalog": {"disable": ["nope"]}}, "catalog.disable: no such rule"),
+])
+def test_bad_catalog_changes_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        rules_of(raw)
+
+
+def test_bad_user_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - id: Bad Id\n    expr: up\n")
+    with pytest.raises(ConfigError, match="id must be lowercase"):
+        rules_of({"catalog": {"files": [str(bad)]}})
+    bad.write_text("rules:\n  - id: x\n    colour: red\n")
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        rules_of({"catalog": {"files": [str(bad)]}})
+
+
+def test_export_matches_the_evaluated_promql():
+    config = parse_config({"catalog": {"overrides": {"ib-down": {"hold": "45s"}}}}, "t", {})
+    rules = load_catalog(config)
+    doc = yaml.safe_load(render_prometheus_rules(rules))
+    alerts = {a["labels"]["rule_id"]: a for a in doc["groups"][0]["rules"]}
+    assert set(alerts) == {r.id for r in rules}
+    for rule in rules:
+        alert = alerts[rule.id]
+        assert alert["expr"] == rule.alert_expr()
+        assert alert["alert"] == alert_name(rule.id)
+        assert alert["labels"] == {"severity": rule.severity, "action": rule.action, "rule_id": rule.id}
+        assert "for" not in alert  # the hold is inside the PromQL, so alerts and opsctl agree
+    assert "[45s]" in alerts["ib-down"]["expr"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
+def test_promtool_accepts_the_export(tmp_path):
+    path = tmp_path / "opsctl.rules.yml"
+    path.write_text(render_prometheus_rules(load_catalog(parse_config({}, "t", {}))))
+    proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(load_catalog(parse_config({}, 't', {})))} rules found" in proc.stdout

@@ -1,0 +1,64 @@
+"""The cli backend's parser on real `sinfo --json` output of Slurm 22.05.8 (captured from the lab:
+gpu063 drained by a person, gpu064 drained by opsctl), and ownership rules."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opsctl.errors import ConfigError, SourceUnavailable
+from opsctl.slurm import SlurmCliImpl, SlurmNode, process_sinfo_output
+from opsctl.slurm.pyslurm_backend import PySlurmImpl
+
+SINFO = (Path(__file__).parent / "fixtures_health" / "sinfo-22.05.8.json").read_text()
+
+
+def test_sinfo_22_05_parses():
+    nodes = process_sinfo_output(SINFO)
+    assert set(nodes) == {"gpu001", "gpu063", "gpu064"}
+    assert nodes["gpu001"] == SlurmNode("gpu001", "idle", (), "")
+    assert nodes["gpu063"].drained and nodes["gpu063"].owner == "other"
+    assert nodes["gpu064"].drained and nodes["gpu064"].owned and nodes["gpu064"].reason_rules() == ["xid-79"]
+
+
+def test_sinfo_23_list_state_parses():
+    raw = {"nodes": [{"name": "gpu001", "state": ["IDLE", "DRAIN"], "reason": "opsctl:ib-down,xid-79 x"}]}
+    node = process_sinfo_output(json.dumps(raw))["gpu001"]
+    assert node.state == "idle" and node.drained and node.reason_rules() == ["ib-down", "xid-79"]
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", '{"nodes": [{"state": "idle"}]}'])
+def test_bad_sinfo_output_is_a_source_error(text):
+    with pytest.raises(SourceUnavailable):
+        process_sinfo_output(text)
+
+
+def test_manual_drains_are_owned_but_not_rules():
+    node = SlurmNode("gpu001", "idle", ("DRAIN",), "opsctl:manual bad fan")
+    assert node.owned and node.manual and node.reason_rules() == []
+
+
+@pytest.mark.parametrize("state,flags,out", [("idle", (), False), ("down", (), True), ("idle", ("DRAIN",), True),
+                                             ("mixed", ("NOT_RESPONDING",), True), ("unknown", (), True)])
+def test_out_of_service(state, flags, out):
+    assert SlurmNode("n", state, flags, "").out_of_service is out
+
+
+def test_missing_binary_is_a_clear_source_error():
+    with pytest.raises(SourceUnavailable, match="sinfo-does-not-exist not found"):
+        SlurmCliImpl(sinfo="sinfo-does-not-exist").nodes()
+
+
+def test_failing_command_reports_its_first_line(tmp_path):
+    with pytest.raises(SourceUnavailable, match=r"Slurm: false --json failed: exit 1"):
+        SlurmCliImpl(sinfo="false").nodes()
+
+
+def test_pyslurm_backend_without_pyslurm_names_the_key():
+    try:
+        import pyslurm  # noqa: F401
+        pytest.skip("pyslurm is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match="config key slurm.backend: pyslurm is not installed"):
+        PySlurmImpl()
