@@ -53,7 +53,7 @@ test-unit: venv
 # ansible-lint (production profile, config in .ansible-lint) runs from playbooks/ so that
 # playbooks/ansible.cfg resolves the roles, library and filter plugins; yamllint covers inventories too.
 lint: venv
-	$(BIN)/ruff check opsctl tests bench
+	$(BIN)/ruff check opsctl tests bench playbooks
 	cd playbooks && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --offline --profile production
 	$(BIN)/yamllint -s playbooks inventory .ansible-lint .yamllint
 

@@ -115,9 +115,11 @@ class Slurm:
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
+        self.ctld = None
         self.munged = subprocess.Popen(["munged", "--foreground", "--force", f"--socket={root}/munge.socket",
                                         f"--key-file={key}", f"--pid-file={root}/munged.pid",
-                                        f"--log-file={root}/munged.log", f"--seed-file={root}/munged.seed"])
+                                        f"--log-file={root}/munged.log", f"--seed-file={root}/munged.seed"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait(lambda: (root / "munge.socket").exists(), 10, "munged")
         self.conf = root / "slurm.conf"
         self.conf.write_text(
@@ -125,18 +127,24 @@ class Slurm:
             f"SlurmUser=root\nAuthType=auth/munge\nAuthInfo=socket={root}/munge.socket\nCredType=cred/munge\n"
             f"StateSaveLocation={root}/state\nSlurmctldPidFile={root}/slurmctld.pid\n"
             f"SlurmctldLogFile={root}/slurmctld.log\nSlurmdSpoolDir={root}/spool\nSelectType=select/cons_tres\n"
-            f"NodeName=sim[0001-{nodes:04d}] CPUs=224 RealMemory=2000000 State=UNKNOWN\n"
+            f"NodeName=sim[0001-{nodes:04d}] NodeAddr=127.0.0.1 NodeHostname=localhost Port=1 CPUs=224 "
+            f"RealMemory=2000000 State=UNKNOWN\n"
             f"PartitionName=gpu Nodes=ALL Default=YES State=UP\n")
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.ctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait(lambda: subprocess.run(["sinfo", "-h"], env=self.env, capture_output=True).returncode == 0, 30,
-             "slurmctld")
+        try:
+            wait(lambda: subprocess.run(["sinfo", "-h"], env=self.env, capture_output=True).returncode == 0, 30,
+                 "slurmctld")
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         for proc in (self.ctld, self.munged):
-            proc.terminate()
-            proc.wait(20)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
 
 
 class Prometheus:
@@ -171,20 +179,22 @@ def bench_size(n: int, work: Path) -> dict:
     end = int(time.time()) - 5
     started = time.monotonic()
     series = write_openmetrics(root / "data.om", node_names(n), end)
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "data.om"), str(root / "blocks")],
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "data.om"),
+                    str(root / "blocks")],
                    check=True, capture_output=True)
     (root / "data.om").unlink()
     prep = time.monotonic() - started
     prom = Prometheus(root, root / "blocks")
-    slurm = Slurm(root / "slurm", n)
+    slurm = None
     try:
+        slurm = Slurm(root / "slurm", n)
         config = root / "opsctl.yaml"
         # Samples are up to a minute apart here (scrapes would be seconds), so staleness allows more.
         config.write_text(json.dumps({"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 120},
                                       "slurm": {"backend": "cli"}}))
         env = {**slurm.env, "OPSCTL_CONFIG": str(config), "OPSCTL_STATE_DIR": str(root / "state")}
         parsed = parse_config(json.loads(config.read_text()), "bench", env)
-        exprs = list(presence_queries(parsed)) + [rule.expr for rule in load_catalog(parsed)]
+        exprs = list(presence_queries(parsed)) + [rule.alert_expr() for rule in load_catalog(parsed)]
         raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
         started = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json"], env=env, capture_output=True,
@@ -195,7 +205,8 @@ def bench_size(n: int, work: Path) -> dict:
         summary = json.loads(proc.stdout)["summary"]
         raw = raw_promql_seconds(prom.url, exprs)
     finally:
-        slurm.stop()
+        if slurm is not None:
+            slurm.stop()
         prom.stop()
     return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "opsctl_query_s": summary["query_seconds"],
             "promql_s": raw, "queries": summary["queries"], "fail": summary["fail"], "unknown": summary["unknown"],
@@ -211,7 +222,8 @@ def main(argv=None) -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: {tool} is not installed (make deps-lab)")
     work = Path(args.keep or tempfile.mkdtemp(prefix="opsctl-bench-"))
-    header = f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'promql_s':>9} {'queries':>8} {'fail':>5} {'prep_s':>7}"
+    header = (f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'promql_s':>9} {'queries':>8} {'fail':>5} "
+              f"{'prep_s':>7}")
     lines = [header]
     sys.stdout.write(header + "\n")
     try:

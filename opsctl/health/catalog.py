@@ -179,7 +179,8 @@ def load_catalog(config: Config) -> list[Rule]:
                               f"(allowed: {', '.join(sorted(OVERRIDABLE))})")
         raw, label = entries[rid]
         # An override of expr/op/threshold must win over the gauge variant as well.
-        variants = {k: {f: v for f, v in var.items() if f not in fields} for k, var in (raw.get("variants") or {}).items()}
+        variants = {name: {f: v for f, v in var.items() if f not in fields}
+                    for name, var in (raw.get("variants") or {}).items()}
         entries[rid] = ({**raw, **fields, "variants": variants}, label)
     for rid in config.catalog.disable:
         if rid not in entries:

@@ -79,7 +79,9 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes, 
     up_q, age_q = presence_queries(config)
     up = client.query(up_q)
     ages = client.query(age_q)
-    answers = {rule.id: client.query(rule.expr) for rule in rules}
+    # The exported alert's expression: Prometheus filters by the threshold, so answers carry only
+    # breaching series (small at any cluster size) and alerts and opsctl run the very same PromQL.
+    answers = {rule.id: client.query(rule.alert_expr()) for rule in rules}
     elapsed = time.monotonic() - started
     report = judge(rules, answers, up, ages, set(slurm_nodes), config, handled,
                    time.time() if now is None else now)

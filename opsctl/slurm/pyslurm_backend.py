@@ -7,6 +7,7 @@ import importlib
 
 from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.slurm.base import SlurmNode
+from opsctl.slurm.cli import SlurmCliImpl
 
 
 class PySlurmImpl:
@@ -44,4 +45,5 @@ class PySlurmImpl:
         self._update(names, state="RESUME")
 
     def expand(self, hostlist: str) -> list[str]:
-        return self.pyslurm.utils.expand_range_str(hostlist) if hasattr(self.pyslurm, "utils") else [hostlist]
+        # Hostlist syntax is Slurm's own; scontrol is installed wherever pyslurm can work.
+        return SlurmCliImpl().expand(hostlist)

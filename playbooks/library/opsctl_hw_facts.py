@@ -1,6 +1,12 @@
 #!/usr/bin/python
 """Ansible module: the hardware facts that Slurm node definitions are built from."""
 
+import glob
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 ---
 module: opsctl_hw_facts
@@ -39,12 +45,6 @@ ansible_facts:
   returned: always
   type: dict
 """
-
-import glob
-import os
-import re
-
-from ansible.module_utils.basic import AnsibleModule
 
 # rc 9 is NVML_ERROR_DRIVER_NOT_LOADED surfaced by nvidia-smi ("NVIDIA-SMI has failed because it
 # couldn't communicate with the NVIDIA driver"): the node has no usable GPU.

@@ -36,7 +36,7 @@ LAB_DIR = Path(f"/tmp/opsctl-test-machines-{os.environ.get('OPSCTL_TEST_LAB_NET'
 ENV = dict(os.environ, OPSCTL_LAB_NET=os.environ.get("OPSCTL_TEST_LAB_NET", "1"), OPSCTL_LAB_DIR=str(LAB_DIR),
            OPSCTL_LAB_INVENTORY=str(LAB_DIR / "inventory"))
 ENV.pop("OPSCTL_LAB_APT_CACHE", None)
-SETTINGS = Settings(net=int(ENV["OPSCTL_LAB_NET"]), state_dir=LAB_DIR / "machines",
+SETTINGS = Settings(net=int(ENV["OPSCTL_LAB_NET"]), state_dir=LAB_DIR / f"machines-{ENV['OPSCTL_LAB_NET']}",
                     inventory_dir=LAB_DIR / "inventory")
 
 
@@ -76,6 +76,22 @@ def test_ansible_ping_with_host_key_checking():
     assert out.returncode == 0, out.stdout + out.stderr
     assert sorted(line.split()[0] for line in out.stdout.splitlines() if "SUCCESS" in line) == [
         "gpu1", "gpu2", "gpu3", "head"]
+
+
+def test_inventory_is_connection_data_and_groups_only():
+    import yaml
+
+    doc = yaml.safe_load((SETTINGS.inventory_dir / "hosts.yml").read_text())
+    groups = doc["all"]["children"]["cluster"]["children"]
+    assert list(groups["controller"]["hosts"]) == ["head"]
+    assert list(groups["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2", "gpu3"]
+    for name, host in {**groups["controller"]["hosts"], **groups["gpu_nodes"]["hosts"]}.items():
+        assert host == {
+            "ansible_host": SETTINGS.addr(name), "ansible_user": "root",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_private_key_file": str(SETTINGS.ssh_key),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={SETTINGS.known_hosts} -o StrictHostKeyChecking=yes"}
+    assert oct(SETTINGS.ssh_key.stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_wrong_host_key_is_refused(tmp_path):

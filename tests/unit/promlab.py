@@ -118,7 +118,11 @@ class Stack:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         expected = len(self.dcgm) + len(self.nodeexp)
-        self.wait(lambda: len([s for s in self.query("up == 1")]) == expected, what="all targets up")
+        try:
+            self.wait(lambda: len([s for s in self.query("up == 1")]) == expected, what="all targets up")
+        except BaseException:
+            self.stop()
+            raise
 
     def query(self, expr: str) -> list:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})

@@ -1,14 +1,17 @@
 """Evaluation against a real Prometheus scraping the lab's dcgm-exporter emulator and the real
 node_exporter (see promlab.py). Faults are injected into the in-memory hardware model."""
 
+import time
+
 import pytest
-from tests.unit.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
+import yaml
 
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import HandledXid, evaluate
-from opsctl.lab.hardware import NodeHardware
+from opsctl.health.export import render_prometheus_rules
 from opsctl.prom import PromClientImpl
+from tests.unit.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
 
 pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER),
                                 reason="needs prometheus and prometheus-node-exporter")
@@ -84,7 +87,6 @@ def test_application_xid_warns(clean):
 def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
     clean.dcgm["gpu001"].hw.inject("xid:79", gpu=1)
     clean.wait_scrapes()
-    import time
     now = time.time()
     handled = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 10, count=1)]
     report, _, _ = run(clean, handled=handled, now=now)
@@ -195,3 +197,30 @@ def test_hostname_label_maps_when_the_target_has_no_node_label(tmp_path):
         assert ("xid-95", "gpu6", "fail") in checks(report, "gpu007")
     finally:
         stack.stop()
+
+
+def test_exported_alerts_fire_exactly_where_health_fails(clean):
+    """The exported alert expressions, run by Prometheus itself, select the same node and device pairs
+    that `opsctl health` reports."""
+
+
+    clean.dcgm["gpu001"].hw.inject("xid:79", gpu=3)
+    clean.dcgm["gpu002"].hw.inject("thermal", gpu=1)
+    clean.dcgm["gpu003"].hw.inject("ib-down", hca=6)
+    clean.nodeexp["gpu003"].rewrite()
+    clean.wait_scrapes(5)
+    config = config_for(clean)
+    report, _, rules = run(clean, config)
+    alerts = yaml.safe_load(render_prometheus_rules(rules))["groups"][0]["rules"]
+    by_id = {r.id: r for r in rules}
+    fired, judged = set(), set()
+    for alert in alerts:
+        rule = by_id[alert["labels"]["rule_id"]]
+        for series in clean.query(alert["expr"]):
+            raw = series["metric"].get(rule.device_label, "") if rule.device_label else ""
+            device = f"gpu{raw}" if rule.device_label == "gpu" else raw
+            fired.add((series["metric"]["node"], rule.id, device))
+    for verdict in report.nodes.values():
+        judged |= {(verdict.node, c.id, c.device) for c in verdict.checks if not c.id.startswith("data-")}
+    assert {("gpu001", "xid-79", "gpu3"), ("gpu002", "gpu-temp-high", "gpu1"), ("gpu003", "ib-down", "mlx5_6")} <= fired
+    assert fired == judged

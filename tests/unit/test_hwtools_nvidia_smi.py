@@ -200,3 +200,41 @@ def test_bad_field_is_rc_2(node):
     out = smi(env, "--query-gpu=bogus", "--format=csv")
     assert out.returncode == 2
     assert out.stdout.startswith('Field "bogus" is not a valid field to query.')
+
+
+# Real `nvidia-smi topo -m` header and first row of an 8-GPU HGX board (shared/samples/gpu/
+# nvidia-smi_topo_-m_8xH100_HGX_NV18.txt; that host has 6 NICs).
+REAL_TOPO = (
+    "\tGPU0\tGPU1\tGPU2\tGPU3\tGPU4\tGPU5\tGPU6\tGPU7\tNIC0\tNIC1\tNIC2\tNIC3\tNIC4\tNIC5\tCPU Affinity"
+    "\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tPIX\tPIX\tNODE\tNODE\tNODE\tNODE\t\t0\t\tN/A\n"
+)
+
+
+def test_topo_matrix_layout_and_rails(node):
+    _, env = node
+    out = smi(env, "topo", "-m")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    real_header = REAL_TOPO.splitlines()[0].split("\t")
+    header = lines[0].split("\t")
+    assert header[:9] == real_header[:9] and header[-3:] == real_header[-3:]
+    assert header[9:-3] == [f"NIC{i}" for i in range(9)]
+    cpus = sorted(os.sched_getaffinity(0))
+    for gpu in range(8):
+        cells = lines[1 + gpu].split("\t")
+        assert cells[0] == f"GPU{gpu}" and cells[1 + gpu] == " X "
+        assert [c for c in cells[1:9] if c != " X "] == ["NV18"] * 7
+        assert cells[9 + gpu] == "PIX" and cells[9:18].count("PIX") == 1  # rail-aligned NIC mlx5_<gpu>
+        affinity = [int(x) for part in cells[18].split(",") for x in range(
+            int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        assert set(affinity) <= set(cpus) and cells[19] == str(0 if gpu < 4 else 1) and cells[-1] == "N/A"
+    assert "  NIC8: mlx5_bond_0" in out.stdout
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks" in out.stdout
+
+
+def test_persistence_mode(node):
+    _, env = node
+    out = smi(env, "-pm", "1")
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "All done."
+    assert out.stdout.count("Persistence mode is already Enabled for GPU") == 8

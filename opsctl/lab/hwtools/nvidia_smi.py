@@ -6,6 +6,8 @@ Forms (layouts copied from a real H200, shared/samples/gpu/nvidia-smi_q_and_quer
   nvidia-smi -L                                one line per GPU
   nvidia-smi --query-gpu=F1,F2 --format=csv[,noheader][,nounits] [-i N]
   nvidia-smi --query-compute-apps=F1,F2 --format=csv[,noheader][,nounits]
+  nvidia-smi topo -m                           the topology matrix (nvidia_smi_topo.py)
+  nvidia-smi -pm 0|1                           persistence mode (always on in the lab)
 
 Values come from the hardware state through the dcgm-exporter emulator's GpuView, so nvidia-smi and
 DCGM report the same temperature, power, memory and error counters. Return codes as documented in
@@ -21,6 +23,7 @@ from opsctl.lab import hardware as hwm
 from opsctl.lab.dcgm_emulator import PCI_BUS_IDS, GpuView, gpu_uuid
 from opsctl.lab.hardware import NodeHardware, stable_int
 from opsctl.lab.hwtools.common import load, main_guard
+from opsctl.lab.hwtools.nvidia_smi_topo import persistence_mode, render_topo
 
 RC_INVALID = 2
 RC_FELL_OFF_BUS = 15
@@ -278,6 +281,14 @@ def _parse(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:2] == ["topo", "-m"] or argv[:2] == ["topo", "--matrix"]:
+        sys.stdout.write(render_topo(load()))
+        return 0
+    if argv[:1] in (["-pm"], ["--persistence-mode"]) and argv[1:2] in (["0"], ["1"]):
+        hw = load()
+        buses = [bus_id(g) for g in range(hwm.GPUS_PER_NODE) if hw.gpu_present(g)]
+        sys.stdout.write(persistence_mode(hw, buses, argv[1] == "1"))
+        return 0
     try:
         opts = _parse(argv)
     except Usage as err:

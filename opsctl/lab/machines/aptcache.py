@@ -50,7 +50,7 @@ def running_pid(settings: Settings) -> int | None:
         pid = int(_pid_file(settings).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if pid_alive(pid, "apt-cacher-ng") else None
+    return pid if pid_alive(pid, f"apt-cacher-ng -c {_conf_dir(settings)} ") else None
 
 
 def _answers(settings: Settings, timeout: float = 0.5) -> bool:
@@ -71,6 +71,8 @@ def ensure_running(settings: Settings) -> None:
     _pid_file(settings).write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break  # e.g. the port is taken: fail now, do not let another daemon serve the machines
         if _answers(settings):
             return
         time.sleep(0.1)

@@ -11,7 +11,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 
 from opsctl.errors import ExitCode, LabError
 from opsctl.lab.hardware import NodeHardware
@@ -185,7 +184,3 @@ def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = N
 def clear(machine: str, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
     echo(_ssh_admin(settings or Settings(), machine, ["clear"]))
     return ExitCode.OK
-
-
-def layer_path(machine: str, settings: Settings | None = None) -> Path:
-    return nspawn.upper(settings or Settings(), machine)

@@ -1,10 +1,10 @@
 """Where the lab machines tier keeps its state, and the addresses it uses.
 
 Every path can be moved with an environment variable, so tests and CI can use their own:
-  OPSCTL_LAB_DIR          state root; this tier uses <root>/machines   (default /var/lib/opsctl-lab)
+  OPSCTL_LAB_DIR          state root; this tier uses <root>/machines[-<net>] (default /var/lib/opsctl-lab)
   OPSCTL_LAB_IMAGE_DIR    the cached Debian 12 images, one per recipe   (default /var/cache/opsctl/lab-images)
   OPSCTL_LAB_APT_CACHE    apt-cacher-ng's cache         (default /var/cache/opsctl/apt-cacher-ng[-<net>])
-  OPSCTL_LAB_INVENTORY    hosts.yml, SSH key, known_hosts (default <project>/inventory/lab)
+  OPSCTL_LAB_INVENTORY    hosts.yml, SSH key, known_hosts (default <project>/inventory/lab; net > 0: <state>/inventory)
   OPSCTL_LAB_NET          0-254: which lab network (default 0: 10.213.0.0/24, bridge opsctl-lab0). A
                           second lab on the same host (e.g. the integration tests) takes another one.
 """
@@ -16,7 +16,9 @@ from pathlib import Path
 import opsctl
 
 PREFIX_LEN = 24
-APT_PORT = 3142
+# Not apt-cacher-ng's default 3142: installing the Debian package starts a system instance on
+# 0.0.0.0:3142 on hosts with systemd, which would answer in place of the lab's own.
+APT_PORT = 3149
 FIRST_HOST = 10  # head is .10, gpuN is .10+N
 SUITE = "bookworm"
 # The mirror apt-cacher-ng fetches from: the one this host's own apt uses.
@@ -54,13 +56,20 @@ def _net_index() -> int:
 @dataclass(frozen=True)
 class Settings:
     net: int = field(default_factory=_net_index)
-    state_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_DIR", "/var/lib/opsctl-lab") / "machines")
+    state_dir: Path | None = None
     image_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_IMAGE_DIR", "/var/cache/opsctl/lab-images"))
     apt_cache_dir: Path | None = None
-    inventory_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_INVENTORY", str(_project_inventory())))
+    inventory_dir: Path | None = None
     mirror: str = DEFAULT_MIRROR
 
     def __post_init__(self):
+        # Another lab network gets its own state (and inventory) by default: two labs must never share one.
+        if self.state_dir is None:
+            name = "machines" if self.net == 0 else f"machines-{self.net}"
+            object.__setattr__(self, "state_dir", _env_path("OPSCTL_LAB_DIR", "/var/lib/opsctl-lab") / name)
+        if self.inventory_dir is None:
+            default = _project_inventory() if self.net == 0 else self.state_dir / "inventory"
+            object.__setattr__(self, "inventory_dir", _env_path("OPSCTL_LAB_INVENTORY", str(default)))
         if self.apt_cache_dir is None:
             # Each lab network has its own apt-cacher-ng, so each needs its own cache directory.
             suffix = "" if self.net == 0 else f"-{self.net}"

@@ -1,0 +1,295 @@
+"""`make provision` against the lab machines, and what the provisioned cluster must then do.
+
+The module runs `make provision` (it starts the machines when they are not running), then again
+to prove it changes nothing, then with one slurm.conf setting changed to prove that exactly the
+files that depend on it change and exactly their handlers fire. The other tests use the result:
+Slurm across the machines, the epilog, Prometheus' targets, and the opsctl timer draining a node
+whose emulated GPU fails.
+
+The lab machines track job processes through /proc (their cgroup v1 controllers are read-only
+inside systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here
+proves the epilog's cleanup; real cgroup enforcement is covered on `opsctl lab up`'s host-level
+slurmd (docs/provisioning.md). Needs root, systemd-nspawn and `make deps-machines`.
+"""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [
+    pytest.mark.provision,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
+    pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines"),
+]
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = REPO / "inventory" / "lab"
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "playbooks" / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+       "ANSIBLE_FORCE_COLOR": "0"}
+RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def recap(output: str) -> dict:
+    """host -> {changed, unreachable, failed} from the PLAY RECAP."""
+    return {m[1]: {"changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])} for m in RECAP.finditer(output)}
+
+
+def changed_tasks(output: str) -> set[tuple[str, str]]:
+    """{(task or handler title, host)} for every `changed:` line of the default callback's output."""
+    found, title = set(), None
+    for line in output.splitlines():
+        header = re.match(r"^(TASK|RUNNING HANDLER) \[(.+?)\] \*+", line)
+        if header:
+            title = f"{'handler ' if header[1] == 'RUNNING HANDLER' else ''}{header[2]}"
+            continue
+        change = re.match(r"^changed: \[([^\]]+?)(?: -> [^\]]+)?\]", line)
+        if change and title:
+            found.add((title, change[1]))
+    return found
+
+
+def playbook(*args, timeout=1200) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml", *args],
+                          capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
+
+
+class Machines:
+    def __init__(self):
+        doc = yaml.safe_load((INVENTORY / "hosts.yml").read_text())
+        self.hosts = {}
+        self.groups = {}
+
+        def walk(name, node):
+            for host, hostvars in (node.get("hosts") or {}).items():
+                self.hosts[host] = hostvars
+                self.groups.setdefault(name, set()).add(host)
+            for child, sub in (node.get("children") or {}).items():
+                walk(child, sub or {})
+                self.groups.setdefault(name, set()).update(self.groups.get(child, set()))
+
+        walk("all", doc["all"])
+        self.head = sorted(self.groups["controller"])[0]
+        self.gpu_nodes = sorted(self.groups["gpu_nodes"])
+
+    def addr(self, host: str) -> str:
+        return self.hosts[host]["ansible_host"]
+
+    def ssh(self, host: str, command: str, user: str = "root", check=True, timeout=120):
+        hv = self.hosts[host]
+        argv = ["ssh", "-i", hv["ansible_ssh_private_key_file"], *shlex.split(hv.get("ansible_ssh_common_args", "")),
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{user}@{hv['ansible_host']}", command]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert out.returncode == 0, f"{user}@{host}: {command}: rc={out.returncode}\n{out.stdout}\n{out.stderr}"
+        return out
+
+    def on_head(self, command: str, **kwargs) -> str:
+        return self.ssh(self.head, command, **kwargs).stdout
+
+    def node_state(self, node: str) -> tuple[str, str]:
+        line = self.on_head(f"sinfo -h -N -n {node} -o '%T|%E'").strip().splitlines()[0]
+        state, _, reason = line.partition("|")
+        return state, reason
+
+    def drained(self, node: str) -> tuple[str, str] | None:
+        state, reason = self.node_state(node)
+        return (state, reason) if "drain" in state else None
+
+    def resume(self, node: str):
+        self.ssh(self.head, f"scontrol update nodename={node} state=resume", check=False)
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def lab_cli(*args):
+    out = subprocess.run([sys.executable, "-m", "opsctl", "lab", "machines", *args], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def provisioned():
+    """`make provision` twice: the first brings the machines up when needed and provisions them, the
+    second must change nothing. Wall times go to the test log."""
+    times = {}
+    runs = []
+    for run in ("first", "second"):
+        start = time.monotonic()
+        proc = subprocess.run(["make", "--no-print-directory", "provision"], capture_output=True, text=True,
+                              timeout=1800, cwd=REPO, env=ENV)
+        times[run] = time.monotonic() - start
+        sys.stderr.write("".join(line + "\n" for line in proc.stdout.splitlines() if line.startswith("== provision")))
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+        runs.append(proc.stdout)
+    sys.stderr.write(f"make provision wall time: first {times['first']:.0f} s, second {times['second']:.0f} s\n")
+    return {"runs": runs, "times": times, "machines": Machines()}
+
+
+@pytest.fixture(scope="module")
+def machines(provisioned):
+    return provisioned["machines"]
+
+
+def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
+    first = provisioned["runs"][0]
+    hosts = recap(first)
+    assert set(hosts) == set(provisioned["machines"].hosts)
+    assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
+    assert "== provision: playbooks/site.yml on inventory/lab:" in first
+    assert "== provision: lab machines" in first
+
+
+def test_second_provision_changes_nothing(provisioned):
+    hosts = recap(provisioned["runs"][1])
+    assert hosts and all(h == {"changed": 0, "unreachable": 0, "failed": 0} for h in hosts.values()), \
+        (hosts, sorted(changed_tasks(provisioned["runs"][1])))
+
+
+def test_one_variable_changes_exactly_its_files_and_handlers(machines):
+    """SlurmdTimeout lives in slurm.conf only: slurm.conf changes on every Slurm host, slurmctld restarts
+    on the controller and slurmd on the compute nodes; nothing else changes. Then it is put back."""
+    lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
+    changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": 299}}
+    proc = playbook("-e", json.dumps(changed))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    head, gpus = machines.head, machines.gpu_nodes
+    expected = {("slurm : Template slurm.conf", host) for host in [head, *gpus]}
+    expected |= {("handler slurm_controller : Restart slurmctld", head)}
+    expected |= {("handler slurm_compute : Restart slurmd", gpu) for gpu in gpus}
+    assert changed_tasks(proc.stdout) == expected
+    # The wait handler runs with the restart but changes nothing; it must have run on the controller.
+    assert "RUNNING HANDLER [slurm_controller : Wait for slurmctld after restart]" in proc.stdout
+    assert "SlurmdTimeout=299" in machines.on_head("cat /etc/slurm/slurm.conf")
+    restore = playbook("--tags", "slurm")
+    assert restore.returncode == 0, restore.stdout[-6000:]
+    assert {title for title, _host in changed_tasks(restore.stdout)} == {title for title, _host in expected}
+    assert "SlurmdTimeout=300" in machines.on_head("cat /etc/slurm/slurm.conf")
+
+
+def test_srun_on_three_nodes(machines):
+    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed", "allocated") for n in machines.gpu_nodes),
+               90, "all GPU nodes idle")
+    out = machines.on_head("timeout 60 srun -N3 hostname")
+    assert sorted(out.split()) == machines.gpu_nodes
+
+
+def test_prometheus_scrapes_every_exporter_with_node_labels(machines):
+    url = f"http://{machines.addr(machines.head)}:9090/api/v1/targets"
+
+    def targets():
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            active = json.load(resp)["data"]["activeTargets"]
+        got = {(t["labels"]["job"], t["labels"].get("node")): t["health"] for t in active}
+        return got if all(h == "up" for h in got.values()) and len(got) >= len(machines.hosts) else None
+
+    got = wait_until(targets, 90, "every target up")
+    expected = {("node", h) for h in machines.hosts} | {("dcgm", h) for h in machines.gpu_nodes}
+    assert expected <= set(got)
+
+
+def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
+    def last_run():
+        props = dict(line.split("=", 1) for line in machines.on_head(
+            "systemctl show opsctl-health.service -p ExecMainExitTimestampMonotonic -p ExecMainStatus "
+            "-p Result").splitlines() if "=" in line)
+        return props if props.get("ExecMainExitTimestampMonotonic", "0") != "0" else None
+
+    props = wait_until(last_run, 75, "opsctl-health.service to have run")
+    assert props["ExecMainStatus"] in ("0", "1"), props
+    assert props["Result"] == "success", props
+    assert "opsctl-health.timer" in machines.on_head("systemctl list-timers --no-pager opsctl-health.timer")
+
+
+def test_leftover_gpu_memory_drains_node_with_epilog_reason(machines):
+    node = machines.gpu_nodes[0]
+    lab_cli("inject", node, "gpu-leftover-memory", "--gpu", "3")
+    try:
+        machines.on_head(f"timeout 90 srun -w {node} --gres=gpu:8 true")
+        state, reason = wait_until(lambda: machines.drained(node), 60,
+                                   f"{node} drained by the epilog")
+        assert reason.startswith("opsctl:epilog"), reason
+        assert "GPU3=" in reason
+    finally:
+        lab_cli("clear", node)
+        machines.resume(node)
+
+
+def test_background_processes_die_with_their_job_only(machines):
+    """Job A leaves setsid and nohup children behind; job B of the same user on the same node must keep
+    running after A ends."""
+    node = machines.gpu_nodes[1]
+    submit = "runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w " + node
+    keep = machines.on_head(f"{submit} --wrap 'sleep 600'").strip()
+    try:
+        wait_until(lambda: "R" == machines.on_head(f"squeue -h -j {keep} -o %t").strip(), 60, "job B running")
+        leaver = machines.on_head(
+            f"{submit} --wrap 'setsid sleep 7771 & nohup sleep 7772 >/dev/null 2>&1 & sleep 2'").strip()
+        wait_until(lambda: not machines.on_head(f"squeue -h -j {leaver} -o %t 2>/dev/null", check=False).strip(),
+                   90, "job A to end")
+
+        def leftovers():
+            out = machines.ssh(node, "pgrep -u labuser -f 'sleep 777[12]'", check=False).stdout.split()
+            return out or None
+
+        # The epilog finishes after the job leaves squeue: give it its grace period.
+        deadline = time.monotonic() + 30
+        while leftovers() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert leftovers() is None
+        assert machines.on_head(f"squeue -h -j {keep} -o %t").strip() == "R"
+        assert machines.ssh(node, "pgrep -u labuser -f 'sleep 600'", check=False).returncode == 0
+    finally:
+        machines.on_head("scancel -u labuser", check=False)
+
+
+def test_ssh_needs_a_job_on_the_node(machines):
+    """pam_slurm_adopt: a user without a job on the node is refused; with one, the login is let in (and
+    adopted into the job's extern step; in the lab, without job cgroups, adoption cannot be observed)."""
+    node = machines.gpu_nodes[2]
+    machines.ssh(node, "install -d -o labuser -m 700 ~labuser/.ssh && install -o labuser -m 600 "
+                       "~/.ssh/authorized_keys ~labuser/.ssh/authorized_keys")
+    denied = machines.ssh(node, "true", user="labuser", check=False)
+    assert denied.returncode != 0
+    job = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
+                           "--wrap 'sleep 300'").strip()
+    try:
+        wait_until(lambda: "R" == machines.on_head(f"squeue -h -j {job} -o %t").strip(), 60, "job running")
+        allowed = machines.ssh(node, "id -un", user="labuser", check=False)
+        assert allowed.returncode == 0 and allowed.stdout.strip() == "labuser", allowed.stderr
+    finally:
+        machines.on_head(f"scancel {job}", check=False)
+
+
+def test_injected_row_remap_failure_is_drained_by_the_timer(machines):
+    node = machines.gpu_nodes[1]
+    wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
+    lab_cli("inject", node, "row-remap-failure")
+    start = time.monotonic()
+    try:
+        state, reason = wait_until(lambda: machines.drained(node), 120,
+                                   f"{node} drained by the opsctl timer", interval=3)
+        sys.stderr.write(f"{node} drained after {time.monotonic() - start:.0f} s: {reason}\n")
+        assert reason.startswith("opsctl:"), reason
+    finally:
+        lab_cli("clear", node)
+        machines.resume(node)
