@@ -40,6 +40,7 @@ class PrometheusConfig:
     dcgm_job: str = "dcgm"
     node_job: str = "node"
     stale_after: str = "2m"
+    parallel_queries: int = 4
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
 
     p = _section(raw, "prometheus", dict.fromkeys(
         ["url", "bearer_token_file", "basic_auth", "ca_bundle", "timeout_seconds", "connect_timeout_seconds",
-         "jobs", "stale_after"]))
+         "jobs", "stale_after", "parallel_queries"]))
     url = _typed("prometheus", p, "url", str, PrometheusConfig.url,
                  lambda v: v.startswith(("http://", "https://")), "must start with http:// or https://")
     token = _typed("prometheus", p, "bearer_token_file", str, None, _readable, "file is not readable")
@@ -184,6 +185,8 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
         node_job=_typed("prometheus.jobs", jobs, "node", str, "node"),
         stale_after=_typed("prometheus", p, "stale_after", str, "2m", _duration_ok,
                            "must be a duration like 30s, 2m"),
+        parallel_queries=_typed("prometheus", p, "parallel_queries", int, 4, lambda v: 1 <= v <= 32,
+                                "must be 1-32"),
     )
 
     s = _section(raw, "slurm", dict.fromkeys(["backend", "sinfo", "scontrol", "timeout_seconds"]))

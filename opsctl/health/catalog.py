@@ -55,7 +55,9 @@ class Rule:
         return f"({self.expr}) {self.op} {_number(self.threshold)}"
 
     def format_evidence(self, device: str, value: float) -> str:
-        text = Template(self.evidence).safe_substitute(value=_number(value), threshold=_number(self.threshold))
+        # Evidence goes into a capped drain reason: three significant digits say enough.
+        shown = _number(value) if value == int(value) else f"{value:.3g}"
+        text = Template(self.evidence).safe_substitute(value=shown, threshold=_number(self.threshold))
         return f"{device} {text}".strip()
 
 

@@ -77,11 +77,11 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes, 
     """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists."""
     started = time.monotonic()
     up_q, age_q = presence_queries(config)
-    up = client.query(up_q)
-    ages = client.query(age_q)
-    # The exported alert's expression: Prometheus filters by the threshold, so answers carry only
-    # breaching series (small at any cluster size) and alerts and opsctl run the very same PromQL.
-    answers = {rule.id: client.query(rule.alert_expr()) for rule in rules}
+    # Rules run as the exported alert's expression: Prometheus filters by the threshold, so answers
+    # carry only breaching series (small at any cluster size) and alerts and opsctl agree exactly.
+    results = client.query_many([up_q, age_q] + [rule.alert_expr() for rule in rules])
+    up, ages = results[0], results[1]
+    answers = {rule.id: samples for rule, samples in zip(rules, results[2:], strict=True)}
     elapsed = time.monotonic() - started
     report = judge(rules, answers, up, ages, set(slurm_nodes), config, handled,
                    time.time() if now is None else now)

@@ -8,6 +8,8 @@ raises SourceUnavailable with one line that names the query, so no decision is m
 """
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,6 +31,8 @@ class PromQuery(Protocol):
     queries: int
 
     def query(self, expr: str) -> list[Sample]: ...
+
+    def query_many(self, exprs: list[str]) -> list[list[Sample]]: ...
 
 
 def _short(expr: str) -> str:
@@ -74,27 +78,52 @@ class PromClientImpl:
 
     def __init__(self, url: str, bearer_token_file: str | None = None, username: str | None = None,
                  password_file: str | None = None, ca_bundle: str | None = None,
-                 connect_timeout: float = 3.0, read_timeout: float = 15.0):
+                 connect_timeout: float = 3.0, read_timeout: float = 15.0, parallel: int = 4):
         self.url = url.rstrip("/")
         self.timeout = (connect_timeout, read_timeout)
+        self.parallel = max(1, parallel)
         self.queries = 0
-        self.session = requests.Session()
-        # Only settings passed here apply: no netrc or proxy variables sneak credentials in.
-        self.session.trust_env = False
-        self.session.verify = ca_bundle if ca_bundle else True
+        self._count = threading.Lock()
+        self._local = threading.local()
+        self._verify = ca_bundle if ca_bundle else True
+        self._headers = {}
+        self._auth = None
         if bearer_token_file:
             token = _secret(bearer_token_file, "prometheus.bearer_token_file")
-            self.session.headers["Authorization"] = f"Bearer {token}"
+            self._headers["Authorization"] = f"Bearer {token}"
         if username:
-            self.session.auth = (username, _secret(password_file, "prometheus.basic_auth.password_file"))
+            self._auth = (username, _secret(password_file, "prometheus.basic_auth.password_file"))
+
+    @property
+    def session(self) -> requests.Session:
+        """One session per thread: requests does not promise that a Session is thread-safe."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            # Only settings passed here apply: no netrc or proxy variables sneak credentials in.
+            session.trust_env = False
+            session.verify = self._verify
+            session.headers.update(self._headers)
+            session.auth = self._auth
+            self._local.session = session
+        return session
 
     @classmethod
     def from_config(cls, prom, url_override: str | None = None) -> "PromClientImpl":
         return cls(url_override or prom.url, prom.bearer_token_file, prom.basic_auth_username,
-                   prom.basic_auth_password_file, prom.ca_bundle, prom.connect_timeout, prom.read_timeout)
+                   prom.basic_auth_password_file, prom.ca_bundle, prom.connect_timeout, prom.read_timeout,
+                   prom.parallel_queries)
+
+    def query_many(self, exprs: list[str]) -> list[list[Sample]]:
+        """All answers in order, a few at a time; the first failure is raised and nothing is returned."""
+        if self.parallel == 1 or len(exprs) < 2:
+            return [self.query(expr) for expr in exprs]
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+            return list(pool.map(self.query, exprs))
 
     def query(self, expr: str) -> list[Sample]:
-        self.queries += 1
+        with self._count:
+            self.queries += 1
         where = f"Prometheus at {self.url}"
         try:
             resp = self.session.post(f"{self.url}/api/v1/query", data={"query": expr}, timeout=self.timeout)

@@ -227,3 +227,33 @@ def test_manual_commands_refuse_foreign_drains(h):
     assert proc.returncode == 4 and h.slurm()["gpu062"].drained
     proc = h.opsctl("resume", "gpu062", "--force")
     assert proc.returncode == 0 and not h.slurm()["gpu062"].drained
+
+
+def test_nodes_shows_who_owns_each_drain(h):
+    h.touched |= {"gpu063", "gpu064"}
+    h.scontrol("update", "nodename=gpu063", "state=drain", "reason=maintenance")
+    assert h.opsctl("drain", "gpu064", "--reason", "psu").returncode == 0
+    proc = h.opsctl("nodes", "--json")
+    assert proc.returncode == 0
+    nodes = {n["node"]: n for n in json.loads(proc.stdout)}
+    assert nodes["gpu063"]["owner"] == "other" and nodes["gpu064"]["owner"] == "opsctl-manual"
+    assert "DRAIN" in nodes["gpu064"]["flags"] and nodes["gpu033"]["owner"] == ""
+    table = h.opsctl("nodes").stdout.splitlines()
+    assert table[0].split() == ["NODE", "STATE", "FLAGS", "OWNER", "REASON"] and len(table) == 65
+
+
+def test_secrets_stay_out_of_output_and_audit(h):
+    token = h.tmp / "token"
+    token.write_text("tok-5ecret-value\n")
+    raw = yaml.safe_load(h.config.read_text())
+    raw["prometheus"]["bearer_token_file"] = str(token)
+    h.config.write_text(yaml.safe_dump(raw))
+    h.inject("gpu060", "xid:79", gpu=5)
+    h.wait_statuses("gpu060", {"gpu060": "fail"})
+    proc = h.opsctl("health", "--drain", "--json", "--nodes", "gpu060")
+    assert proc.returncode == 1 and h.slurm()["gpu060"].drained
+    dead = h.opsctl("health", "--drain", "--nodes", "gpu060", "--prometheus", f"http://127.0.0.1:{free_port()}")
+    assert dead.returncode == 3
+    history = h.opsctl("history", "--json").stdout
+    for text in (proc.stdout, proc.stderr, dead.stderr, history, (h.state / "audit.jsonl").read_text()):
+        assert "5ecret" not in text

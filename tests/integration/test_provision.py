@@ -142,7 +142,13 @@ def provisioned():
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
         runs.append(proc.stdout)
     sys.stderr.write(f"make provision wall time: first {times['first']:.0f} s, second {times['second']:.0f} s\n")
-    return {"runs": runs, "times": times, "machines": Machines()}
+    machines = Machines()
+    # Start from healthy hardware: faults injected earlier on these machines would keep nodes drained.
+    for node in machines.gpu_nodes:
+        lab_cli("clear", node)
+        if machines.drained(node):
+            machines.resume(node)
+    return {"runs": runs, "times": times, "machines": machines}
 
 
 @pytest.fixture(scope="module")

@@ -152,3 +152,13 @@ def test_plain_http_to_a_tls_port_is_refused(tls):
 def test_parse_vector_accepts_empty_results():
     assert parse_vector(vector(), "x") == []
 
+
+
+def test_query_many_keeps_order_and_fails_as_a_whole(prom):
+    client = PromClientImpl(prom.url, parallel=3)
+    answers = client.query_many(["a", "b", "c", "d"])
+    assert len(answers) == 4 and client.queries == 4
+    assert sorted(body for _, _, body in prom.requests) == ["query=a", "query=b", "query=c", "query=d"]
+    answer(prom, b"oops", 500)
+    with pytest.raises(SourceUnavailable, match="HTTP 500"):
+        client.query_many(["a", "b", "c"])
