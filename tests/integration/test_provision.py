@@ -26,11 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [
-    pytest.mark.provision,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
-    pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines"),
-]
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root")]
+NEEDS_MACHINES = pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines")
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "lab"
 BIN = Path(sys.executable).parent
@@ -156,6 +153,8 @@ def machines(provisioned):
     return provisioned["machines"]
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
     first = provisioned["runs"][0]
     hosts = recap(first)
@@ -165,12 +164,16 @@ def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
     assert "== provision: lab machines" in first
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_second_provision_changes_nothing(provisioned):
     hosts = recap(provisioned["runs"][1])
     assert hosts and all(h == {"changed": 0, "unreachable": 0, "failed": 0} for h in hosts.values()), \
         (hosts, sorted(changed_tasks(provisioned["runs"][1])))
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_one_variable_changes_exactly_its_files_and_handlers(machines):
     """SlurmdTimeout lives in slurm.conf only: slurm.conf changes on every Slurm host, slurmctld restarts
     on the controller and slurmd on the compute nodes; nothing else changes. Then it is put back."""
@@ -192,6 +195,8 @@ def test_one_variable_changes_exactly_its_files_and_handlers(machines):
     assert "SlurmdTimeout=300" in machines.on_head("cat /etc/slurm/slurm.conf")
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_srun_on_three_nodes(machines):
     wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed", "allocated") for n in machines.gpu_nodes),
                90, "all GPU nodes idle")
@@ -199,6 +204,8 @@ def test_srun_on_three_nodes(machines):
     assert sorted(out.split()) == machines.gpu_nodes
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_prometheus_scrapes_every_exporter_with_node_labels(machines):
     url = f"http://{machines.addr(machines.head)}:9090/api/v1/targets"
 
@@ -213,6 +220,8 @@ def test_prometheus_scrapes_every_exporter_with_node_labels(machines):
     assert expected <= set(got)
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
     def last_run():
         props = dict(line.split("=", 1) for line in machines.on_head(
@@ -226,6 +235,8 @@ def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
     assert "opsctl-health.timer" in machines.on_head("systemctl list-timers --no-pager opsctl-health.timer")
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_leftover_gpu_memory_drains_node_with_epilog_reason(machines):
     node = machines.gpu_nodes[0]
     lab_cli("inject", node, "gpu-leftover-memory", "--gpu", "3")
@@ -240,6 +251,8 @@ def test_leftover_gpu_memory_drains_node_with_epilog_reason(machines):
         machines.resume(node)
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_background_processes_die_with_their_job_only(machines):
     """Job A leaves setsid and nohup children behind; job B of the same user on the same node must keep
     running after A ends."""
@@ -268,6 +281,8 @@ def test_background_processes_die_with_their_job_only(machines):
         machines.on_head("scancel -u labuser", check=False)
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_ssh_needs_a_job_on_the_node(machines):
     """pam_slurm_adopt: a user without a job on the node is refused; with one, the login is let in (and
     adopted into the job's extern step; in the lab, without job cgroups, adoption cannot be observed)."""
@@ -286,6 +301,8 @@ def test_ssh_needs_a_job_on_the_node(machines):
         machines.on_head(f"scancel {job}", check=False)
 
 
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_injected_row_remap_failure_is_drained_by_the_timer(machines):
     node = machines.gpu_nodes[1]
     wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
@@ -299,3 +316,32 @@ def test_injected_row_remap_failure_is_drained_by_the_timer(machines):
     finally:
         lab_cli("clear", node)
         machines.resume(node)
+
+
+@pytest.mark.lab
+def test_cgroup_enforcement_kills_leftovers_of_the_ended_job_only(lab):
+    """Real cgroup enforcement (proctrack/cgroup, cgroup/v1), on `opsctl lab up`'s host-level slurmd:
+    the lab machines cannot write cgroups inside systemd-nspawn. Job A leaves a setsid and a nohup child
+    behind; job B of the same user on the same node keeps running after A ends."""
+    states = lab.sinfo_states()
+    node = sorted(n for n, st in states.items() if st == "idle")[-1]
+    token = str(os.getpid() % 1000).zfill(3)
+    keep = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "-D", "/tmp",
+                   "--wrap", f"sleep 300.{token}").stdout.strip()
+    try:
+        lab.wait_until(lambda: lab.run("squeue", "-h", "-j", keep, "-o", "%t").stdout.strip() == "R", 60,
+                       "job B running")
+        leaver = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "-D", "/tmp", "--wrap",
+                         f"setsid sleep 8881.{token} & nohup sleep 8882.{token} >/dev/null 2>&1 & sleep 2"
+                         ).stdout.strip()
+        lab.wait_until(lambda: not lab.run("squeue", "-h", "-j", leaver, "-o", "%t", check=False).stdout.strip(),
+                       90, "job A to end")
+
+        def alive(pattern):
+            return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+        lab.wait_until(lambda: not alive(f"sleep 888[12].{token}"), 30, "job A's leftovers to be killed")
+        assert lab.run("squeue", "-h", "-j", keep, "-o", "%t").stdout.strip() == "R"
+        assert alive(f"sleep 300.{token}")
+    finally:
+        lab.run("scancel", keep, check=False)
