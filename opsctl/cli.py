@@ -122,11 +122,12 @@ def rules_group():
 
 
 @rules_group.command("export")
-@click.option("--format", "fmt", type=click.Choice(["prometheus"]), default="prometheus", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["prometheus", "grafana"]), default="prometheus",
+              show_default=True, help="Prometheus alert rules, or a Grafana dashboard with one panel per rule.")
 @config_option
 @one_line_errors
 def rules_export_cmd(fmt, config_path):
-    """Print the catalog as a Prometheus alert rules file."""
+    """Print the catalog as a Prometheus alert rules file or a Grafana dashboard."""
     from opsctl.health.commands import rules_export
 
     return rules_export(config_path, fmt)

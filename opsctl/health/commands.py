@@ -11,6 +11,7 @@ import click
 from opsctl.config import load_config
 from opsctl.errors import ExitCode
 from opsctl.health.catalog import load_catalog
+from opsctl.health.dashboard import render_grafana_dashboard
 from opsctl.health.export import render_prometheus_rules
 from opsctl.health.render import render_history, render_json, render_nodes, render_table
 from opsctl.health.watch import watch
@@ -73,7 +74,12 @@ def history(config_path, node, limit, as_json) -> ExitCode:
 
 
 def rules_export(config_path, fmt) -> ExitCode:
-    click.echo(render_prometheus_rules(load_catalog(load_config(config_path))), nl=False)
+    config = load_config(config_path)
+    rules = load_catalog(config)
+    if fmt == "grafana":
+        click.echo(render_grafana_dashboard(rules, node_label=config.node_mapping.labels[0]), nl=False)
+    else:
+        click.echo(render_prometheus_rules(rules), nl=False)
     return ExitCode.OK
 
 
