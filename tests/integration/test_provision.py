@@ -206,6 +206,21 @@ def test_srun_on_three_nodes(machines):
 
 @pytest.mark.provision
 @NEEDS_MACHINES
+def test_jobs_get_slurmds_memlock_limit_not_the_submitters(machines):
+    """RDMA needs locked memory: a job gets slurmd's memlock limit (unit LimitMEMLOCK=infinity) even when
+    the submitting shell's is lower (PropagateResourceLimitsExcept=MEMLOCK). Inside the lab machines
+    slurmd's limit stays at what the container was started with (raising it needs CAP_SYS_RESOURCE)."""
+    node = machines.gpu_nodes[0]
+    assert machines.ssh(node, "systemctl show slurmd -p LimitMEMLOCK").stdout.strip() == "LimitMEMLOCK=infinity"
+    soft = machines.ssh(node, "awk '/Max locked memory/ {print $4}' /proc/$(pidof slurmd)/limits").stdout.strip()
+    expected = "unlimited" if soft == "unlimited" else str(int(soft) // 1024)
+    assert expected != "64"
+    out = machines.on_head(f"bash -c 'ulimit -S -l 64; timeout 60 srun -w {node} bash -c \"ulimit -l\"'")
+    assert out.strip() == expected
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_prometheus_scrapes_every_exporter_with_node_labels(machines):
     url = f"http://{machines.addr(machines.head)}:9090/api/v1/targets"
 
@@ -322,16 +337,17 @@ def test_injected_row_remap_failure_is_drained_by_the_timer(machines):
 def test_cgroup_enforcement_kills_leftovers_of_the_ended_job_only(lab):
     """Real cgroup enforcement (proctrack/cgroup, cgroup/v1), on `opsctl lab up`'s host-level slurmd:
     the lab machines cannot write cgroups inside systemd-nspawn. Job A leaves a setsid and a nohup child
-    behind; job B of the same user on the same node keeps running after A ends."""
+    behind; job B of the same user on the same node keeps running after A ends. Both ask for a little
+    memory: with CR_Core_Memory a job without --mem would hold all of the node's memory."""
     states = lab.sinfo_states()
     node = sorted(n for n, st in states.items() if st == "idle")[-1]
     token = str(os.getpid() % 1000).zfill(3)
-    keep = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "-D", "/tmp",
+    keep = lab.run("sbatch", "--parsable", "--mem=100M", "-w", node, "-o", "/dev/null", "-D", "/tmp",
                    "--wrap", f"sleep 300.{token}").stdout.strip()
     try:
         lab.wait_until(lambda: lab.run("squeue", "-h", "-j", keep, "-o", "%t").stdout.strip() == "R", 60,
                        "job B running")
-        leaver = lab.run("sbatch", "--parsable", "-w", node, "-o", "/dev/null", "-D", "/tmp", "--wrap",
+        leaver = lab.run("sbatch", "--parsable", "--mem=100M", "-w", node, "-o", "/dev/null", "-D", "/tmp", "--wrap",
                          f"setsid sleep 8881.{token} & nohup sleep 8882.{token} >/dev/null 2>&1 & sleep 2"
                          ).stdout.strip()
         lab.wait_until(lambda: not lab.run("squeue", "-h", "-j", leaver, "-o", "%t", check=False).stdout.strip(),
