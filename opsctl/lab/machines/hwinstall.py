@@ -27,14 +27,14 @@ def wrapper(module: str) -> str:
             f"PYTHONPATH={HW_CODE} exec /usr/bin/python3 -m {module} \"$@\"\n")
 
 
-def dcgm_unit(name: str) -> str:
+def dcgm_unit(name: str, address: str) -> str:
     return f"""[Unit]
 Description=dcgm-exporter (opsctl lab emulator of {name}'s 8 H200 GPUs)
 After=network.target
 
 [Service]
 Environment=PYTHONPATH={HW_CODE}
-ExecStart=/usr/bin/python3 -m opsctl.lab.dcgm_emulator --listen 0.0.0.0:{DCGM_PORT} --node {name} \
+ExecStart=/usr/bin/python3 -m opsctl.lab.dcgm_emulator --listen {address}:{DCGM_PORT} --node {name} \
 --state {HW_STATE} --sysfs-root {HW_SYSFS_ROOT}
 Restart=on-failure
 RestartSec=2
@@ -58,7 +58,7 @@ WantedBy=multi-user.target
 """
 
 
-def install(upper: Path, name: str) -> None:
+def install(upper: Path, name: str, address: str) -> None:
     code = upper / HW_CODE.lstrip("/")
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(Path(opsctl.__file__).parent, code / "opsctl",
@@ -79,7 +79,7 @@ def install(upper: Path, name: str) -> None:
     # Once provisioning has written its own dcgm-exporter unit, keep it: restarting a machine must not
     # undo what the playbooks did (their next run would report a change).
     if not (units / DCGM_UNIT).exists():
-        (units / DCGM_UNIT).write_text(dcgm_unit(name))
+        (units / DCGM_UNIT).write_text(dcgm_unit(name, address))
         mine.append(DCGM_UNIT)
     for unit in mine:
         link = wants / unit

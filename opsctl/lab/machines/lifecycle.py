@@ -111,7 +111,7 @@ def _start_machines(settings: Settings, names: list[str]) -> list[str]:
         net.ensure_machine_netns(settings, name)
         uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
         if name != "head":
-            hwinstall.install(uppers[name], name)
+            hwinstall.install(uppers[name], name, settings.addr(name))
         nspawn.start(settings, name)
         started.append(name)
     keys.write_known_hosts(settings, uppers)

@@ -65,7 +65,9 @@ def start(settings: Settings, name: str) -> int:
     proc = subprocess.Popen(
         ["systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
          f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
-         "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe"],
+         "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
+         # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).
+         "--rlimit=MEMLOCK=infinity"],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     _pid_file(settings, name).write_text(f"{proc.pid}\n")
     return proc.pid
