@@ -203,20 +203,24 @@ class EmulatedNode:
     state: Path
     sysfs_root: Path | None = None
     hw: NodeHardware | None = None
-    mtime: float = -1.0
+    version: tuple = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
+    sysfs_version: tuple | None = None  # the version the sysfs tree was last written for
     server: ThreadingHTTPServer | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def refresh(self) -> bool:
-        """Re-read the state file if it changed; True if it did."""
-        try:
-            mtime = self.state.stat().st_mtime
-        except FileNotFoundError:
-            mtime = 0.0
-        if mtime == self.mtime and self.hw is not None:
-            return False
-        self.hw = NodeHardware.load(self.state, self.node)
-        self.mtime = mtime
-        return True
+    def refresh(self) -> None:
+        """Re-read the state file if it changed. Scrape threads and the tick loop both call this, so
+        whether the sysfs tree is current is judged by its own version, not by who read the file."""
+        with self.lock:
+            try:
+                stat = self.state.stat()
+                version = (stat.st_ino, stat.st_mtime_ns)
+            except FileNotFoundError:
+                version = ()
+            if version == self.version and self.hw is not None:
+                return
+            self.hw = NodeHardware.load(self.state, self.node)
+            self.version = version
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -263,27 +267,33 @@ def _stop(node: EmulatedNode) -> None:
         node.server = None
 
 
-def run(nodes: list[EmulatedNode], tick: float = 0.5) -> None:
-    """Serve until SIGTERM/SIGINT; every tick follow state changes (exporter-down, sysfs counters)."""
+def tick(node: EmulatedNode, now: float) -> None:
+    """Follow the node's state: stop or start its listener (exporter-down), keep its sysfs tree current."""
+    node.refresh()
+    down = node.hw.node_fault("exporter-down")
+    if down and node.server is not None:
+        _stop(node)
+    elif not down and node.server is None:
+        try:
+            _start(node)
+        except OSError as err:  # the address may still be held; try again next tick
+            sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
+    rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
+    if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
+        write_tree(node.sysfs_root, node.hw, now)
+        node.sysfs_version = node.version
+
+
+def run(nodes: list[EmulatedNode], tick_s: float = 0.5) -> None:
+    """Serve until SIGTERM/SIGINT, following every node's state each tick."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     while not stopping.is_set():
         now = time.time()
         for node in nodes:
-            changed = node.refresh()
-            down = node.hw.node_fault("exporter-down")
-            if down and node.server is not None:
-                _stop(node)
-            elif not down and node.server is None:
-                try:
-                    _start(node)
-                except OSError as err:  # the address may still be held; try again next tick
-                    sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
-            rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
-            if node.sysfs_root is not None and (changed or rising):
-                write_tree(node.sysfs_root, node.hw, now)
-        stopping.wait(tick)
+            tick(node, now)
+        stopping.wait(tick_s)
     for node in nodes:
         _stop(node)
 
@@ -304,10 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         nodes = [EmulatedNode(args.node, args.listen, args.state, args.sysfs_root)]
     else:
         parser.error("give --nodes-file, or --listen, --node and --state")
-    for node in nodes:
-        node.refresh()
-        if node.sysfs_root is not None:
-            write_tree(node.sysfs_root, node.hw)
     run(nodes)
     return 0
 
