@@ -223,7 +223,9 @@ class EmulatedNode:
             self.version = version
 
 
-class _QuietServer(ThreadingHTTPServer):
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that starts fast; port 0 picks a free port (see server_port)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
@@ -231,7 +233,19 @@ class _QuietServer(ThreadingHTTPServer):
         # HTTPServer.server_bind calls getfqdn(), which takes seconds per listener here.
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
         self.server_name, self.server_port = self.server_address[:2]
+
+
+def send_body(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _handler_for(node: EmulatedNode):
@@ -241,12 +255,7 @@ def _handler_for(node: EmulatedNode):
                 self.send_error(404)
                 return
             node.refresh()
-            body = render(node.hw).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            send_body(self, 200, render(node.hw).encode(), METRICS_CONTENT_TYPE)
 
         def log_message(self, *args):
             pass
@@ -256,7 +265,7 @@ def _handler_for(node: EmulatedNode):
 
 def _start(node: EmulatedNode) -> None:
     host, _, port = node.listen.rpartition(":")
-    node.server = _QuietServer((host, int(port)), _handler_for(node))
+    node.server = QuietHTTPServer((host, int(port)), _handler_for(node))
     threading.Thread(target=node.server.serve_forever, name=f"dcgm-{node.node}", daemon=True).start()
 
 

@@ -11,10 +11,10 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from opsctl.lab.dcgm_emulator import render
+from opsctl.lab.dcgm_emulator import METRICS_CONTENT_TYPE, QuietHTTPServer, render, send_body
 from opsctl.lab.hardware import NodeHardware
 from opsctl.lab.ib_sysfs import write_tree
 
@@ -28,19 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def server_bind(self):
-        # HTTPServer.server_bind calls getfqdn(), which is slow here.
-        self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
-
-
-def serve(handler_cls) -> QuietServer:
-    server = QuietServer(("127.0.0.1", 0), handler_cls)
+def serve(handler_cls) -> QuietHTTPServer:
+    server = QuietHTTPServer(("127.0.0.1", 0), handler_cls)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -58,12 +47,7 @@ class DcgmEndpoint:
                 if endpoint.down:
                     self.send_error(503)
                     return
-                body = render(endpoint.hw).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_body(self, 200, render(endpoint.hw).encode(), METRICS_CONTENT_TYPE)
 
             def log_message(self, *args):
                 pass
@@ -172,11 +156,7 @@ class FakeProm:
                 owner.requests.append((self.path, dict(self.headers), self.rfile.read(length).decode()))
                 time.sleep(owner.delay)
                 status, body = owner.answer
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_body(self, status, body, "application/json")
 
             def log_message(self, *args):
                 pass
