@@ -54,7 +54,3 @@ class SourceUnavailable(OpsctlError):
 
 class SafetyStop(OpsctlError):
     exit_code = ExitCode.SAFETY_STOP
-
-
-class LabError(OpsctlError):
-    exit_code = ExitCode.USAGE

@@ -6,12 +6,18 @@ and the default file does not exist, the built-in defaults apply. docs/health.md
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 
 from opsctl.errors import ConfigError
+
+T = TypeVar("T")
+D = TypeVar("D")
+Raw = Mapping[str, Any]  # a YAML mapping, as loaded: every value is checked before use
 
 DEFAULT_CONFIG = Path("/etc/opsctl/config.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
@@ -55,7 +61,7 @@ class SlurmConfig:
 class CatalogConfig:
     files: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
-    overrides: dict = field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     xid_source: str = "window"
 
 
@@ -63,7 +69,7 @@ class CatalogConfig:
 class MappingConfig:
     labels: tuple[str, ...] = ("node", "Hostname", "hostname")
     strip_domain: bool = True
-    names: dict = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -102,18 +108,21 @@ def _check(cond: bool, key: str, message: str) -> None:
         raise ConfigError(f"config key {key}: {message}")
 
 
-def _section(raw: dict, name: str, allowed: dict) -> dict:
-    """Validate one mapping section against {key: type-check} and return it with keys renamed."""
+def _section(raw: Raw, name: str, allowed: list[str]) -> Raw:
+    """One mapping section of the file, with every key in it checked against `allowed`."""
     value = raw.get(name, {})
     if value is None:
         value = {}
-    _check(isinstance(value, dict), name, "must be a mapping")
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key {name}: must be a mapping")
     for key in value:
         _check(key in allowed, f"{name}.{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
     return value
 
 
-def _typed(section: str, data: dict, key: str, kind, default, check=None, hint: str = ""):
+def _typed(section: str, data: Raw, key: str, kind: type[T], default: D,
+           check: Callable[[T], object] | None = None, hint: str = "") -> T | D:
+    """data[key] if it is a `kind` (and passes `check`), `default` when absent; else ConfigError."""
     if key not in data or data[key] is None:
         return default
     value = data[key]
@@ -123,9 +132,10 @@ def _typed(section: str, data: dict, key: str, kind, default, check=None, hint: 
         raise ConfigError(f"config key {name}: expected a number, got {value!r}")
     if kind is float and isinstance(value, int):
         value = float(value)
-    _check(isinstance(value, kind), name, f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"config key {name}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
     if check is not None:
-        _check(check(value), name, hint or f"invalid value {value!r}")
+        _check(bool(check(value)), name, hint or f"invalid value {value!r}")
     return value
 
 
@@ -141,7 +151,7 @@ def _readable(path: str) -> bool:
     return os.access(path, os.R_OK)
 
 
-def parse_config(raw, source: str, env: dict | None = None) -> Config:
+def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None) -> Config:
     """Turn the loaded YAML into a Config; raises ConfigError naming the first bad key."""
     env = os.environ if env is None else env
     if raw is None:
@@ -152,9 +162,9 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
     for key in raw:
         _check(key in top, str(key), f"unknown key (known: {', '.join(sorted(top))})")
 
-    p = _section(raw, "prometheus", dict.fromkeys(
-        ["url", "bearer_token_file", "basic_auth", "ca_bundle", "timeout_seconds", "connect_timeout_seconds",
-         "jobs", "stale_after", "parallel_queries"]))
+    p = _section(raw, "prometheus",
+                 ["url", "bearer_token_file", "basic_auth", "ca_bundle", "timeout_seconds", "connect_timeout_seconds",
+                  "jobs", "stale_after", "parallel_queries"])
     url = _typed("prometheus", p, "url", str, PrometheusConfig.url,
                  lambda v: v.startswith(("http://", "https://")), "must start with http:// or https://")
     token = _typed("prometheus", p, "bearer_token_file", str, None, _readable, "file is not readable")
@@ -173,7 +183,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
            "must be a mapping with keys dcgm and node (the scrape job names)")
     for key, job in jobs.items():
         # Job names go into PromQL label matchers verbatim; keep them to characters that need no escaping.
-        _check(isinstance(job, str) and re.match(r"^[A-Za-z0-9_-]+$", job), f"prometheus.jobs.{key}",
+        _check(isinstance(job, str) and re.match(r"^[A-Za-z0-9_-]+$", job) is not None, f"prometheus.jobs.{key}",
                "must be a job name of letters, digits, _ and -")
     prom = PrometheusConfig(
         url=url.rstrip("/"), bearer_token_file=token, basic_auth_username=user, basic_auth_password_file=pw_file,
@@ -189,7 +199,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
                                 "must be 1-32"),
     )
 
-    s = _section(raw, "slurm", dict.fromkeys(["backend", "sinfo", "scontrol", "timeout_seconds"]))
+    s = _section(raw, "slurm", ["backend", "sinfo", "scontrol", "timeout_seconds"])
     slurm = SlurmConfig(
         backend=_typed("slurm", s, "backend", str, "cli", lambda v: v in ("cli", "pyslurm"),
                        "must be cli or pyslurm"),
@@ -198,7 +208,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
         timeout=_typed("slurm", s, "timeout_seconds", float, 30.0, lambda v: v > 0, "must be > 0"),
     )
 
-    c = _section(raw, "catalog", dict.fromkeys(["files", "disable", "overrides", "xid_source"]))
+    c = _section(raw, "catalog", ["files", "disable", "overrides", "xid_source"])
     files = _typed("catalog", c, "files", list, [])
     for i, f in enumerate(files):
         _check(isinstance(f, str) and _readable(f), f"catalog.files[{i}]", f"not a readable file: {f!r}")
@@ -211,7 +221,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
                           "must be window or gauge"),
     )
 
-    m = _section(raw, "node_mapping", dict.fromkeys(["labels", "strip_domain", "names"]))
+    m = _section(raw, "node_mapping", ["labels", "strip_domain", "names"])
     labels = _typed("node_mapping", m, "labels", list, list(MappingConfig.labels),
                     lambda v: v and all(isinstance(x, str) and re.match(r"^[A-Za-z_]\w*$", x) for x in v),
                     "must be a non-empty list of label names")
@@ -221,7 +231,7 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
     mapping = MappingConfig(labels=tuple(labels), strip_domain=_typed("node_mapping", m, "strip_domain", bool, True),
                             names=dict(names))
 
-    h = _section(raw, "hardware", dict.fromkeys(["gpus_per_node", "ib_devices", "ib_rate_bytes_per_second"]))
+    h = _section(raw, "hardware", ["gpus_per_node", "ib_devices", "ib_rate_bytes_per_second"])
     ib_devices = _typed("hardware", h, "ib_devices", str, HardwareConfig.ib_devices, _regex_ok,
                         "must be a valid regular expression (RE2, anchored by PromQL)")
     hardware = HardwareConfig(
@@ -231,9 +241,9 @@ def parse_config(raw, source: str, env: dict | None = None) -> Config:
                                         lambda v: v > 0, "must be > 0"),
     )
 
-    sf = _section(raw, "safety", dict.fromkeys(
-        ["max_drains_per_run", "max_drains_per_hour", "breaker_min_nodes", "breaker_fraction",
-         "unknown_max_fraction", "resume_after", "reason_max_length"]))
+    sf = _section(raw, "safety",
+                  ["max_drains_per_run", "max_drains_per_hour", "breaker_min_nodes", "breaker_fraction",
+                   "unknown_max_fraction", "resume_after", "reason_max_length"])
     safety = SafetyConfig(
         max_drains_per_run=_typed("safety", sf, "max_drains_per_run", int, 4, lambda v: v >= 0, "must be >= 0"),
         max_drains_per_hour=_typed("safety", sf, "max_drains_per_hour", int, 8, lambda v: v >= 0, "must be >= 0"),
@@ -266,7 +276,7 @@ def _regex_ok(value: str) -> bool:
     return True
 
 
-def load_config(path: str | None = None, env: dict | None = None) -> Config:
+def load_config(path: str | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Read the config from --config, $OPSCTL_CONFIG or /etc/opsctl/config.yaml."""
     env = os.environ if env is None else env
     explicit = path or env.get("OPSCTL_CONFIG")

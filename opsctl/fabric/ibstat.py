@@ -14,7 +14,7 @@
             ...
             Link layer: InfiniBand
 
-(the real file is tab-indented; see shared/samples/infiniband/gpud_ibstat.*). A CA with no port
+(the real file is tab-indented; see tests/fixtures/infiniband/gpud_ibstat.*). A CA with no port
 block is kept with no ports.
 """
 

@@ -18,18 +18,26 @@ from opsctl.errors import SourceUnavailable
 
 
 @dataclass
+class VerbsPort:
+    state: str = ""  # PORT_ACTIVE, PORT_DOWN, PORT_INIT, ...
+    state_code: int = 0
+    link_layer: str = ""  # InfiniBand or Ethernet
+    fields: dict[str, str] = field(default_factory=dict)  # every other `key: value` of the port block
+
+
+@dataclass
 class VerbsDevice:
     hca_id: str
     fw_ver: str = ""
     node_guid: str = ""
     vendor_part_id: int = 0
     board_id: str = ""
-    ports: dict[int, dict] = field(default_factory=dict)  # port -> {state, state_code, link_layer, ...}
+    ports: dict[int, VerbsPort] = field(default_factory=dict)
 
 
 def process_ibv_devinfo_output(text: str) -> list[VerbsDevice]:
     devices: list[VerbsDevice] = []
-    port: dict | None = None
+    port: VerbsPort | None = None
     for raw in text.splitlines():
         if not raw.strip():
             continue
@@ -42,13 +50,15 @@ def process_ibv_devinfo_output(text: str) -> list[VerbsDevice]:
             raise SourceUnavailable(f"ibv_devinfo output does not start with hca_id: {raw!r}")
         dev = devices[-1]
         if key == "port":
-            port = dev.ports.setdefault(int(value), {})
+            port = dev.ports.setdefault(int(value), VerbsPort())
         elif port is not None:
             if key == "state":
                 name, _, code = value.partition(" (")
-                port.update(state=name, state_code=int(code.rstrip(")") or 0))
+                port.state, port.state_code = name, int(code.rstrip(")") or 0)
+            elif key == "link_layer":
+                port.link_layer = value
             else:
-                port[key] = value
+                port.fields[key] = value
         elif key in ("fw_ver", "node_guid", "board_id"):
             setattr(dev, key, value)
         elif key == "vendor_part_id":

@@ -12,9 +12,10 @@ checks the return code, this parser only reads what was printed.
 from opsctl.errors import SourceUnavailable
 
 _UNITS = {"MiB", "W", "%", "MHz", "us", "ms"}
+CsvValue = int | float | str | None
 
 
-def _value(text: str) -> object:
+def _value(text: str) -> CsvValue:
     text = text.strip()
     if text in ("[N/A]", "N/A", "[Not Supported]"):
         return None
@@ -30,7 +31,7 @@ def _value(text: str) -> object:
             return text
 
 
-def process_nvidia_smi_csv_output(text: str, fields: list[str] | None = None) -> list[dict]:
+def process_nvidia_smi_csv_output(text: str, fields: list[str] | None = None) -> list[dict[str, CsvValue]]:
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("Unable to determine")]
     if fields is None:
         if not lines:

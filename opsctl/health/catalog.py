@@ -5,25 +5,25 @@ PromQL that `opsctl health` runs and the PromQL that `opsctl rules export` write
 """
 
 import itertools
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from string import Template
+from typing import Any
 
 import yaml
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
 
-OPS = {
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
+RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
 RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "hold", "xid", "evidence",
              "variants", "severity", "action", "auto_resume", "description", "remediation"}
 OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume",
@@ -68,7 +68,7 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def _placeholders(config: Config) -> dict:
+def _placeholders(config: Config) -> dict[str, str]:
     return {
         "dcgm": config.prometheus.dcgm_job,
         "node": config.prometheus.node_job,
@@ -79,7 +79,7 @@ def _placeholders(config: Config) -> dict:
     }
 
 
-def _read(path, label: str) -> list:
+def _read(path: Path | Traversable, label: str) -> list[object]:
     try:
         text = path.read_text() if isinstance(path, Path) else path.read_text(encoding="utf-8")
         raw = yaml.safe_load(text)
@@ -87,12 +87,13 @@ def _read(path, label: str) -> list:
         raise ConfigError(f"catalog {label}: cannot read ({err.strerror})") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"catalog {label}: not valid YAML") from err
-    if not isinstance(raw, dict) or not isinstance(raw.get("rules"), list):
+    rules = raw.get("rules") if isinstance(raw, dict) else None
+    if not isinstance(rules, list):
         raise ConfigError(f"catalog {label}: needs a top-level `rules:` list")
-    return raw["rules"]
+    return rules
 
 
-def _expand(entry: dict, label: str) -> list[dict]:
+def _expand(entry: object, label: str) -> list[RawRule]:
     """A `for_each: {xid: [..]}` entry becomes one rule per value, with ${xid} substituted."""
     if not isinstance(entry, dict):
         raise ConfigError(f"catalog {label}: every rule must be a mapping")
@@ -110,7 +111,7 @@ def _expand(entry: dict, label: str) -> list[dict]:
     return out
 
 
-def _substitute(value, values: dict):
+def _substitute(value: Any, values: dict[str, str]) -> Any:
     if isinstance(value, str):
         return Template(value).safe_substitute(values)
     if isinstance(value, dict):
@@ -120,7 +121,7 @@ def _substitute(value, values: dict):
     return value
 
 
-def _build(raw: dict, config: Config, label: str) -> Rule:
+def _build(raw: RawRule, config: Config, label: str) -> Rule:
     rid = raw.get("id")
     where = f"catalog {label}: rule {rid!r}"
     if not isinstance(rid, str) or not _ID.match(rid):
@@ -166,8 +167,9 @@ def _build(raw: dict, config: Config, label: str) -> Rule:
 def load_catalog(config: Config) -> list[Rule]:
     """Shipped rules, then each of catalog.files (same id replaces), then overrides and disable."""
     shipped = resources.files("opsctl.health").joinpath("catalog.yaml")
-    sources = [(shipped, "opsctl/health/catalog.yaml")] + [(Path(f), f) for f in config.catalog.files]
-    entries: dict[str, tuple[dict, str]] = {}
+    sources: list[tuple[Path | Traversable, str]] = [(shipped, "opsctl/health/catalog.yaml")]
+    sources += [(Path(f), f) for f in config.catalog.files]
+    entries: dict[str, tuple[RawRule, str]] = {}
     for path, label in sources:
         for entry in _read(path, label):
             for raw in _expand(entry, label):
@@ -192,6 +194,6 @@ def load_catalog(config: Config) -> list[Rule]:
     return rules
 
 
-def with_rules(rules: list[Rule], **changes) -> list[Rule]:
+def with_rules(rules: list[Rule], **changes: Any) -> list[Rule]:
     """Copies of the rules with fields changed (used by the benchmark and tests)."""
     return [replace(rule, **changes) for rule in rules]

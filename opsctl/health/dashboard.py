@@ -5,6 +5,7 @@ threshold drawn in, so the dashboard, the alerts and `opsctl health` always judg
 """
 
 import json
+from typing import Any
 
 from opsctl.health.catalog import Rule
 
@@ -25,7 +26,7 @@ def _panel_expr(rule: Rule, node_label: str) -> str:
     return f'({rule.expr}) and on ({node_label}) up{{{node_label}=~"$node"}}'
 
 
-def _rule_panel(rule: Rule, panel_id: int, x: int, y: int, node_label: str) -> dict:
+def _rule_panel(rule: Rule, panel_id: int, x: int, y: int, node_label: str) -> dict[str, Any]:
     legend = "{{" + node_label + "}}" + (" {{" + rule.device_label + "}}" if rule.device_label else "")
     colour = "red" if rule.severity == "fail" else "orange"
     return {
@@ -50,7 +51,7 @@ def _rule_panel(rule: Rule, panel_id: int, x: int, y: int, node_label: str) -> d
     }
 
 
-def _row(title: str, panel_id: int, y: int) -> dict:
+def _row(title: str, panel_id: int, y: int) -> dict[str, Any]:
     return {"id": panel_id, "type": "row", "title": title, "collapsed": False,
             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []}
 

@@ -5,6 +5,7 @@ however many nodes there are; `judge` is the pure decision over their answers.
 """
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config, duration_seconds
@@ -72,8 +73,8 @@ def presence_queries(config: Config) -> tuple[str, str]:
     return f"up{{{jobs}}}", f"time() - timestamp(up{{{jobs}}})"
 
 
-def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes, handled=(),
-             now: float | None = None) -> Report:
+def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
+             handled: Sequence[HandledXid] = (), now: float | None = None) -> Report:
     """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists."""
     started = time.monotonic()
     up_q, age_q = presence_queries(config)
@@ -119,7 +120,7 @@ def _sources(up: list[Sample], ages: list[Sample], config: Config) -> dict[str, 
     return state
 
 
-def _suppressed(check: Check, node: str, handled, now: float, xid_source: str) -> bool:
+def _suppressed(check: Check, node: str, handled: Sequence[HandledXid], now: float, xid_source: str) -> bool:
     """True when this XID was already acted on and the data cannot show a repeat of it."""
     for rec in handled:
         if (rec.node, rec.gpu, rec.xid) != (node, check.device.removeprefix("gpu"), check.xid):
@@ -134,7 +135,7 @@ def _suppressed(check: Check, node: str, handled, now: float, xid_source: str) -
 
 
 def judge(rules: list[Rule], answers: dict[str, list[Sample]], up: list[Sample], ages: list[Sample],
-          slurm_nodes: set, config: Config, handled=(), now: float = 0.0) -> Report:
+          slurm_nodes: set[str], config: Config, handled: Sequence[HandledXid] = (), now: float = 0.0) -> Report:
     sources = _sources(up, ages, config)
     nodes: dict[str, NodeVerdict] = {name: NodeVerdict(name) for name in slurm_nodes}
     for name in sources:

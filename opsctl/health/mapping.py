@@ -25,7 +25,7 @@ def _host_of_instance(instance: str) -> str:
     return instance.rsplit(":", 1)[0] if instance.count(":") == 1 else instance
 
 
-def node_name(labels: dict, mapping: MappingConfig) -> str | None:
+def node_name(labels: dict[str, str], mapping: MappingConfig) -> str | None:
     """The Slurm node name for a series, or None when its labels name no host at all."""
     name = next((labels[label] for label in mapping.labels if labels.get(label)), None)
     if name is None and labels.get("instance"):

@@ -16,12 +16,13 @@ from typing import Protocol
 
 import requests
 
+from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable
 
 
 @dataclass(frozen=True)
 class Sample:
-    labels: dict
+    labels: dict[str, str]
     value: float
 
 
@@ -39,7 +40,7 @@ def _short(expr: str) -> str:
     return expr if len(expr) <= 60 else expr[:57] + "..."
 
 
-def parse_vector(payload, expr: str) -> list[Sample]:
+def parse_vector(payload: object, expr: str) -> list[Sample]:
     """Check the shape of a query answer strictly and return its samples."""
     where = f"Prometheus answer to {_short(expr)!r}"
     if not isinstance(payload, dict):
@@ -85,9 +86,9 @@ class PromClientImpl:
         self.queries = 0
         self._count = threading.Lock()
         self._local = threading.local()
-        self._verify = ca_bundle if ca_bundle else True
-        self._headers = {}
-        self._auth = None
+        self._verify: str | bool = ca_bundle if ca_bundle else True
+        self._headers: dict[str, str] = {}
+        self._auth: tuple[str, str] | None = None
         if bearer_token_file:
             token = _secret(bearer_token_file, "prometheus.bearer_token_file")
             self._headers["Authorization"] = f"Bearer {token}"
@@ -97,7 +98,7 @@ class PromClientImpl:
     @property
     def session(self) -> requests.Session:
         """One session per thread: requests does not promise that a Session is thread-safe."""
-        session = getattr(self._local, "session", None)
+        session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
             # Only settings passed here apply: no netrc or proxy variables sneak credentials in.
@@ -109,7 +110,7 @@ class PromClientImpl:
         return session
 
     @classmethod
-    def from_config(cls, prom, url_override: str | None = None) -> "PromClientImpl":
+    def from_config(cls, prom: PrometheusConfig, url_override: str | None = None) -> "PromClientImpl":
         return cls(url_override or prom.url, prom.bearer_token_file, prom.basic_auth_username,
                    prom.basic_auth_password_file, prom.ca_bundle, prom.connect_timeout, prom.read_timeout,
                    prom.parallel_queries)
@@ -151,10 +152,12 @@ class PromClientImpl:
 
 
 def _secret(path: str | None, key: str) -> str:
+    if path is None:
+        raise SourceUnavailable(f"cannot read {key} (not set)")
     try:
         return Path(path).read_text().strip()
-    except (OSError, TypeError) as err:
-        raise SourceUnavailable(f"cannot read {key} ({getattr(err, 'strerror', err)})") from None
+    except OSError as err:
+        raise SourceUnavailable(f"cannot read {key} ({err.strerror})") from None
 
 
 def _reason(err: Exception) -> str:

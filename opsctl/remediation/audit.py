@@ -9,7 +9,9 @@ import getpass
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from opsctl.errors import ConfigError
 
@@ -28,7 +30,7 @@ class AuditLog:
     def __init__(self, path: Path):
         self.path = Path(path)
 
-    def write(self, event: str, node: str = "", checks=(), evidence: str = "", reason: str = "",
+    def write(self, event: str, node: str = "", checks: Iterable[str] = (), evidence: str = "", reason: str = "",
               dry_run: bool = False, detail: str = "", now: float | None = None) -> None:
         record = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now)),
@@ -52,7 +54,7 @@ class AuditLog:
         except OSError as err:
             raise ConfigError(f"audit log {self.path}: {err.strerror} (set audit_log or OPSCTL_STATE_DIR)") from None
 
-    def read(self, node: str | None = None, limit: int | None = None) -> list[dict]:
+    def read(self, node: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         try:
             lines = self.path.read_text().splitlines()
         except FileNotFoundError:

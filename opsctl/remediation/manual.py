@@ -8,10 +8,10 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.state import RunLock
-from opsctl.slurm import MANUAL_PREFIX, Slurm, make_slurm
+from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode, make_slurm
 
 
-def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict]:
+def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict[str, SlurmNode]]:
     names = slurm.expand(hostlist)
     nodes = slurm.nodes()
     unknown = [n for n in names if n not in nodes]

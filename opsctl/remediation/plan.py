@@ -112,7 +112,7 @@ def plan_resumes(report: Report, slurm: dict[str, SlurmNode], rules: list[Rule],
             why = "still-failing"
         elif verdict.status == "fail":
             why = "other-failing"
-        if why:
+        if why or verdict is None:
             if verdict is not None and verdict.action == "none":
                 verdict.action = f"skip:{why}"
             continue

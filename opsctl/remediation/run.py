@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, ExitCode, OpsctlError, SafetyStop, SourceUnavailable, worst
-from opsctl.health.catalog import load_catalog
+from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.prom.client import PromClientImpl, PromQuery
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.plan import Plan, plan_drains, plan_resumes
 from opsctl.remediation.state import RunLock, StateDir
-from opsctl.slurm import Slurm, make_slurm
+from opsctl.slurm import Slurm, SlurmNode, make_slurm
 
 
 @dataclass
@@ -66,7 +66,8 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery | None = Non
     return result
 
 
-def _run_locked(config, options, rules, prom, slurm, audit, state, now) -> RunResult:
+def _run_locked(config: Config, options: RunOptions, rules: list[Rule], prom: PromQuery, slurm: Slurm,
+                audit: AuditLog, state: StateDir, now: float | None) -> RunResult:
     slurm_nodes = slurm.nodes()
     now = time.time() if now is None else now
     report = evaluate(prom, rules, config, slurm_nodes.keys(), state.handled_xids(), now)
@@ -96,7 +97,7 @@ def _run_locked(config, options, rules, prom, slurm, audit, state, now) -> RunRe
     return RunResult(report=report, exit_code=code, plan=plan)
 
 
-def _drain(plan: Plan, slurm, audit, state, dry_run: bool, now: float) -> None:
+def _drain(plan: Plan, slurm: Slurm, audit: AuditLog, state: StateDir, dry_run: bool, now: float) -> None:
     drained = 0
     for reason, nodes in plan.drains.items():
         evidence = reason.split(" ", 1)[1] if " " in reason else ""
@@ -118,7 +119,8 @@ def _drain(plan: Plan, slurm, audit, state, dry_run: bool, now: float) -> None:
         state.record_xids(plan.handled, now)
 
 
-def _resume(plan: Plan, slurm_nodes, slurm, audit, state, dry_run: bool, now: float) -> None:
+def _resume(plan: Plan, slurm_nodes: dict[str, SlurmNode], slurm: Slurm, audit: AuditLog, state: StateDir,
+            dry_run: bool, now: float) -> None:
     if not dry_run:
         state.save_healthy_since({n: t for n, t in plan.healthy_since.items() if n not in plan.resumes})
         if plan.resumes:

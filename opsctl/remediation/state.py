@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from opsctl.errors import ConfigError, SafetyStop
 from opsctl.health.evaluate import HandledXid
@@ -30,7 +31,7 @@ class StateDir:
             raise ConfigError(f"state directory {self.path}: {err.strerror} (set state_dir or OPSCTL_STATE_DIR)") \
                 from None
 
-    def _load(self, name: str, default):
+    def _load(self, name: str, default: Any) -> Any:
         try:
             return json.loads((self.path / name).read_text())
         except FileNotFoundError:
@@ -39,7 +40,7 @@ class StateDir:
             raise ConfigError(f"state file {self.path / name} is unreadable ({err}); move it away to reset") \
                 from None
 
-    def _save(self, name: str, data) -> None:
+    def _save(self, name: str, data: object) -> None:
         self._ensure()
         tmp = self.path / f".{name}.{os.getpid()}"
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -90,7 +91,7 @@ class RunLock:
         self.fd = fd
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)

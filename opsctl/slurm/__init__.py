@@ -1,10 +1,11 @@
 """Slurm access: the `cli` backend (sinfo/scontrol) or `pyslurm`, chosen by slurm.backend."""
 
+from opsctl.config.schema import Config
 from opsctl.slurm.base import MANUAL_PREFIX, OWNED_PREFIX, Slurm, SlurmNode
 from opsctl.slurm.cli import SlurmCliImpl, process_sinfo_output
 
 
-def make_slurm(config) -> Slurm:
+def make_slurm(config: Config) -> Slurm:
     if config.slurm.backend == "pyslurm":
         from opsctl.slurm.pyslurm_backend import PySlurmImpl
 

@@ -9,6 +9,7 @@ scontrol exits 0 on success and 1 with a message on stderr otherwise.
 
 import json
 import subprocess
+from collections.abc import Callable
 
 from opsctl.errors import SourceUnavailable
 from opsctl.slurm.base import SlurmNode
@@ -36,8 +37,13 @@ def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
     return nodes
 
 
+# subprocess.run's shape, so that tests can pass a fake (the lab tier runs the real commands).
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
 class SlurmCliImpl:
-    def __init__(self, sinfo: str = "sinfo", scontrol: str = "scontrol", timeout: float = 30.0, run=subprocess.run):
+    def __init__(self, sinfo: str = "sinfo", scontrol: str = "scontrol", timeout: float = 30.0,
+                 run: Runner = subprocess.run):
         self.sinfo = sinfo
         self.scontrol = scontrol
         self.timeout = timeout
@@ -55,7 +61,7 @@ class SlurmCliImpl:
             lines = (proc.stderr or proc.stdout or "").strip().splitlines()
             msg = lines[0] if lines else f"exit {proc.returncode}"
             raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} failed: {msg}")
-        return proc.stdout
+        return str(proc.stdout)
 
     def nodes(self) -> dict[str, SlurmNode]:
         return process_sinfo_output(self._call([self.sinfo, "--json"]))

@@ -11,7 +11,7 @@ from opsctl.slurm.cli import SlurmCliImpl
 
 
 class PySlurmImpl:
-    def __init__(self):
+    def __init__(self) -> None:
         try:
             self.pyslurm = importlib.import_module("pyslurm")
         except ImportError:
@@ -31,7 +31,7 @@ class PySlurmImpl:
                                     reason=node.reason or "")
         return nodes
 
-    def _update(self, names: list[str], **changes) -> None:
+    def _update(self, names: list[str], **changes: str) -> None:
         try:
             for name in names:
                 self.pyslurm.Node(name).modify(self.pyslurm.Node(**changes))

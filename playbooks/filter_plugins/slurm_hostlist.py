@@ -6,42 +6,17 @@ NodeName= line instead of 64:
     {{ ['gpu001', 'gpu002', 'gpu003', 'gpu010', 'head'] | hostlist_expression }}
     -> ['gpu[001-003,010]', 'head']
 
-Zero padding is kept: names whose numeric suffix has a different width never share a range, because
-Slurm expands gpu[001-003] back to exactly those widths (slurm.conf(5), "NodeName").
+The implementation is opsctl's own (opsctl/slurm/hostlist.py), taken from this checkout, so the
+playbooks and opsctl always fold names alike.
 """
 
-import re
+import sys
+from pathlib import Path
 
-_SUFFIX = re.compile(r"^(.*?)(\d+)$")
+# playbooks/filter_plugins/ -> the checkout that holds the opsctl package these playbooks belong to.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def hostlist_expression(hosts):
-    groups = {}
-    plain = []
-    for host in hosts:
-        match = _SUFFIX.match(str(host))
-        if not match:
-            plain.append(str(host))
-            continue
-        prefix, digits = match.groups()
-        groups.setdefault((prefix, len(digits)), set()).add(int(digits))
-    out = []
-    for (prefix, width), numbers in sorted(groups.items()):
-        ranges = []
-        ordered = sorted(numbers)
-        start = prev = ordered[0]
-        for number in ordered[1:] + [None]:
-            if number is not None and number == prev + 1:
-                prev = number
-                continue
-            ranges.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
-            if number is not None:
-                start = prev = number
-        if len(ranges) == 1 and "-" not in ranges[0]:
-            out.append(f"{prefix}{ranges[0]}")
-        else:
-            out.append(f"{prefix}[{','.join(ranges)}]")
-    return out + sorted(plain)
+from opsctl.slurm.hostlist import hostlist_expression  # noqa: E402
 
 
 class FilterModule:

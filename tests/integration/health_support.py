@@ -19,11 +19,11 @@ FAST = {"catalog": {"overrides": {
 
 
 class HealthLab:
-    def __init__(self, lab, tmp: Path, safety: dict | None = None, prometheus: str = "http://127.0.0.1:19090"):
+    def __init__(self, lab, tmp: Path, safety: dict | None = None, prometheus: str | None = None):
         self.lab = lab
         self.tmp = tmp
         self.config = tmp / "opsctl.yaml"
-        raw = {"prometheus": {"url": prometheus}, "slurm": {"backend": "cli"}, **FAST}
+        raw = {"prometheus": {"url": prometheus or lab.prometheus_url}, "slurm": {"backend": "cli"}, **FAST}
         if safety:
             raw["safety"] = safety
         self.config.write_text(yaml.safe_dump(raw))

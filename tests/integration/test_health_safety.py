@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from opsctl.remediation.state import RunLock
+from tests.component.promlab import FakeProm, free_port
 from tests.integration.health_support import HealthLab
-from tests.unit.promlab import FakeProm, free_port
 
 pytestmark = pytest.mark.lab
 
@@ -129,8 +129,10 @@ def test_two_concurrent_drain_runs_never_both_act(h):
 def test_prometheus_stopped_means_exit_3_and_nothing_drained(lab, tmp_path):
     port = free_port()
     (tmp_path / "p.yml").write_text(json.dumps({"global": {"scrape_interval": "1s"}, "scrape_configs": [
-        {"job_name": "dcgm", "static_configs": [{"targets": ["127.10.0.58:9400"], "labels": {"node": "gpu058"}}]},
-        {"job_name": "node", "static_configs": [{"targets": ["127.10.0.58:9100"], "labels": {"node": "gpu058"}}]}]}))
+        {"job_name": "dcgm", "static_configs": [{"targets": [f"{lab.address('gpu058')}:9400"],
+                                                 "labels": {"node": "gpu058"}}]},
+        {"job_name": "node", "static_configs": [{"targets": [f"{lab.address('gpu058')}:9100"],
+                                                 "labels": {"node": "gpu058"}}]}]}))
     prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'p.yml'}", f"--storage.tsdb.path={tmp_path}/d",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -198,7 +200,7 @@ def test_watch_prints_every_round(h):
 
 
 def test_bad_config_is_exit_2_with_the_key(h):
-    h.config.write_text("prometheus:\n  url: http://127.0.0.1:19090\nsafety:\n  max_drains_per_run: many\n")
+    h.config.write_text(f"prometheus:\n  url: {h.lab.prometheus_url}\nsafety:\n  max_drains_per_run: many\n")
     proc = h.opsctl("health", "--drain", "--nodes", "gpu060")
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("opsctl: error: config key safety.max_drains_per_run: expected int, "

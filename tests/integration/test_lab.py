@@ -169,7 +169,7 @@ def _scrape(address: str) -> dict:
 
 
 def test_live_dcgm_endpoint_parses(lab):
-    families = _scrape("127.10.0.20:9400")
+    families = _scrape(f"{lab.address('gpu020')}:9400")
     assert len(families["DCGM_FI_DEV_GPU_TEMP"].samples) == 8
     assert {s.labels["Hostname"] for s in families["DCGM_FI_DEV_GPU_TEMP"].samples} == {"gpu020"}
 
@@ -183,8 +183,8 @@ def test_live_node_exporter_matches_the_real_sample(lab):
         return {s.name: set(s.labels) for f in families for s in f.samples if s.name.startswith("node_infiniband")}
 
     sample = label_sets(text_string_to_metric_families(
-        (FIXTURES / "samples" / "node_exporter_e2e_infiniband_metrics.txt").read_text()))
-    live = label_sets(_scrape("127.10.0.20:9100").values())
+        (FIXTURES / "node-exporter" / "node_exporter_e2e_infiniband_metrics.txt").read_text()))
+    live = label_sets(_scrape(f"{lab.address('gpu020')}:9100").values())
     for must in ("node_infiniband_info", "node_infiniband_state_id", "node_infiniband_physical_state_id",
                  "node_infiniband_rate_bytes_per_second", "node_infiniband_link_downed_total",
                  "node_infiniband_port_errors_received_total"):

@@ -5,14 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.lab import processes
+from opsctl_lab import processes
 from tests.conftest import opsctl
 
 pytestmark = pytest.mark.lab
 
 
 def _pids(lab_dir: Path) -> dict:
-    return {p.stem: p.read_text().strip() for p in (lab_dir / "run").glob("*.pid")}
+    """name -> the PID each daemon's PID file records ("<pid> <start time>")."""
+    return {p.stem: int(p.read_text().split()[0]) for p in (lab_dir / "run").glob("*.pid")}
 
 
 def _lab_processes(lab_dir: Path) -> list[str]:
@@ -28,7 +29,7 @@ def _lab_processes(lab_dir: Path) -> list[str]:
         except (OSError, IndexError):
             continue
         ours = str(lab_dir) in cmdline.replace(str(lab_dir / "machines"), "") or \
-            "opsctl.lab.dcgm_emulator --nodes-file" in cmdline
+            "opsctl_lab.dcgm_emulator --nodes-file" in cmdline
         if state != "Z" and ours:
             found.append(f"{proc.name}: {cmdline[:120]}")
     return found
@@ -52,7 +53,7 @@ def test_down_leaves_no_process_then_up_works(lab):
     assert len(pids) >= 4 + 2 * lab.nodes
     opsctl("lab", "down", env=lab.env)
     for name, pid in pids.items():
-        assert not processes.alive(int(pid)), name
+        assert not processes.alive(pid), name
     assert _lab_processes(lab.lab_dir) == []
     status = opsctl("lab", "status", env=lab.env, check=False)
     assert status.returncode == 1 and "not running" in status.stdout

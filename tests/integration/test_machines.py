@@ -22,8 +22,8 @@ from opsctl.fabric import (
     process_ibv_devinfo_output,
     process_nvidia_smi_csv_output,
 )
-from opsctl.lab.machines import keys, net
-from opsctl.lab.machines.settings import Settings
+from opsctl_lab.machines import keys, net
+from opsctl_lab.machines.settings import Settings
 
 pytestmark = [
     pytest.mark.machines,

@@ -5,11 +5,11 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from opsctl.lab.dcgm_emulator import render
-from opsctl.lab.hardware import FB_RESERVED_MIB, FB_TOTAL_MIB, NodeHardware
+from opsctl_lab.dcgm_emulator import render
+from opsctl_lab.hardware import FB_RESERVED_MIB, FB_TOTAL_MIB, NodeHardware
 from tests.conftest import FIXTURES
 
-SAMPLE = (FIXTURES / "samples" / "dcgm-exporter-sample.txt").read_text()
+SAMPLE = (FIXTURES / "dcgm-exporter" / "dcgm-exporter-sample.txt").read_text()
 # Labels that only Kubernetes pod mapping adds; a Slurm host has none of them.
 K8S_LABELS = {"container", "namespace", "pod", "pod_uid"}
 
@@ -118,25 +118,3 @@ def test_thermal_sets_temperature_and_clock_event_bits():
     temp = next(s.value for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples if s.labels["gpu"] == "1")
     reasons = int(next(s.value for s in fams["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].samples if s.labels["gpu"] == "1"))
     assert temp > 90 and reasons & 0x40 and reasons & 0x8
-
-
-def test_sysfs_follows_a_state_change_even_when_a_scrape_read_it_first(tmp_path):
-    from opsctl.lab.dcgm_emulator import EmulatedNode, _stop, tick
-
-    state, sysfs = tmp_path / "hw.json", tmp_path / "sys"
-    hw = NodeHardware(node="gpu001")
-    hw.save(state)
-    node = EmulatedNode("gpu001", "127.0.0.1:0", state, sysfs)
-    try:
-        tick(node, 0.0)
-        port_state = sysfs / "class/infiniband/mlx5_4/ports/1/state"
-        assert port_state.read_text() == "4: ACTIVE\n"
-        changes = [(lambda h: h.inject("ib-down", hca=4), "1: DOWN\n"), (NodeHardware.clear, "4: ACTIVE\n")]
-        for change, expected in changes:
-            change(hw)
-            hw.save(state)
-            node.refresh()  # a scrape thread reads the new state before the tick loop does
-            tick(node, 1.0)
-            assert port_state.read_text() == expected
-    finally:
-        _stop(node)

@@ -5,9 +5,9 @@ import json
 from click.testing import CliRunner
 
 from opsctl.cli import main
+from opsctl.commands.render import render_history, render_json, render_table
 from opsctl.errors import ExitCode
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.health.render import render_history, render_json, render_table
 from opsctl.remediation.plan import Plan
 from opsctl.remediation.run import RunOptions, RunResult
 

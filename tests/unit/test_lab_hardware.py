@@ -2,9 +2,9 @@
 
 import pytest
 
-from opsctl.errors import LabError
-from opsctl.lab.hardware import NodeHardware, hca_name, parse_fault
-from opsctl.lab.ib_sysfs import write_tree
+from opsctl_lab.errors import LabError
+from opsctl_lab.hardware import NodeHardware, hca_name, parse_fault
+from opsctl_lab.ib_sysfs import write_tree
 
 
 @pytest.mark.parametrize("text", ["meltdown", "xid", "xid:", "xid:abc", "xid:0", "dbe:3"])

@@ -1,0 +1,240 @@
+"""`opsctl lab up|down|status|env|inject|clear`: the simulated cluster on this host.
+
+up: munged, slurmctld and one slurmd per node (real Debian Slurm), the dcgm-exporter emulator,
+one real node_exporter per node, and a real Prometheus; then waits until every node is idle in
+sinfo and every target is up. Running it again with the lab up changes nothing.
+"""
+
+import json
+import os
+import shutil
+import time
+
+import click
+import yaml
+
+from opsctl.errors import ExitCode
+from opsctl_lab import paths as lp
+from opsctl_lab import processes, prometheus_lab, slurm_lab
+from opsctl_lab.errors import LabError
+from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault
+
+REQUIRED_PROGRAMS = {
+    "munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client",
+    "scontrol": "slurm-client", "prometheus": "prometheus", prometheus_lab.NODE_EXPORTER: "prometheus-node-exporter",
+}
+READY_TIMEOUT_S = 120
+
+
+def _paths() -> lp.LabPaths:
+    return lp.LabPaths(lp.lab_dir())
+
+
+def _lab_state(paths: lp.LabPaths) -> dict | None:
+    try:
+        return json.loads(paths.state_file.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as err:
+        raise LabError(f"{paths.state_file} is corrupt ({err}); run `opsctl lab down`") from err
+
+
+def _expected_daemons(nodes: int, paths: lp.LabPaths) -> list[str]:
+    names = ["munged", "slurmctld", "dcgm-emulator", "prometheus"]
+    for index in range(nodes):
+        name = lp.node_name(index)
+        names.append(f"slurmd.{name}")
+        if not NodeHardware.load(paths.hardware(name), name).node_fault("exporter-down"):
+            names.append(f"node_exporter.{name}")
+    return names
+
+
+def _preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("opsctl lab needs root (munged, slurmd and the GPU device nodes); run it as root")
+    missing = sorted({pkg for prog, pkg in REQUIRED_PROGRAMS.items() if shutil.which(prog) is None})
+    if missing:
+        raise LabError(f"missing Debian packages: {' '.join(missing)} (`make deps-lab` installs them)")
+
+
+def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
+    _preflight()
+    started = time.monotonic()
+    paths = _paths()
+    state = _lab_state(paths)
+    wanted = {"nodes": nodes, "scrape_interval": scrape_interval, "slot": lp.slot()}
+    if state and {**wanted, "slot": 0, **state} != wanted and processes.running(paths.run):
+        raise LabError(f"the lab runs with {state['nodes']} nodes at {state['scrape_interval']} s in slot "
+                       f"{state.get('slot', 0)}; run `opsctl lab down` first to change that")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.state_file.write_text(json.dumps(wanted))
+    phases = []
+
+    def phase(name, func, *args):
+        t0 = time.monotonic()
+        func(*args)
+        phases.append((name, time.monotonic() - t0))
+
+    phase("slurm config", slurm_lab.render_configs, paths, nodes)
+    phase("munge", slurm_lab.start_munge, paths)
+    phase("slurm", slurm_lab.start_slurm, paths, nodes)
+    phase("emulated hardware", prometheus_lab.prepare_nodes, paths, nodes)
+    phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)
+    phase("node_exporters", _start_node_exporters, paths, nodes)
+    phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
+    _write_opsctl_config(paths)
+    phase("ready", wait_ready, paths, nodes)
+    for name, seconds in phases:
+        click.echo(f"  {name:24} {seconds:6.1f} s")
+    click.echo(f"lab ready: {nodes} nodes idle, {2 * nodes} targets up, in {time.monotonic() - started:.1f} s")
+    click.echo('use it: eval "$(opsctl lab env)"')
+    return ExitCode.OK
+
+
+def _start_node_exporters(paths: lp.LabPaths, nodes: int) -> None:
+    for index in range(nodes):
+        name = lp.node_name(index)
+        if not NodeHardware.load(paths.hardware(name), name).node_fault("exporter-down"):
+            prometheus_lab.start_node_exporter(paths, index)
+
+
+def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> None:
+    prometheus_lab.write_prometheus_config(paths, nodes, scrape_interval)
+    prometheus_lab.start_prometheus(paths)
+
+
+def _write_opsctl_config(paths: lp.LabPaths) -> None:
+    config = {"prometheus": {"url": prometheus_lab.prometheus_url()}, "slurm": {"backend": "cli"}}
+    paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
+    paths.opsctl_state.mkdir(parents=True, exist_ok=True)
+
+
+def wait_ready(paths: lp.LabPaths, nodes: int, timeout: float = READY_TIMEOUT_S) -> None:
+    """Every node idle (or as its drains leave it) in sinfo, every target that should answer up."""
+    deadline = time.monotonic() + timeout
+    problem = "not started"
+    while time.monotonic() < deadline:
+        problem = _not_ready(paths, nodes)
+        if problem is None:
+            return
+        time.sleep(0.25)
+    raise LabError(f"lab not ready after {timeout:.0f} s: {problem} (logs in {paths.logs})")
+
+
+def _not_ready(paths: lp.LabPaths, nodes: int) -> str | None:
+    dead = [name for name in _expected_daemons(nodes, paths) if name not in processes.running(paths.run)]
+    if dead:
+        return f"not running: {', '.join(dead[:5])}"
+    states = slurm_lab.node_states(paths)
+    unsettled = [n for n, s in states.items() if not s.rstrip("*~#!%$@^-").startswith(("idle", "drain", "alloc", "mix"))
+                 or s.endswith("*")]
+    if len(states) < nodes or unsettled:
+        return f"{len(states) - len(unsettled)}/{nodes} nodes settled in sinfo"
+    silent = {name for name in (lp.node_name(i) for i in range(nodes))
+              if NodeHardware.load(paths.hardware(name), name).node_fault("exporter-down")}
+    targets = prometheus_lab.targets()
+    want = 2 * nodes - 2 * len(silent)
+    up_count = sum(1 for t in targets if t.get("health") == "up")
+    if len(targets) < 2 * nodes or up_count < want:
+        return f"{up_count}/{want} Prometheus targets up"
+    return None
+
+
+def down() -> ExitCode:
+    paths = _paths()
+    stopped = processes.stop_all(paths.run)
+    paths.state_file.unlink(missing_ok=True)
+    click.echo(f"lab down: stopped {len(stopped)} processes")
+    return ExitCode.OK
+
+
+def status() -> ExitCode:
+    paths = _paths()
+    state = _lab_state(paths)
+    running = processes.running(paths.run)
+    if not state:
+        click.echo(f"lab not running ({paths.root})" + (f"; {len(running)} stray processes" if running else ""))
+        return ExitCode.FAILING
+    nodes = state["nodes"]
+    expected = _expected_daemons(nodes, paths)
+    groups: dict = {}
+    for name in expected:
+        kind = name.split(".")[0]
+        total, alive = groups.get(kind, (0, 0))
+        groups[kind] = (total + 1, alive + (name in running))
+    click.echo(f"lab {paths.root}: {nodes} nodes, scrape interval {state['scrape_interval']} s")
+    for kind, (total, alive) in groups.items():
+        click.echo(f"  {kind:16} {alive}/{total} running")
+    states = slurm_lab.node_states(paths)
+    summary: dict = {}
+    for st in states.values():
+        summary[st] = summary.get(st, 0) + 1
+    click.echo("  sinfo            " + (", ".join(f"{n} {s}" for s, n in sorted(summary.items())) or "no answer"))
+    targets = prometheus_lab.targets()
+    click.echo(f"  prometheus       {prometheus_lab.prometheus_url()}: "
+               f"{sum(t.get('health') == 'up' for t in targets)}/{len(targets)} targets up")
+    faulty = [(n, hw.active) for n in states for hw in [NodeHardware.load(paths.hardware(n), n)] if hw.active]
+    for node, faults in faulty:
+        click.echo(f"  faults {node}: " + ", ".join(_fault_label(f) for f in faults))
+    return ExitCode.OK if all(alive == total for total, alive in groups.values()) else ExitCode.FAILING
+
+
+def _fault_label(fault) -> str:
+    name = f"xid:{fault.xid}" if fault.fault == "xid" else fault.fault
+    where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
+    return name + where
+
+
+def env() -> ExitCode:
+    paths = _paths()
+    exports: dict[str, object] = {
+        "OPSCTL_LAB_DIR": paths.root,
+        "OPSCTL_CONFIG": paths.opsctl_config,
+        "SLURM_CONF": paths.slurm_conf,
+        "OPSCTL_STATE_DIR": paths.opsctl_state,
+    }
+    if lp.slot():
+        exports["OPSCTL_LAB_SLOT"] = lp.slot()
+    for key, value in exports.items():
+        click.echo(f"export {key}={value}")
+    return ExitCode.OK
+
+
+def _node_index(paths: lp.LabPaths, node: str) -> int:
+    state = _lab_state(paths)
+    if not state:
+        raise LabError("the lab is not running; start it with `opsctl lab up`")
+    names = [lp.node_name(i) for i in range(state["nodes"])]
+    if node not in names:
+        raise LabError(f"no lab node {node!r}: the lab has {names[0]}..{names[-1]}")
+    return names.index(node)
+
+
+def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None) -> ExitCode:
+    paths = _paths()
+    index = _node_index(paths, node)
+    spec, _ = parse_fault(fault)
+    if spec.machines_only:
+        raise LabError(f"{fault} is a fault of the lab machines: `opsctl lab machines inject`")
+    if spec.target != "gpu" and gpu is not None or spec.target != "hca" and hca is not None:
+        takes = {"gpu": "--gpu", "hca": "--hca"}.get(spec.target, "no device")
+        raise LabError(f"{fault} takes {takes}")
+    hw = NodeHardware.load(paths.hardware(node), node)
+    injected = hw.inject(fault, gpu=gpu, hca=hca)
+    hw.save(paths.hardware(node))
+    if FAULTS[injected.fault].name == "exporter-down":
+        processes.stop(f"node_exporter.{node}", paths.run)
+    click.echo(f"injected {_fault_label(injected)} on {node} (lab node {lp.node_address(index)})")
+    return ExitCode.OK
+
+
+def clear(node: str) -> ExitCode:
+    paths = _paths()
+    index = _node_index(paths, node)
+    hw = NodeHardware.load(paths.hardware(node), node)
+    cleared = [_fault_label(f) for f in hw.active]
+    hw.clear()
+    hw.save(paths.hardware(node))
+    prometheus_lab.start_node_exporter(paths, index)
+    click.echo(f"cleared {node}: " + (", ".join(cleared) or "no faults"))
+    return ExitCode.OK

@@ -1,0 +1,331 @@
+"""A dcgm-exporter emulator: serves /metrics for emulated H200 nodes in dcgm-exporter's exact text
+format and label set, rendered from each node's NodeHardware state file.
+
+Format facts (tests/fixtures/dcgm-exporter/dcgm-exporter-sample.txt and dcgm-exporter's
+render_metrics.go): one `# HELP` and `# TYPE` per field, then one series per GPU with labels
+gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, and err_code/err_msg on
+DCGM_FI_DEV_XID_ERRORS. A field DCGM cannot read is skipped, so a GPU that fell off the bus simply
+has no series. DCGM_EXP_XID_ERRORS_COUNT carries window_size_in_ms and xid, one series per XID seen
+in the window.
+
+One process serves any number of nodes, each on its own address (the lab gives each node a
+loopback address; a lab machine runs one instance as its dcgm-exporter service):
+
+    python3 -m opsctl_lab.dcgm_emulator --listen 10.213.0.11:9400 --node gpu1 \
+        --state /var/lib/opsctl-hw/hardware.json --sysfs-root /var/lib/opsctl-hw/sys
+    python3 -m opsctl_lab.dcgm_emulator --nodes-file nodes.json   # [{node, listen, state, sysfs_root}]
+
+It also keeps each node's sysfs InfiniBand tree current (rising counters), and stops answering for
+a node while that node has the `exporter-down` fault.
+"""
+
+import argparse
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from opsctl_lab import hardware as hwm
+from opsctl_lab.hardware import NodeHardware, stable_int
+from opsctl_lab.ib_sysfs import write_tree
+
+# A fixed origin for time-driven counters, so that a restarted emulator does not reset them.
+COUNTER_EPOCH = 1_750_000_000.0
+# HGX H200 baseboard PCI bus ids of GPUs 0-7.
+PCI_BUS_IDS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # gauge | counter
+    help: str
+    value: object  # callable(gpu: GpuView) -> float | None (None: DCGM could not read it)
+    fmt: str = "int"  # int | float
+
+
+@dataclass
+class GpuView:
+    """What DCGM would read from one GPU at `now`."""
+
+    hw: NodeHardware
+    gpu: int
+    now: float
+    fb_used: int = field(init=False)
+
+    def __post_init__(self):
+        self.fb_used = 81920 + self.jitter("fbleft", 2048) if self.has("gpu-leftover-memory") else self.jitter("fb", 2)
+
+    def has(self, fault: str) -> bool:
+        return self.hw.has(fault, gpu=self.gpu)
+
+    def jitter(self, what: str, spread: int) -> int:
+        return stable_int(self.hw.node, self.gpu, what, modulo=spread) if spread else 0
+
+    def counter(self, name: str, base: float = 0.0) -> float:
+        return self.hw.counter(self.gpu, name, base, self.now)
+
+    def power(self) -> float:
+        return 72.0 + self.jitter("power", 40) + (0.0 if not self.has("thermal") else 210.0)
+
+    def temp(self) -> int:
+        return 94 + self.jitter("hot", 4) if self.has("thermal") else 29 + self.jitter("temp", 10)
+
+    def clock_events(self) -> int:
+        if self.has("thermal"):
+            return hwm.CLOCK_EVENT_HW_SLOWDOWN | hwm.CLOCK_EVENT_SW_THERMAL | hwm.CLOCK_EVENT_HW_THERMAL
+        return hwm.CLOCK_EVENT_GPU_IDLE
+
+    def uptime(self) -> float:
+        return max(0.0, self.now - COUNTER_EPOCH)
+
+
+FIELDS = [
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
+          lambda g: 1155 if g.has("thermal") else 1980),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda g: 3201),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", lambda g: g.temp() + 3),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temp()),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
+          lambda g: min(hwm.POWER_LIMIT_W, g.power() + (g.jitter("mw", 1000) / 1000.0)), "float"),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
+          lambda g: int(g.uptime() * (72.0 + g.jitter("power", 40)) * 1000)),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+          lambda g: int(g.counter("pcie_replay"))),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: 0),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda g: 0),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda g: 0),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda g: 0),
+    Field("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+          lambda g: g.hw.last_xid.get(str(g.gpu), 0)),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
+          lambda g: hwm.FB_TOTAL_MIB - hwm.FB_RESERVED_MIB - g.fb_used),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", lambda g: g.fb_used),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+          lambda g: hwm.FB_RESERVED_MIB),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
+          lambda g: int(g.counter("ecc_sbe_vol"))),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
+          lambda g: int(g.counter("ecc_dbe_vol"))),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors",
+          lambda g: int(g.counter("uncorrectable_remapped_rows"))),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
+          lambda g: int(g.counter("correctable_remapped_rows"))),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+          lambda g: int(g.has("row-remap-failure"))),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending",
+          lambda g: int(g.has("row-remap-pending"))),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask).",
+          lambda g: g.clock_events()),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+          "Total number of NVLink flow-control CRC errors.", lambda g: int(g.counter("nvlink_crc_flit"))),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors.",
+          lambda g: int(g.counter("nvlink_crc_data"))),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+          lambda g: int(g.counter("nvlink_replay"))),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
+          lambda g: int(g.counter("nvlink_recovery"))),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+          "Total number of NVLink bandwidth counters for all lanes.", lambda g: 0),
+    Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", lambda g: 0),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+          lambda g: 0.0, "float"),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+          lambda g: 0.0, "float"),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
+          "Ratio of cycles the device memory interface is active sending or receiving data.",
+          lambda g: 0.0, "float"),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including "
+          "both protocol headers and data payloads - in bytes per second.", lambda g: 1024 + g.jitter("tx", 4096)),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including "
+          "both protocol headers and data payloads - in bytes per second.", lambda g: 1024 + g.jitter("rx", 4096)),
+]
+XID_COUNT_HELP = "Count of XID Errors within user-specified time window (see xid-count-window-size param)."
+
+
+def gpu_uuid(node: str, gpu: int) -> str:
+    h = f"{stable_int(node, gpu, 'uuid', modulo=1 << 128):032x}"
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def base_labels(node: str, gpu: int) -> str:
+    pairs = [
+        ("gpu", str(gpu)),
+        ("UUID", gpu_uuid(node, gpu)),
+        ("pci_bus_id", f"00000000:{PCI_BUS_IDS[gpu]}:00.0"),
+        ("device", f"nvidia{gpu}"),
+        ("modelName", hwm.GPU_MODEL),
+        ("Hostname", node),
+        ("DCGM_FI_DRIVER_VERSION", hwm.DRIVER_VERSION),
+    ]
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
+
+
+def render(hw: NodeHardware, now: float | None = None) -> str:
+    """The /metrics body of one node."""
+    now = time.time() if now is None else now
+    views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
+    labels = {view.gpu: base_labels(hw.node, view.gpu) for view in views}
+    out = []
+    for fld in FIELDS:
+        out.append(f"# HELP {fld.name} {fld.help}\n# TYPE {fld.name} {fld.kind}\n")
+        for view in views:
+            value = fld.value(view)
+            if value is None:
+                continue
+            extra = ""
+            if fld.name == "DCGM_FI_DEV_XID_ERRORS":
+                msg = hwm.XID_MESSAGES.get(int(value), "Unknown Error") if value else "No Error"
+                extra = f',err_code="{int(value)}",err_msg="{_escape(msg)}"'
+            text = f"{value:.6f}" if fld.fmt == "float" else str(int(value))
+            out.append(f"{fld.name}{{{labels[view.gpu]}{extra}}} {text}\n")
+    out.append(f"# HELP DCGM_EXP_XID_ERRORS_COUNT {XID_COUNT_HELP}\n# TYPE DCGM_EXP_XID_ERRORS_COUNT gauge\n")
+    for view in views:
+        for xid, count in sorted(hw.xid_window(view.gpu, now).items()):
+            out.append(f'DCGM_EXP_XID_ERRORS_COUNT{{{labels[view.gpu]},window_size_in_ms="{hwm.XID_WINDOW_MS}",'
+                       f'xid="{xid}"}} {count}\n')
+    return "".join(out)
+
+
+@dataclass
+class EmulatedNode:
+    node: str
+    listen: str
+    state: Path
+    sysfs_root: Path | None = None
+    hw: NodeHardware | None = None
+    version: tuple = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
+    sysfs_version: tuple | None = None  # the version the sysfs tree was last written for
+    server: ThreadingHTTPServer | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def refresh(self) -> None:
+        """Re-read the state file if it changed. Scrape threads and the tick loop both call this, so
+        whether the sysfs tree is current is judged by its own version, not by who read the file."""
+        with self.lock:
+            try:
+                stat = self.state.stat()
+                version = (stat.st_ino, stat.st_mtime_ns)
+            except FileNotFoundError:
+                version = ()
+            if version == self.version and self.hw is not None:
+                return
+            self.hw = NodeHardware.load(self.state, self.node)
+            self.version = version
+
+
+class QuietHTTPServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that starts fast; port 0 picks a free port (see server_port)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def server_bind(self):
+        # HTTPServer.server_bind calls getfqdn(), which takes seconds per listener here.
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(self.server_address)
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+def send_body(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _handler_for(node: EmulatedNode):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server API)
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            node.refresh()
+            send_body(self, 200, render(node.hw).encode(), METRICS_CONTENT_TYPE)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+def _start(node: EmulatedNode) -> None:
+    host, _, port = node.listen.rpartition(":")
+    node.server = QuietHTTPServer((host, int(port)), _handler_for(node))
+    threading.Thread(target=node.server.serve_forever, name=f"dcgm-{node.node}", daemon=True).start()
+
+
+def _stop(node: EmulatedNode) -> None:
+    if node.server is not None:
+        node.server.shutdown()
+        node.server.server_close()
+        node.server = None
+
+
+def tick(node: EmulatedNode, now: float) -> None:
+    """Follow the node's state: stop or start its listener (exporter-down), keep its sysfs tree current."""
+    node.refresh()
+    down = node.hw.node_fault("exporter-down")
+    if down and node.server is not None:
+        _stop(node)
+    elif not down and node.server is None:
+        try:
+            _start(node)
+        except OSError as err:  # the address may still be held; try again next tick
+            sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
+    rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
+    if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
+        write_tree(node.sysfs_root, node.hw, now)
+        node.sysfs_version = node.version
+
+
+def run(nodes: list[EmulatedNode], tick_s: float = 0.5) -> None:
+    """Serve until SIGTERM/SIGINT, following every node's state each tick."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    while not stopping.is_set():
+        now = time.time()
+        for node in nodes:
+            tick(node, now)
+        stopping.wait(tick_s)
+    for node in nodes:
+        _stop(node)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dcgm-exporter (opsctl lab emulator)", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes-file", type=Path, help="JSON list of {node, listen, state, sysfs_root}")
+    parser.add_argument("--listen", help="ADDR:PORT for a single node")
+    parser.add_argument("--node", help="node name (the Hostname label)")
+    parser.add_argument("--state", type=Path, help="the node's hardware state file")
+    parser.add_argument("--sysfs-root", type=Path, help="keep this sysfs InfiniBand tree current")
+    args = parser.parse_args(argv)
+    if args.nodes_file:
+        spec = json.loads(args.nodes_file.read_text())
+        nodes = [EmulatedNode(n["node"], n["listen"], Path(n["state"]),
+                              Path(n["sysfs_root"]) if n.get("sysfs_root") else None) for n in spec]
+    elif args.listen and args.node and args.state:
+        nodes = [EmulatedNode(args.node, args.listen, args.state, args.sysfs_root)]
+    else:
+        parser.error("give --nodes-file, or --listen, --node and --state")
+    run(nodes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The emulated hardware of one lab node: 8 H200 GPUs and 8 ConnectX-7 NDR HCAs plus one Ethernet
+storage port, and the faults injected into them.
+
+One JSON file per node holds the injected faults (`NodeHardware.load/save`). Every emulated tool
+(the dcgm-exporter emulator, the sysfs InfiniBand tree that the real node_exporter reads, and in the
+lab machines nvidia-smi, ibstat, ib_write_bw) renders from this one model, so they always agree.
+
+Counters only go up. A fault that makes a counter rise adds `rate * seconds active`; clearing the
+fault folds what it added into `accum`, so the counter keeps its value and its rate returns to 0.
+"""
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from opsctl_lab.errors import LabError
+
+GPUS_PER_NODE = 8
+GPU_MODEL = "NVIDIA H200"
+DRIVER_VERSION = "570.133.20"
+# nvidia-smi -q on a real H200 (tests/fixtures/gpu/nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt):
+# Total 143771 MiB, Reserved 614 MiB; power limit 700 W.
+FB_TOTAL_MIB = 143771
+FB_RESERVED_MIB = 614
+POWER_LIMIT_W = 700.0
+# Eight compute rails (ConnectX-7, MT4129, NDR) and one Ethernet storage port (BlueField-3, MT41692),
+# as in gpud's sys-class-infiniband-h100 fixture.
+COMPUTE_HCAS = [f"mlx5_{i}" for i in range(8)]
+STORAGE_HCA = "mlx5_bond_0"
+ALL_HCAS = COMPUTE_HCAS + [STORAGE_HCA]
+HCA_FW = "28.41.1000"
+HCA_FW_MISMATCH = "28.39.1002"
+STORAGE_FW = "32.41.1000"
+NDR_RATE = "400 Gb/sec (4X NDR)"
+NDR_DEGRADED_RATE = "200 Gb/sec (2X NDR)"
+STORAGE_RATE = "200 Gb/sec (4X HDR)"
+
+# DCGM clock event reason bits (dcgm_fields.h DCGM_CLOCKS_EVENT_REASON_*).
+CLOCK_EVENT_GPU_IDLE = 0x1
+CLOCK_EVENT_HW_SLOWDOWN = 0x8
+CLOCK_EVENT_SW_THERMAL = 0x20
+CLOCK_EVENT_HW_THERMAL = 0x40
+
+# XID messages as dcgm-exporter puts them in err_msg (NVIDIA XID catalog wording, shortened).
+XID_MESSAGES = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    110: "Security Fault Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    136: "Link training failed",
+    140: "Unrecovered ECC Error",
+    154: "GPU recovery action changed",
+    155: "NVLink SW defined error",
+}
+XID_WINDOW_MS = 300000
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """What a fault does. `target` says what --gpu/--hca addresses; `rates` are per-second rises of
+    counters, `steps` one-time rises at injection; keys are `<metric>` names of the emulators."""
+
+    name: str
+    target: str  # "gpu", "hca" or "node"
+    summary: str
+    rates: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict)
+    machines_only: bool = False
+
+
+FAULTS = {
+    spec.name: spec
+    for spec in [
+        FaultSpec("xid", "gpu", "xid:<code>: the GPU reports XID <code> (last-XID gauge and windowed count)"),
+        FaultSpec("dbe", "gpu", "a new volatile double-bit ECC error",
+                  rates={"ecc_dbe_vol": 0.05}, steps={"ecc_dbe_vol": 1}),
+        FaultSpec("sbe-storm", "gpu", "volatile single-bit ECC errors rising fast", rates={"ecc_sbe_vol": 50.0}),
+        FaultSpec("row-remap-failure", "gpu", "row remapping failed", steps={"uncorrectable_remapped_rows": 1}),
+        FaultSpec("row-remap-pending", "gpu", "a row remap waits for a GPU reset",
+                  steps={"uncorrectable_remapped_rows": 1}),
+        FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish"),
+        FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events"),
+        FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
+                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}),
+        FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}),
+        FaultSpec("ib-down", "hca", "the port is down (state DOWN, phys Polling)",
+                  rates={}, steps={"link_downed": 1}),
+        FaultSpec("ib-degraded", "hca", "the port trained at 200 Gb/s (2X NDR)"),
+        FaultSpec("ib-counters", "hca", "symbol and link errors rising",
+                  rates={"symbol_error": 20.0, "link_error_recovery": 0.5, "port_rcv_errors": 5.0}),
+        FaultSpec("exporter-down", "node", "the node's exporters stop answering"),
+        FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
+        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", machines_only=True),
+        FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
+    ]
+}
+
+
+def describe_faults() -> str:
+    lines = []
+    for spec in FAULTS.values():
+        where = {"gpu": "--gpu G", "hca": "--hca H", "node": ""}[spec.target]
+        name = "xid:<code>" if spec.name == "xid" else spec.name
+        tier = " (lab machines only)" if spec.machines_only else ""
+        lines.append(f"{name:22} {where:8} {spec.summary}{tier}")
+    return "\n".join(lines)
+
+
+def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
+    """'xid:79' -> (xid spec, 79); 'dbe' -> (dbe spec, None). Raises LabError on anything else."""
+    name, _, arg = text.partition(":")
+    spec = FAULTS.get(name)
+    if spec is None or (name == "xid") != bool(arg):
+        raise LabError(f"unknown fault {text!r}; `opsctl lab faults` lists them")
+    if name == "xid":
+        if not arg.isdigit() or not 0 < int(arg) < 1000:
+            raise LabError(f"bad XID code in {text!r}: expected xid:<1-999>")
+        return spec, int(arg)
+    return spec, None
+
+
+def hca_name(hca: str | int | None) -> str:
+    """Rail index 0-7 -> mlx5_<i>; 8 or a device name pass through (the storage port is mlx5_bond_0)."""
+    if hca is None:
+        return COMPUTE_HCAS[0]
+    text = str(hca)
+    if text.isdigit():
+        index = int(text)
+        if index < len(COMPUTE_HCAS):
+            return COMPUTE_HCAS[index]
+        if index == len(COMPUTE_HCAS):
+            return STORAGE_HCA
+    elif text in ALL_HCAS:
+        return text
+    raise LabError(f"unknown HCA {hca!r}: use a rail 0-7, 8 for the storage port, or one of {', '.join(ALL_HCAS)}")
+
+
+def stable_int(*parts, modulo: int) -> int:
+    """A value that is the same for the same node and device on every run."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest, "big") % modulo
+
+
+@dataclass
+class ActiveFault:
+    fault: str
+    gpu: int | None = None
+    hca: str | None = None
+    since: float = 0.0
+    xid: int | None = None
+
+    def key(self, counter: str) -> str:
+        return f"{self.gpu if self.hca is None else self.hca}:{counter}"
+
+
+@dataclass
+class NodeHardware:
+    node: str
+    active: list[ActiveFault] = field(default_factory=list)
+    accum: dict = field(default_factory=dict)  # "<gpu|hca>:<counter>" -> value added by past faults
+    last_xid: dict = field(default_factory=dict)  # str(gpu) -> last XID code; survives clear, as in DCGM
+
+    # ---- persistence -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: Path, node: str) -> "NodeHardware":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return cls(node=node)
+        except (OSError, ValueError) as err:
+            raise LabError(f"cannot read lab hardware state {path}: {err}") from err
+        return cls(
+            node=raw.get("node", node),
+            active=[ActiveFault(**fault) for fault in raw.get("active", [])],
+            accum=dict(raw.get("accum", {})),
+            last_xid=dict(raw.get("last_xid", {})),
+        )
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
+        os.replace(tmp, path)  # readers never see half a file
+
+    # ---- faults ------------------------------------------------------------------------------
+    def inject(self, text: str, gpu: int | None = None, hca: str | int | None = None,
+               now: float | None = None) -> ActiveFault:
+        spec, xid = parse_fault(text)
+        now = time.time() if now is None else now
+        fault = ActiveFault(fault=spec.name, since=now, xid=xid)
+        if spec.target == "gpu":
+            fault.gpu = 0 if gpu is None else int(gpu)
+            if not 0 <= fault.gpu < GPUS_PER_NODE:
+                raise LabError(f"--gpu must be 0-{GPUS_PER_NODE - 1}")
+        elif spec.target == "hca":
+            fault.hca = hca_name(hca)
+        for counter, amount in spec.steps.items():
+            self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + amount
+        if xid is not None:
+            self.last_xid[str(fault.gpu)] = xid
+        self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid) != (fault.fault, fault.gpu,
+                                                                                    fault.hca, fault.xid)]
+        self.active.append(fault)
+        return fault
+
+    def clear(self, now: float | None = None) -> None:
+        """Every fault ends; counters keep what they reached (their rate returns to 0)."""
+        now = time.time() if now is None else now
+        for fault in self.active:
+            for counter, rate in FAULTS[fault.fault].rates.items():
+                self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + rate * (now - fault.since)
+        self.active = []
+
+    # ---- what the tools read -----------------------------------------------------------------
+    def faults_on(self, name: str, gpu: int | None = None, hca: str | None = None) -> list[ActiveFault]:
+        return [f for f in self.active if f.fault == name and f.gpu == gpu and f.hca == hca]
+
+    def has(self, name: str, gpu: int | None = None, hca: str | None = None) -> bool:
+        return bool(self.faults_on(name, gpu, hca))
+
+    def node_fault(self, name: str) -> bool:
+        return any(f.fault == name for f in self.active)
+
+    def counter(self, device: int | str, counter: str, base: float, now: float | None = None) -> float:
+        """base + what past faults added + what active faults add now."""
+        now = time.time() if now is None else now
+        value = base + self.accum.get(f"{device}:{counter}", 0.0)
+        for fault in self.active:
+            if (fault.hca if isinstance(device, str) else fault.gpu) == device:
+                value += FAULTS[fault.fault].rates.get(counter, 0.0) * max(0.0, now - fault.since)
+        return value
+
+    def xid_window(self, gpu: int, now: float | None = None, window_ms: int = XID_WINDOW_MS) -> dict:
+        """XID code -> count within the window, as DCGM_EXP_XID_ERRORS_COUNT reports it."""
+        now = time.time() if now is None else now
+        counts: dict = {}
+        for fault in self.faults_on("xid", gpu=gpu):
+            if now - fault.since <= window_ms / 1000.0:
+                counts[fault.xid] = counts.get(fault.xid, 0) + 1
+        return counts
+
+    def gpu_present(self, gpu: int) -> bool:
+        return not self.has("gpu-missing", gpu=gpu)
+
+    def hca_port(self, hca: str) -> dict:
+        """state, phys_state, rate and firmware of a port, in sysfs wording."""
+        compute = hca in COMPUTE_HCAS
+        port = {
+            "state": "4: ACTIVE",
+            "phys_state": "5: LinkUp",
+            "rate": NDR_RATE if compute else STORAGE_RATE,
+            "fw_ver": HCA_FW if compute else STORAGE_FW,
+            "link_layer": "InfiniBand" if compute else "Ethernet",
+        }
+        if self.has("ib-down", hca=hca):
+            port.update(state="1: DOWN", phys_state="2: Polling")
+        if self.has("ib-degraded", hca=hca):
+            port["rate"] = NDR_DEGRADED_RATE if compute else "100 Gb/sec (2X HDR)"
+        if self.has("ib-fw-mismatch", hca=hca):
+            port["fw_ver"] = HCA_FW_MISMATCH
+        return port

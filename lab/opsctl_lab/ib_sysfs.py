@@ -1,0 +1,103 @@
+"""A sysfs-format InfiniBand tree (`<root>/class/infiniband/...`) for one emulated node.
+
+The real node_exporter reads it with `--path.sysfs=<root>`; ibstat and ibv_devinfo emulators read the
+same files. Layout and wording follow a real 8x ConnectX-7 NDR host (gpud's
+sys-class-infiniband-h100 fixture, see tests/fixtures/SOURCES.md), e.g.
+
+    mlx5_0/fw_ver: 28.41.1000
+    mlx5_0/hca_type: MT4129
+    mlx5_0/ports/1/rate: 400 Gb/sec (4X NDR)
+    mlx5_0/ports/1/state: 4: ACTIVE
+    mlx5_0/ports/1/phys_state: 5: LinkUp
+    mlx5_0/ports/1/link_layer: InfiniBand
+
+Counters in sysfs are cumulative since boot; the emulated ones are a stable per-port base plus
+whatever faults added (NodeHardware.counter), so they only go up.
+"""
+
+import os
+import time
+from pathlib import Path
+
+from opsctl_lab.hardware import COMPUTE_HCAS, STORAGE_HCA, NodeHardware, stable_int
+
+# Counter files of a real mlx5 port (ports/1/counters/) and a plausible base magnitude each.
+PORT_COUNTERS = {
+    "VL15_dropped": 0,
+    "excessive_buffer_overrun_errors": 0,
+    "link_downed": 0,
+    "link_error_recovery": 0,
+    "local_link_integrity_errors": 0,
+    "multicast_rcv_packets": 0,
+    "multicast_xmit_packets": 0,
+    "port_rcv_constraint_errors": 0,
+    "port_rcv_data": 10**14,
+    "port_rcv_errors": 0,
+    "port_rcv_packets": 10**11,
+    "port_rcv_remote_physical_errors": 0,
+    "port_rcv_switch_relay_errors": 0,
+    "port_xmit_constraint_errors": 0,
+    "port_xmit_data": 10**14,
+    "port_xmit_discards": 0,
+    "port_xmit_packets": 10**11,
+    "port_xmit_wait": 10**9,
+    "symbol_error": 0,
+    "unicast_rcv_packets": 10**11,
+    "unicast_xmit_packets": 10**11,
+}
+HW_COUNTERS = ["duplicate_request", "implied_nak_seq_err", "local_ack_timeout_err", "out_of_buffer",
+               "out_of_sequence", "packet_seq_err", "rnr_nak_retry_err", "roce_adp_retrans"]
+
+
+def _base(node: str, hca: str, counter: str, magnitude: int) -> int:
+    return stable_int(node, hca, counter, modulo=magnitude) if magnitude else 0
+
+
+def node_guid(node: str, hca: str) -> str:
+    raw = f"{stable_int(node, hca, 'guid', modulo=1 << 48):012x}"
+    return f"a088:c203:00{raw[0:2]}:{raw[2:6]}"  # NVIDIA OUI a0:88:c2 as in real CX-7 GUIDs
+
+
+def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
+    """Relative path -> content for one device, exactly one line each as in sysfs."""
+    port = hw.hca_port(hca)
+    compute = hca in COMPUTE_HCAS
+    files = {
+        "board_id": "MT_0000000838" if compute else "MT_0000000884",
+        "fw_ver": port["fw_ver"],
+        "hca_type": "MT4129" if compute else "MT41692",
+        "node_guid": node_guid(hw.node, hca),
+        "node_type": "1: CA",
+        "ports/1/state": port["state"],
+        "ports/1/phys_state": port["phys_state"],
+        "ports/1/rate": port["rate"],
+        "ports/1/link_layer": port["link_layer"],
+        "ports/1/lid": f"0x{stable_int(hw.node, hca, 'lid', modulo=0xbfff) + 1:x}" if compute else "0x0",
+        "ports/1/sm_lid": "0x1" if compute else "0x0",
+        "ports/1/cap_mask": "0xa651e848" if compute else "0x00010000",
+    }
+    for counter, magnitude in PORT_COUNTERS.items():
+        value = hw.counter(hca, counter, _base(hw.node, hca, counter, magnitude), now)
+        files[f"ports/1/counters/{counter}"] = str(int(value))
+    for counter in HW_COUNTERS:
+        files[f"ports/1/hw_counters/{counter}"] = str(int(hw.counter(hca, counter, 0, now)))
+    return files
+
+
+def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
+    """Write (or refresh) <root>/class/infiniband for hw. Only files whose content changed are
+    rewritten, each atomically, so a concurrent reader never sees a torn value."""
+    now = time.time() if now is None else now
+    base = Path(root) / "class" / "infiniband"
+    for hca in COMPUTE_HCAS + [STORAGE_HCA]:
+        for rel, content in device_files(hw, hca, now).items():
+            path = base / hca / rel
+            line = content + "\n"
+            try:
+                if path.read_text() == line:
+                    continue
+            except FileNotFoundError:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(line)
+            os.replace(tmp, path)

@@ -1,0 +1,38 @@
+"""inventory/lab/hosts.yml: connection data and group membership only. The variables that point the
+roles at the emulated hardware are committed separately in inventory/lab/group_vars/."""
+
+import yaml
+
+from opsctl_lab.machines.settings import Settings
+
+
+def render(settings: Settings, names: list[str]) -> str:
+    def host(name: str) -> dict:
+        return {
+            "ansible_host": settings.addr(name),
+            "ansible_user": "root",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_private_key_file": str(settings.ssh_key),
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={settings.known_hosts} -o StrictHostKeyChecking=yes",
+        }
+
+    gpus = [n for n in names if n != "head"]
+    doc = {
+        "all": {
+            "children": {
+                "cluster": {
+                    "children": {
+                        "controller": {"hosts": {"head": host("head")}},
+                        "gpu_nodes": {"hosts": {n: host(n) for n in gpus}},
+                    }
+                }
+            }
+        }
+    }
+    header = "# Written by `opsctl lab machines up`; do not edit (group_vars/ holds the lab's variables).\n"
+    return header + yaml.safe_dump(doc, sort_keys=False)
+
+
+def write(settings: Settings, names: list[str]) -> None:
+    settings.inventory_dir.mkdir(parents=True, exist_ok=True)
+    (settings.inventory_dir / "hosts.yml").write_text(render(settings, names))

@@ -1,0 +1,186 @@
+"""`opsctl lab machines up|down|status|inject|clear`: the whole life of the machines tier.
+
+`up` is idempotent: with every machine running and answering SSH it changes nothing. It prints the
+time of each phase (network, apt cache, image, machines, ssh) and the total.
+"""
+
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from opsctl.errors import ExitCode
+from opsctl_lab.errors import LabError
+from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.machines import aptcache, hwinstall, image, inventory, keys, net, nspawn
+from opsctl_lab.machines.settings import MAX_GPU_NODES, Settings, machine_names
+from opsctl_lab.processes import stop_pids
+
+Echo = Callable[[str], None]
+NEEDED = ["ip", "debootstrap", "systemd-nspawn", "apt-cacher-ng", "ssh", "ssh-keygen", "chroot"]
+
+
+def _preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab machines need root (network namespaces, systemd-nspawn)")
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
+    if missing:
+        raise LabError(f"missing {', '.join(missing)}: run `make deps-machines`")
+
+
+@contextmanager
+def _locked(settings: Settings):
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _known(settings: Settings) -> list[str]:
+    """Machines this tier has a directory for, head first."""
+    if not settings.state_dir.is_dir():
+        return []
+    names = [p.name for p in settings.state_dir.iterdir() if (p / "upper").is_dir()]
+    return sorted(names, key=lambda n: (n != "head", len(n), n))
+
+
+def _all_ready(settings: Settings, names: list[str]) -> bool:
+    if not (settings.inventory_dir / "hosts.yml").exists() or not settings.known_hosts.exists():
+        return False
+    running = {n for n in _known(settings) if nspawn.running_pid(settings, n)}
+    if running != set(names) or aptcache.running_pid(settings) is None:
+        return False
+    return all(subprocess.run(keys.ssh_args(settings, n) + ["true"], capture_output=True,
+                              timeout=20).returncode == 0 for n in names)
+
+
+def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    if not 1 <= count <= MAX_GPU_NODES:
+        raise LabError(f"--count must be 1-{MAX_GPU_NODES} GPU machines")
+    _preflight()
+    settings = settings or Settings()
+    names = machine_names(count)
+    start = time.monotonic()
+    with _locked(settings):
+        if _all_ready(settings, names):
+            echo(f"lab machines already up: {', '.join(names)} ({time.monotonic() - start:.1f}s)")
+            return ExitCode.OK
+        phase = _phases(echo)
+        with phase("network"):
+            net.ensure_bridge(settings)
+        with phase("apt cache"):
+            aptcache.ensure_running(settings)
+        with phase("image") as note:
+            note(f"{'built' if image.build(settings) else 'cached'} {image.path(settings)}")
+        with phase("machines") as note:
+            started = _start_machines(settings, names)
+            note(f"started {', '.join(started)}" if started else "all running")
+        with phase("ssh"):
+            nspawn.wait_ssh(settings, names)
+        inventory.write(settings, names)
+    echo(f"lab machines up: {', '.join(f'{n}={settings.addr(n)}' for n in names)}; "
+         f"inventory {settings.inventory_dir}/hosts.yml; total {time.monotonic() - start:.1f}s")
+    return ExitCode.OK
+
+
+def _phases(echo: Echo):
+    @contextmanager
+    def phase(title: str):
+        notes: list[str] = []
+        began = time.monotonic()
+        yield notes.append
+        echo(f"  {title:10} {time.monotonic() - began:6.1f}s  {'; '.join(notes)}".rstrip())
+
+    return phase
+
+
+def _start_machines(settings: Settings, names: list[str]) -> list[str]:
+    for extra in [n for n in _known(settings) if n not in names and nspawn.running_pid(settings, n)]:
+        nspawn.stop(settings, extra)
+        net.remove_machine_netns(settings, extra)
+    pubkey = keys.ensure_client_key(settings)
+    uppers = {}
+    started = []
+    for name in names:
+        running = nspawn.running_pid(settings, name) is not None
+        if running:
+            uppers[name] = nspawn.upper(settings, name)
+            continue
+        net.ensure_machine_netns(settings, name)
+        uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
+        if name != "head":
+            hwinstall.install(uppers[name], name, settings.addr(name))
+        nspawn.start(settings, name)
+        started.append(name)
+    keys.write_known_hosts(settings, uppers)
+    inventory.write(settings, names)  # as soon as the machines exist; SSH answers a few seconds later
+    return started
+
+
+def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Settings | None = None) -> ExitCode:
+    """Stop every machine, then remove every namespace, the apt cache daemon, the bridge and the guard
+    route. Machine layers stay (like disks of powered-off nodes) unless `purge`."""
+    _preflight()
+    settings = settings or Settings()
+    start = time.monotonic()
+    with _locked(settings):
+        names = _known(settings)
+        for name in names:
+            nspawn.stop(settings, name)
+        stop_pids(nspawn.stray_pids(settings), grace=20)
+        for name in net.lab_netns(settings):
+            net.remove_machine_netns(settings, name)
+        aptcache.stop(settings)
+        net.remove_bridge(settings)
+        if purge:
+            for name in names:
+                shutil.rmtree(settings.machine_dir(name))
+    echo(f"lab machines down: stopped {len(names)} machine(s), removed namespaces, bridge and guard route "
+         f"({time.monotonic() - start:.1f}s)")
+    return ExitCode.OK
+
+
+def status(echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    settings = settings or Settings()
+    names = _known(settings)
+    if not names:
+        echo("no lab machines")
+        return ExitCode.OK
+    for name in names:
+        pid = nspawn.running_pid(settings, name)
+        echo(f"{name:6} {settings.addr(name):12} {'running pid ' + str(pid) if pid else 'stopped'}")
+    return ExitCode.OK
+
+
+def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
+    if machine not in _known(settings) or machine == "head":
+        gpus = [n for n in _known(settings) if n != "head"]
+        raise LabError(f"unknown GPU machine {machine!r}; lab GPU machines: {', '.join(gpus) or 'none'}")
+    if nspawn.running_pid(settings, machine) is None:
+        raise LabError(f"machine {machine} is not running: `opsctl lab machines up`")
+    result = subprocess.run(keys.ssh_args(settings, machine) + ["/usr/local/sbin/opsctl-hw", *args],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise LabError(f"{machine}: {lines[-1] if lines else 'opsctl-hw failed'}")
+    return result.stdout.strip()
+
+
+def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = None,
+           echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    NodeHardware(node=machine).inject(fault, gpu=gpu, hca=hca)  # bad input fails here, before any SSH
+    args = ["inject", fault]
+    if gpu is not None:
+        args += ["--gpu", str(gpu)]
+    if hca is not None:
+        args += ["--hca", str(hca)]
+    echo(_ssh_admin(settings or Settings(), machine, args))
+    return ExitCode.OK
+
+
+def clear(machine: str, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    echo(_ssh_admin(settings or Settings(), machine, ["clear"]))
+    return ExitCode.OK

@@ -1,0 +1,128 @@
+"""Each machine: systemd-nspawn booting the shared image with the machine's own overlay layer, inside
+the machine's network namespace. Real systemd is PID 1 in it; SIGTERM to nspawn halts it cleanly."""
+
+import os
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from opsctl_lab.errors import LabError
+from opsctl_lab.machines import image as img
+from opsctl_lab.machines import keys
+from opsctl_lab.machines.settings import Settings
+from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
+
+
+def upper(settings: Settings, name: str) -> Path:
+    return settings.machine_dir(name) / "upper"
+
+
+def _pid_file(settings: Settings, name: str) -> Path:
+    return settings.machine_dir(name) / "nspawn.pid"
+
+
+def running_pid(settings: Settings, name: str) -> int | None:
+    return read_pidfile(_pid_file(settings, name))
+
+
+def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str) -> Path:
+    """What makes this machine itself: hostname, machine-id, hosts, root's authorized key, host key."""
+    top = upper(settings, name)
+    (top / "etc").mkdir(parents=True, exist_ok=True)
+    (top / "etc/hostname").write_text(f"{name}\n")
+    machine_id = top / "etc/machine-id"
+    if not machine_id.exists() or not machine_id.read_text().strip():
+        machine_id.write_text(secrets.token_hex(16) + "\n")
+    hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    hosts += [f"{settings.addr(n)}\t{n}" for n in names]
+    (top / "etc/hosts").write_text("\n".join(hosts) + "\n")
+    ssh_dir = top / "root/.ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    ssh_dir.chmod(0o700)
+    (ssh_dir / "authorized_keys").write_text(client_pubkey + "\n")
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    # Machines have no route off the lab subnet: apt goes through the cache on the bridge, as on a
+    # cluster whose nodes use a site proxy.
+    proxy = top / "etc/apt/apt.conf.d/01opsctl-proxy"
+    proxy.parent.mkdir(parents=True, exist_ok=True)
+    proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
+    keys.ensure_host_key(top, name)
+    return top
+
+
+def start(settings: Settings, name: str) -> int:
+    mdir = settings.machine_dir(name)
+    log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
+    image = str(img.path(settings))
+    proc = subprocess.Popen(
+        ["systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
+         f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
+         "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
+         # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).
+         "--rlimit=MEMLOCK=infinity"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    write_pidfile(_pid_file(settings, name), proc.pid)
+    return proc.pid
+
+
+PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
+
+
+def stop(settings: Settings, name: str) -> None:
+    pid = running_pid(settings, name)
+    if pid:
+        stop_pids([pid], grace=30)
+    _pid_file(settings, name).unlink(missing_ok=True)
+    remove_propagate_dir(settings.nspawn_name(name))
+
+
+def remove_propagate_dir(name: str) -> None:
+    """nspawn makes /run/systemd/nspawn/propagate/<machine> and, where /run is not a tmpfs, refuses
+    to delete it on exit ("Attempted to remove disk file system"): the lab removes it (it is empty)."""
+    try:
+        (PROPAGATE_DIR / name).rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass  # not empty or still in use: leave it rather than guess
+
+
+def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
+    """Until `ssh root@machine true` works for every machine, with strict host-key checking."""
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for name in sorted(pending):
+            if running_pid(settings, name) is None:
+                raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
+            if _port_open(settings.addr(name), 22) and subprocess.run(
+                    keys.ssh_args(settings, name) + ["true"], capture_output=True, timeout=15).returncode == 0:
+                pending.discard(name)
+        if pending:
+            time.sleep(0.3)
+    if pending:
+        raise LabError(f"no SSH to {', '.join(sorted(pending))} after {timeout:.0f}s; "
+                       f"see {settings.state_dir}/<machine>/console.log")
+
+
+def _port_open(addr: str, port: int) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def stray_pids(settings: Settings) -> list[int]:
+    """nspawn processes running a layer of this lab's state dir, whether or not a pid file knows them."""
+    layers = f":{settings.state_dir}/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        command = cmdline(int(entry.name))
+        if command.startswith("systemd-nspawn") and layers in command:
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,131 @@
+"""Where the lab machines tier keeps its state, and the addresses it uses.
+
+Every path can be moved with an environment variable, so tests and CI can use their own:
+  OPSCTL_LAB_DIR          state root; this tier uses <root>/machines[-<net>] (default /var/lib/opsctl-lab)
+  OPSCTL_LAB_IMAGE_DIR    the cached Debian 12 images, one per recipe   (default /var/cache/opsctl/lab-images)
+  OPSCTL_LAB_APT_CACHE    apt-cacher-ng's cache         (default /var/cache/opsctl/apt-cacher-ng[-<net>])
+  OPSCTL_LAB_INVENTORY    hosts.yml, SSH key, known_hosts (default <project>/inventory/lab; net > 0: <state>/inventory)
+  OPSCTL_LAB_NET          0-254: which lab network (default 0: 10.213.0.0/24, bridge opsctl-lab0). A
+                          second lab on the same host (e.g. the integration tests) takes another one.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import opsctl
+
+PREFIX_LEN = 24
+# Not apt-cacher-ng's default 3142: installing the Debian package starts a system instance on
+# 0.0.0.0:3142 on hosts with systemd, which would answer in place of the lab's own.
+APT_PORT = 3149
+FIRST_HOST = 10  # head is .10, gpuN is .10+N
+SUITE = "bookworm"
+# The mirror apt-cacher-ng fetches from: the one this host's own apt uses.
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+MAX_GPU_NODES = 32
+
+# Paths inside every GPU machine; the provisioning roles point here (docs/lab-machines.md).
+HW_ROOT = "/var/lib/opsctl-hw"
+HW_STATE = f"{HW_ROOT}/hardware.json"
+HW_SYSFS_ROOT = f"{HW_ROOT}/sys"
+HW_CODE = "/opt/opsctl-hw"
+DCGM_PORT = 9400
+
+
+def _project_inventory() -> Path:
+    root = Path(opsctl.__file__).resolve().parents[1]
+    if (root / "pyproject.toml").exists():
+        return root / "inventory" / "lab"
+    return Path.cwd() / "inventory" / "lab"
+
+
+def _env_path(name: str, default: str) -> Path:
+    return Path(os.environ.get(name) or default)
+
+
+def _net_index() -> int:
+    text = os.environ.get("OPSCTL_LAB_NET", "0")
+    if not text.isdigit() or not 0 <= int(text) <= 254:
+        from opsctl_lab.errors import LabError
+
+        raise LabError(f"OPSCTL_LAB_NET must be 0-254, not {text!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Settings:
+    net: int = field(default_factory=_net_index)
+    state_dir: Path | None = None
+    image_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_IMAGE_DIR", "/var/cache/opsctl/lab-images"))
+    apt_cache_dir: Path | None = None
+    inventory_dir: Path | None = None
+    mirror: str = DEFAULT_MIRROR
+
+    def __post_init__(self):
+        # Another lab network gets its own state (and inventory) by default: two labs must never share one.
+        if self.state_dir is None:
+            name = "machines" if self.net == 0 else f"machines-{self.net}"
+            object.__setattr__(self, "state_dir", _env_path("OPSCTL_LAB_DIR", "/var/lib/opsctl-lab") / name)
+        if self.inventory_dir is None:
+            default = _project_inventory() if self.net == 0 else self.state_dir / "inventory"
+            object.__setattr__(self, "inventory_dir", _env_path("OPSCTL_LAB_INVENTORY", str(default)))
+        if self.apt_cache_dir is None:
+            # Each lab network has its own apt-cacher-ng, so each needs its own cache directory.
+            suffix = "" if self.net == 0 else f"-{self.net}"
+            default = f"/var/cache/opsctl/apt-cacher-ng{suffix}"
+            object.__setattr__(self, "apt_cache_dir", _env_path("OPSCTL_LAB_APT_CACHE", default))
+
+    # ---- network ---------------------------------------------------------------------------------
+    @property
+    def subnet(self) -> str:
+        return f"10.213.{self.net}.0/{PREFIX_LEN}"
+
+    @property
+    def bridge(self) -> str:
+        return f"opsctl-lab{self.net}"
+
+    @property
+    def bridge_addr(self) -> str:
+        return f"10.213.{self.net}.1"
+
+    @property
+    def apt_proxy(self) -> str:
+        return f"http://{self.bridge_addr}:{APT_PORT}"
+
+    def addr(self, name: str) -> str:
+        index = 0 if name == "head" else int(name.removeprefix("gpu"))
+        return f"10.213.{self.net}.{FIRST_HOST + index}"
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of the host-side names of this lab (namespaces, nspawn machine names)."""
+        return "opsctl-" if self.net == 0 else f"opsctl{self.net}-"
+
+    def netns(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def veth(self, name: str) -> str:
+        return (f"olab-{name}" if self.net == 0 else f"olab{self.net}-{name}")[:15]  # IFNAMSIZ
+
+    def nspawn_name(self, name: str) -> str:
+        # The first lab keeps the plain names; another lab's machines need names of their own on the host.
+        return name if self.net == 0 else f"{self.prefix}{name}"
+
+    # ---- files -----------------------------------------------------------------------------------
+    def machine_dir(self, name: str) -> Path:
+        return self.state_dir / name
+
+    # In a dot directory: ansible never reads those as inventory sources (a key or known_hosts next to
+    # hosts.yml would be tried as one, with a warning each).
+    @property
+    def ssh_key(self) -> Path:
+        return self.inventory_dir / ".ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.inventory_dir / ".ssh" / "known_hosts"
+
+
+def machine_names(gpu_nodes: int) -> list[str]:
+    return ["head"] + [f"gpu{i}" for i in range(1, gpu_nodes + 1)]

@@ -1,0 +1,111 @@
+"""Where the simulated cluster keeps its files and which addresses it takes.
+
+Everything lives under one directory: $OPSCTL_LAB_DIR, by default /var/lib/opsctl-lab.
+$OPSCTL_LAB_SLOT (0-9, default 0) moves every address and port, so that several labs (each with its
+own directory) run side by side on one host:
+
+    slot  Prometheus        slurmctld  slurmd ports   node N's exporters
+    0     127.0.0.1:19090   16817      17001-18000    127.10.0.N:9400, :9100
+    k     127.0.0.1:19090+k 16817+k    17001+1000k..  127.(10+k).0.N
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl_lab.errors import LabError
+
+DEFAULT_LAB_DIR = "/var/lib/opsctl-lab"
+PROMETHEUS_PORT = 19090
+SLURMCTLD_PORT = 16817
+SLURMD_FIRST_PORT = 17001
+DCGM_PORT = 9400
+NODE_EXPORTER_PORT = 9100
+MAX_NODES = 1000
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("OPSCTL_LAB_DIR") or DEFAULT_LAB_DIR)
+
+
+def slot() -> int:
+    text = os.environ.get("OPSCTL_LAB_SLOT") or "0"
+    if not text.isdigit() or int(text) > 9:
+        raise LabError(f"OPSCTL_LAB_SLOT must be 0-9, not {text!r}")
+    return int(text)
+
+
+def prometheus_listen() -> str:
+    return f"127.0.0.1:{PROMETHEUS_PORT + slot()}"
+
+
+def slurmctld_port() -> int:
+    return SLURMCTLD_PORT + slot()
+
+
+def slurmd_first_port() -> int:
+    return SLURMD_FIRST_PORT + MAX_NODES * slot()
+
+
+def node_name(index: int) -> str:
+    """0 -> gpu001."""
+    return f"gpu{index + 1:03d}"
+
+
+def node_address(index: int) -> str:
+    """Each emulated node answers on its own loopback address (all of 127/8 is loopback)."""
+    return f"127.{10 + slot()}.{index // 250}.{index % 250 + 1}"
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def munge(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def slurm(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.slurm / "slurm.conf"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def prometheus(self) -> Path:
+        return self.root / "prometheus"
+
+    @property
+    def opsctl_config(self) -> Path:
+        return self.root / "opsctl.yaml"
+
+    @property
+    def opsctl_state(self) -> Path:
+        return self.root / "state"
+
+    def node_dir(self, node: str) -> Path:
+        return self.root / "nodes" / node
+
+    def hardware(self, node: str) -> Path:
+        return self.node_dir(node) / "hardware.json"
+
+    def sysfs(self, node: str) -> Path:
+        return self.node_dir(node) / "sys"

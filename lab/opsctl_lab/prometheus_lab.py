@@ -1,0 +1,90 @@
+"""The lab's exporters and Prometheus: the dcgm-exporter emulator for every node, the real
+node_exporter per node reading that node's emulated sysfs tree, and a real Prometheus scraping each
+node as its own target with the label node="<Slurm node name>"."""
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import jinja2
+
+import opsctl
+import opsctl_lab
+from opsctl_lab import paths as lp
+from opsctl_lab import processes
+from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.ib_sysfs import write_tree
+
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("opsctl_lab", "templates"),
+                                undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+NODE_EXPORTER = "prometheus-node-exporter"
+
+
+def prometheus_url() -> str:
+    return f"http://{lp.prometheus_listen()}"
+
+
+def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
+    """Each node's hardware state (kept across restarts) and its sysfs tree."""
+    for index in range(nodes):
+        name = lp.node_name(index)
+        hw = NodeHardware.load(paths.hardware(name), name)
+        if not paths.hardware(name).exists():
+            hw.save(paths.hardware(name))
+        write_tree(paths.sysfs(name), hw)
+
+
+def start_dcgm_emulator(paths: lp.LabPaths, nodes: int) -> None:
+    spec = [{"node": lp.node_name(i), "listen": f"{lp.node_address(i)}:{lp.DCGM_PORT}",
+             "state": str(paths.hardware(lp.node_name(i))), "sysfs_root": str(paths.sysfs(lp.node_name(i)))}
+            for i in range(nodes)]
+    nodes_file = paths.root / "dcgm-emulator-nodes.json"
+    nodes_file.write_text(json.dumps(spec, indent=1))
+    processes.start("dcgm-emulator", [sys.executable, "-m", "opsctl_lab.dcgm_emulator", "--nodes-file",
+                                      str(nodes_file)], paths.run, paths.logs, env=_python_env())
+
+
+def _python_env() -> dict:
+    """The emulator runs from these very packages, with the interpreter that runs opsctl."""
+    parents = dict.fromkeys(os.path.dirname(os.path.dirname(os.path.abspath(p.__file__))) for p in (opsctl, opsctl_lab))
+    return {"PYTHONPATH": os.pathsep.join(parents)}
+
+
+def start_node_exporter(paths: lp.LabPaths, index: int) -> None:
+    name = lp.node_name(index)
+    processes.start(f"node_exporter.{name}", [
+        NODE_EXPORTER, f"--path.sysfs={paths.sysfs(name)}", "--collector.disable-defaults",
+        "--collector.infiniband", f"--web.listen-address={lp.node_address(index)}:{lp.NODE_EXPORTER_PORT}",
+        "--log.level=warn",
+    ], paths.run, paths.logs)
+
+
+def write_prometheus_config(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> None:
+    sd_dir = paths.prometheus / "file_sd"
+    sd_dir.mkdir(parents=True, exist_ok=True)
+    for job, port in (("dcgm", lp.DCGM_PORT), ("node", lp.NODE_EXPORTER_PORT)):
+        groups = [{"targets": [f"{lp.node_address(i)}:{port}"], "labels": {"node": lp.node_name(i)}}
+                  for i in range(nodes)]
+        (sd_dir / f"{job}.json").write_text(json.dumps(groups, indent=1))
+    config = _TEMPLATES.get_template("prometheus.yml.j2").render(
+        scrape_interval=scrape_interval, scrape_timeout=min(scrape_interval, 4), sd_dir=sd_dir)
+    (paths.prometheus / "prometheus.yml").write_text(config)
+
+
+def start_prometheus(paths: lp.LabPaths) -> None:
+    processes.start("prometheus", [
+        "prometheus", f"--config.file={paths.prometheus / 'prometheus.yml'}",
+        f"--storage.tsdb.path={paths.prometheus / 'data'}", f"--web.listen-address={lp.prometheus_listen()}",
+        "--web.enable-lifecycle", "--storage.tsdb.retention.time=2d", "--log.level=warn",
+    ], paths.run, paths.logs)
+
+
+def targets() -> list[dict]:
+    """Prometheus' active targets, or [] if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{prometheus_url()}/api/v1/targets?state=active", timeout=5) as resp:
+            return json.load(resp)["data"]["activeTargets"]
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return []

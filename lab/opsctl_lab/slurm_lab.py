@@ -1,0 +1,92 @@
+"""The lab's Slurm: its own munged, one slurmctld and one slurmd per emulated node, all real
+Debian daemons, configured from templates under lab/opsctl_lab/templates/."""
+
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import jinja2
+
+from opsctl.slurm.hostlist import hostlist_expression
+from opsctl_lab import paths as lp
+from opsctl_lab import processes
+from opsctl_lab.errors import LabError
+from opsctl_lab.hardware import GPUS_PER_NODE
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("opsctl_lab", "templates"), undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True)
+
+
+def render_configs(paths: lp.LabPaths, nodes: int) -> None:
+    values = {
+        "slurmctld_port": lp.slurmctld_port(),
+        "munge_socket": paths.munge / "munge.socket",
+        "slurm_dir": paths.slurm,
+        "log_dir": paths.logs,
+        "nodes_expr": ",".join(hostlist_expression(lp.node_name(i) for i in range(nodes))),
+        "ports_expr": ",".join(hostlist_expression(range(lp.slurmd_first_port(), lp.slurmd_first_port() + nodes))),
+        "dev_dir": paths.dev,
+    }
+    for sub in ("state", "spool"):
+        (paths.slurm / sub).mkdir(parents=True, exist_ok=True)
+    for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
+        (paths.slurm / name).write_text(_TEMPLATES.get_template(f"{name}.j2").render(**values))
+    make_gpu_devices(paths.dev)
+
+
+def make_gpu_devices(dev: Path) -> None:
+    """/dev/nvidiaN stand-ins: character devices 195:N, as the NVIDIA driver makes them."""
+    dev.mkdir(parents=True, exist_ok=True)
+    for gpu in range(GPUS_PER_NODE):
+        node = dev / f"nvidia{gpu}"
+        if not node.exists():
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, gpu))
+
+
+def start_munge(paths: lp.LabPaths) -> None:
+    paths.munge.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.munge, 0o700)
+    key = paths.munge / "munge.key"
+    if not key.exists():
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as out:
+            out.write(os.urandom(1024))
+    processes.start("munged", [
+        "munged", "--foreground", "--force", f"--socket={paths.munge / 'munge.socket'}",
+        f"--key-file={key}", f"--pid-file={paths.munge / 'munged.pid'}",
+        f"--log-file={paths.logs / 'munged.log'}", f"--seed-file={paths.munge / 'munged.seed'}",
+    ], paths.run, paths.logs)
+    _wait_for(lambda: (paths.munge / "munge.socket").exists(), 10, "munged did not create its socket")
+
+
+def start_slurm(paths: lp.LabPaths, nodes: int) -> None:
+    env = {"SLURM_CONF": str(paths.slurm_conf)}
+    processes.start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(paths.slurm_conf)], paths.run,
+                    paths.logs, env=env)
+    for index in range(nodes):
+        name = lp.node_name(index)
+        processes.start(f"slurmd.{name}", ["slurmd", "-D", "-N", name, "-f", str(paths.slurm_conf)],
+                        paths.run, paths.logs, env=env)
+
+
+def node_states(paths: lp.LabPaths) -> dict:
+    """node -> compact sinfo state (idle, drain, down*, ...); empty if slurmctld does not answer."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode != 0:
+        return {}
+    return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def _wait_for(check, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise LabError(message)
+        time.sleep(0.1)

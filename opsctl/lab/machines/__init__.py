@@ -1,7 +1,0 @@
-"""The lab machines tier: real Debian 12 machines (systemd-nspawn, real systemd and sshd) on a guarded
-lab bridge, with emulated H200 GPUs and ConnectX-7 HCAs, for running the real playbooks over SSH.
-See docs/lab-machines.md."""
-
-from opsctl.lab.machines.lifecycle import clear, down, inject, status, up
-
-__all__ = ["clear", "down", "inject", "status", "up"]

@@ -1,0 +1,226 @@
+"""Evaluation against a real Prometheus scraping the lab's dcgm-exporter emulator and the real
+node_exporter (see promlab.py). Faults are injected into the in-memory hardware model."""
+
+import time
+
+import pytest
+import yaml
+
+from opsctl.config import parse_config
+from opsctl.health.catalog import load_catalog
+from opsctl.health.evaluate import HandledXid, evaluate
+from opsctl.health.export import render_prometheus_rules
+from opsctl.prom import PromClientImpl
+from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
+
+pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER),
+                                reason="needs prometheus and prometheus-node-exporter")
+NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
+# gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase()[10m]).
+FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
+                                               "pcie-replays", "sbe-storm", "ib-errors")}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("prom"), NODES)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def clean(stack):
+    """Every test starts from healthy hardware and leaves it healthy."""
+    def reset():
+        for node in NODES:
+            stack.dcgm[node].hw.__init__(node=node)
+            stack.dcgm[node].down = False
+            stack.nodeexp[node].rewrite()
+    reset()
+    stack.wait_scrapes(2)
+    yield stack
+    reset()
+
+
+def config_for(stack, **extra):
+    raw = {"prometheus": {"url": stack.url}, "catalog": {"overrides": FAST_HOLDS}}
+    raw.update(extra)
+    return parse_config(raw, "test", {})
+
+
+def run(stack, config=None, slurm_nodes=NODES, handled=(), now=None):
+    config = config or config_for(stack)
+    rules = load_catalog(config)
+    client = PromClientImpl.from_config(config.prometheus)
+    return evaluate(client, rules, config, slurm_nodes, handled, now), client, rules
+
+
+def checks(report, node):
+    return {(c.id, c.device, c.status) for c in report.nodes[node].checks}
+
+
+def test_healthy_cluster_is_ok_with_a_fixed_number_of_queries(clean):
+    report, client, rules = run(clean)
+    assert {v.status for v in report.nodes.values()} == {"ok"}
+    assert report.queries == client.queries == len(rules) + 2
+
+
+def test_xid_79_fails_with_evidence(clean):
+    clean.dcgm["gpu002"].hw.inject("xid:79", gpu=3)
+    clean.wait_scrapes()
+    report, _, _ = run(clean)
+    assert report.nodes["gpu002"].status == "fail"
+    check = next(c for c in report.nodes["gpu002"].checks if c.id == "xid-79")
+    assert (check.device, check.kind, check.value, check.threshold, check.action) == ("gpu3", "gpu", 1, 0, "drain")
+    assert check.evidence == "gpu3 xid=79 count=1"
+    assert report.nodes["gpu001"].status == report.nodes["gpu003"].status == "ok"
+
+
+def test_application_xid_warns(clean):
+    clean.dcgm["gpu001"].hw.inject("xid:13", gpu=0)
+    clean.wait_scrapes()
+    report, _, _ = run(clean)
+    assert report.nodes["gpu001"].status == "warn"
+    assert ("xid-13", "gpu0", "warn") in checks(report, "gpu001")
+
+
+def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
+    clean.dcgm["gpu001"].hw.inject("xid:79", gpu=1)
+    clean.wait_scrapes()
+    now = time.time()
+    handled = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 10, count=1)]
+    report, _, _ = run(clean, handled=handled, now=now)
+    assert report.nodes["gpu001"].status == "ok"
+    assert ("xid-79", "gpu1", "handled") in checks(report, "gpu001")
+    # Acted on longer ago than the window: the count must come from a new XID.
+    old = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 301, count=1)]
+    report, _, _ = run(clean, handled=old, now=now)
+    assert report.nodes["gpu001"].status == "fail"
+
+
+def test_gauge_mode_never_repeats_a_handled_xid(clean):
+    clean.dcgm["gpu003"].hw.inject("xid:48", gpu=2)
+    clean.dcgm["gpu003"].hw.clear()
+    clean.wait_scrapes()
+    config = config_for(clean, catalog={"overrides": FAST_HOLDS, "xid_source": "gauge"})
+    report, _, _ = run(clean, config)
+    assert ("xid-48", "gpu2", "fail") in checks(report, "gpu003")  # the gauge keeps 48 after clear
+    handled = [HandledXid(node="gpu003", gpu="2", xid=48, time=1.0, count=48)]
+    report, _, _ = run(clean, config, handled=handled)
+    assert report.nodes["gpu003"].status == "ok"
+
+
+@pytest.mark.parametrize("fault,rule", [("row-remap-failure", "row-remap-failure"),
+                                        ("row-remap-pending", "row-remap-pending"), ("dbe", "ecc-dbe-new")])
+def test_memory_faults_fail(clean, fault, rule):
+    clean.dcgm["gpu004"].hw.inject(fault, gpu=5)
+    clean.wait_scrapes(3)
+    report, _, _ = run(clean)
+    assert (rule, "gpu5", "fail") in checks(report, "gpu004")
+
+
+def test_missing_gpu_fails_the_count(clean):
+    clean.dcgm["gpu002"].hw.inject("gpu-missing", gpu=7)
+    clean.wait_scrapes()
+    report, _, _ = run(clean)
+    check = next(c for c in report.nodes["gpu002"].checks if c.id == "gpu-count")
+    assert (check.status, check.value, check.threshold) == ("fail", 7, 8)
+
+
+def test_all_gpus_gone_counts_zero_not_unknown(clean):
+    for gpu in range(8):
+        clean.dcgm["gpu002"].hw.inject("gpu-missing", gpu=gpu)
+    clean.wait_scrapes()
+    report, _, _ = run(clean)
+    check = next(c for c in report.nodes["gpu002"].checks if c.id == "gpu-count")
+    assert (report.nodes["gpu002"].status, check.value) == ("fail", 0)
+
+
+def test_ib_down_and_degraded_on_compute_rails_fail(clean):
+    hw = clean.dcgm["gpu003"].hw
+    hw.inject("ib-down", hca=2)
+    hw.inject("ib-degraded", hca=5)
+    clean.nodeexp["gpu003"].rewrite()
+    clean.wait_scrapes(5)
+    report, _, _ = run(clean)
+    found = checks(report, "gpu003")
+    assert ("ib-down", "mlx5_2", "fail") in found
+    assert ("ib-degraded", "mlx5_5", "fail") in found
+
+
+def test_storage_port_is_not_a_compute_rail(clean):
+    hw = clean.dcgm["gpu001"].hw
+    hw.inject("ib-down", hca="mlx5_bond_0")
+    hw.inject("ib-degraded", hca=8)
+    clean.nodeexp["gpu001"].rewrite()
+    clean.wait_scrapes(5)
+    report, _, _ = run(clean)
+    assert report.nodes["gpu001"].status == "ok", report.nodes["gpu001"].checks
+    # ... and it is so because of the allowlist: widen it and the same data fails.
+    wide = config_for(clean, hardware={"ib_devices": "mlx5_.*"})
+    report, _, _ = run(clean, wide)
+    assert ("ib-down", "mlx5_bond_0", "fail") in checks(report, "gpu001")
+
+
+def test_thermal_warns(clean):
+    clean.dcgm["gpu002"].hw.inject("thermal", gpu=4)
+    clean.wait_scrapes(5)
+    report, _, _ = run(clean)
+    found = checks(report, "gpu002")
+    assert report.nodes["gpu002"].status == "warn"
+    assert ("gpu-temp-high", "gpu4", "warn") in found
+    assert ("clocks-hw-slowdown", "gpu4", "warn") in found
+
+
+def test_exporter_down_is_unknown(clean):
+    clean.dcgm["gpu003"].down = True
+    clean.wait_scrapes()
+    report, _, _ = run(clean)
+    assert report.nodes["gpu003"].status == "unknown"
+    assert ("data-dcgm", "", "unknown") in checks(report, "gpu003")
+
+
+def test_unknown_when_slurm_node_has_no_metrics_and_metrics_without_slurm_node_are_marked(clean):
+    report, _, _ = run(clean, slurm_nodes=["gpu001", "gpu002", "gpu099"])
+    assert report.nodes["gpu099"].status == "unknown"
+    assert report.nodes["gpu003"].in_slurm is False and report.nodes["gpu004"].in_slurm is False
+    assert report.nodes["gpu001"].in_slurm is True
+
+
+def test_hostname_label_maps_when_the_target_has_no_node_label(tmp_path):
+    stack = Stack(tmp_path, ["gpu007.cluster.example"], labelled=False, node_exporter=False)
+    try:
+        stack.dcgm["gpu007.cluster.example"].hw.inject("xid:95", gpu=6)
+        stack.wait_scrapes()
+        config = parse_config({"prometheus": {"url": stack.url}}, "test", {})
+        report, _, _ = run(stack, config, slurm_nodes=["gpu007"])
+        assert ("xid-95", "gpu6", "fail") in checks(report, "gpu007")
+    finally:
+        stack.stop()
+
+
+def test_exported_alerts_fire_exactly_where_health_fails(clean):
+    """The exported alert expressions, run by Prometheus itself, select the same node and device pairs
+    that `opsctl health` reports."""
+
+
+    clean.dcgm["gpu001"].hw.inject("xid:79", gpu=3)
+    clean.dcgm["gpu002"].hw.inject("thermal", gpu=1)
+    clean.dcgm["gpu003"].hw.inject("ib-down", hca=6)
+    clean.nodeexp["gpu003"].rewrite()
+    clean.wait_scrapes(5)
+    config = config_for(clean)
+    report, _, rules = run(clean, config)
+    alerts = yaml.safe_load(render_prometheus_rules(rules))["groups"][0]["rules"]
+    by_id = {r.id: r for r in rules}
+    fired, judged = set(), set()
+    for alert in alerts:
+        rule = by_id[alert["labels"]["rule_id"]]
+        for series in clean.query(alert["expr"]):
+            raw = series["metric"].get(rule.device_label, "") if rule.device_label else ""
+            device = f"gpu{raw}" if rule.device_label == "gpu" else raw
+            fired.add((series["metric"]["node"], rule.id, device))
+    for verdict in report.nodes.values():
+        judged |= {(verdict.node, c.id, c.device) for c in verdict.checks if not c.id.startswith("data-")}
+    assert {("gpu001", "xid-79", "gpu3"), ("gpu002", "gpu-temp-high", "gpu1"), ("gpu003", "ib-down", "mlx5_6")} <= fired
+    assert fired == judged

@@ -1,0 +1,217 @@
+"""The emulated nvidia-smi, run as a real process against a state file, checked against a real H200
+capture (layout and csv) and against the dcgm-exporter emulator (values)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+
+from opsctl.fabric import process_nvidia_smi_csv_output
+from opsctl_lab.dcgm_emulator import render
+from opsctl_lab.hardware import NodeHardware
+from tests.conftest import FIXTURES
+
+# Real H200 capture (nvidia_gpu_exporter, driver 590.48.01; tests/fixtures/SOURCES.md).
+CAPTURE = (FIXTURES / "gpu" / "nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt").read_text().splitlines()
+
+
+def _block(first: str, count: int) -> str:
+    """`count` lines of the capture, starting at the line that is exactly `first`."""
+    start = CAPTURE.index(first)
+    return "\n".join(CAPTURE[start:start + count]) + "\n"
+
+
+# `nvidia-smi`: the table header and the one GPU row.
+REAL_TABLE = "\n".join(CAPTURE[CAPTURE.index("+" + "-" * 89 + "+"):][:11]) + "\n"
+# `nvidia-smi -q`: the memory and remapped-rows blocks.
+REAL_Q = _block("    FB Memory Usage", 9)
+REAL_REMAP = _block("    Remapped Rows", 5)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A state file and the environment that points the tools at it."""
+    state = tmp_path / "hardware.json"
+    NodeHardware(node="gpu7").save(state)
+    env = dict(os.environ, OPSCTL_HW_STATE=str(state), OPSCTL_HW_SYSFS_ROOT=str(tmp_path / "sys"))
+    return state, env
+
+
+def smi(env, *args):
+    return subprocess.run([sys.executable, "-m", "opsctl_lab.hwtools.nvidia_smi", *args], env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def inject(state, fault, **where):
+    hw = NodeHardware.load(state, "gpu7")
+    hw.inject(fault, **where)
+    hw.save(state)
+
+
+def _skeleton(line: str) -> str:
+    """Where a table line has its column bars, and which words it has: what must match the real
+    layout whatever the values."""
+    words = re.sub(r"[0-9A-F]{8}:[0-9A-F]{2}:00\.0", "", line)
+    return "".join(c if c in "|+=-" else " " for c in line) + "".join(re.findall(r"[A-Za-z]+[.:]?", words))
+
+
+def test_table_has_the_real_layout(node):
+    _, env = node
+    out = smi(env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    real = REAL_TABLE.splitlines()
+    assert lines[1] == real[0]
+    assert _skeleton(lines[2]) == _skeleton(real[1].replace("590.48.01 ", "570.133.20").replace("13.1", "12.8"))
+    # Header rows are identical to the real ones; each GPU block has the real row skeletons.
+    assert lines[3:8] == real[2:7]
+    blocks = [lines[i:i + 4] for i in range(8, 8 + 8 * 4, 4)]
+    assert len(blocks) == 8
+    for gpu, block in enumerate(blocks):
+        assert [_skeleton(x) for x in block] == [_skeleton(x) for x in real[7:11]], gpu
+        assert "NVIDIA H200" in block[0] and "143771MiB" in block[1]
+    assert all(len(x) == 91 for x in lines[1:] if x)
+    assert "No running processes found" in out.stdout
+
+
+def test_query_gpu_name_memory_total_shows_8_h200(node):
+    _, env = node
+    out = smi(env, "--query-gpu=name,memory.total", "--format=csv")
+    assert out.returncode == 0
+    assert out.stdout.splitlines()[0] == "name, memory.total [MiB]"
+    rows = process_nvidia_smi_csv_output(out.stdout)
+    assert rows == [{"name": "NVIDIA H200", "memory.total": 143771}] * 8
+
+
+def test_every_real_csv_field_has_the_real_header_and_unit(node):
+    _, env = node
+    real = json.loads(resources.files("opsctl_lab.hwtools").joinpath("nvidia_smi_fields.json").read_text())
+    out = smi(env, "--query-gpu=" + ",".join(real), "--format=csv", "-i", "0")
+    assert out.returncode == 0, out.stdout
+    header, row = out.stdout.splitlines()
+    assert header.split(", ") == [h for h, _ in real.values()]
+    for (field, (_, real_value)), value in zip(real.items(), row.split(", "), strict=True):
+        last = real_value.rsplit(" ", 1)[-1]
+        unit = last if last in ("MiB", "W", "%", "MHz", "us") else None
+        if unit:
+            assert value.endswith(" " + unit), (field, value, real_value)
+        assert (value == "[N/A]") == (real_value == "[N/A]"), field
+
+
+def test_nounits_and_noheader(node):
+    _, env = node
+    out = smi(env, "--query-gpu=index,memory.used,power.draw", "--format=csv,noheader,nounits")
+    rows = process_nvidia_smi_csv_output(out.stdout, fields=["index", "memory.used", "power.draw"])
+    assert [r["index"] for r in rows] == list(range(8))
+    assert all(isinstance(r["power.draw"], float) for r in rows)
+
+
+def test_leftover_memory_shows_as_a_process_on_that_gpu_only(node):
+    state, env = node
+    inject(state, "gpu-leftover-memory", gpu=5)
+    apps = smi(env, "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id", "--format=csv")
+    rows = process_nvidia_smi_csv_output(apps.stdout)
+    assert len(rows) == 1 and rows[0]["process_name"] == "python3" and rows[0]["used_gpu_memory"] > 80000
+    used = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,memory.used", "--format=csv").stdout)
+    assert [r["memory.used"] > 80000 for r in used] == [g == 5 for g in range(8)]
+    assert rows[0]["gpu_bus_id"] == "00000000:AB:00.0"
+    table = smi(env).stdout
+    assert re.search(r"\|\s+5\s+N/A\s+N/A\s+\d+\s+C\s+python3\s+\d+MiB \|", table)
+
+
+def test_compute_apps_header_only_when_idle(node):
+    _, env = node
+    out = smi(env, "--query-compute-apps=pid,used_memory", "--format=csv")
+    assert out.stdout == "pid, used_gpu_memory [MiB]\n"
+
+
+def test_ecc_and_row_remap_faults_show_in_q_and_csv(node):
+    state, env = node
+    inject(state, "dbe", gpu=2)
+    inject(state, "row-remap-failure", gpu=3)
+    rows = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,ecc.errors.uncorrected.volatile.total,"
+                                                  "remapped_rows.failure", "--format=csv").stdout)
+    assert [r["ecc.errors.uncorrected.volatile.total"] >= 1 for r in rows] == [g == 2 for g in range(8)]
+    assert [r["remapped_rows.failure"] for r in rows] == ["Yes" if g == 3 else "No" for g in range(8)]
+    q3 = smi(env, "-q", "-i", "3").stdout
+    assert "Remapping Failure Occurred                     : Yes" in q3
+
+
+def test_q_blocks_have_the_real_layout(node):
+    _, env = node
+    q = smi(env, "-q").stdout
+    assert q.count("    Product Name                                       : NVIDIA H200") == 8
+    assert "Attached GPUs                                          : 8" in q
+    first = q.split("\nGPU ")[1]
+    for block in (REAL_Q, REAL_REMAP):
+        keys = [line.split(":")[0] for line in block.splitlines()]
+        start = first.splitlines().index(block.splitlines()[0])
+        got = first.splitlines()[start:start + len(keys)]
+        assert [line.split(":")[0] for line in got] == keys
+    assert REAL_Q.splitlines()[1] in first  # Total 143771 MiB, as on the real H200
+
+
+def test_values_agree_with_the_dcgm_exporter_emulator(node):
+    state, env = node
+    inject(state, "thermal", gpu=1)
+    rows = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,temperature.gpu,memory.used",
+                                             "--format=csv").stdout)
+    metrics = render(NodeHardware.load(state, "gpu7"))
+    for row in rows:
+        temp = re.search(rf'DCGM_FI_DEV_GPU_TEMP{{gpu="{row["index"]}",[^}}]*}} (\d+)', metrics)
+        used = re.search(rf'DCGM_FI_DEV_FB_USED{{gpu="{row["index"]}",[^}}]*}} (\d+)', metrics)
+        assert int(temp[1]) == row["temperature.gpu"] and int(used[1]) == row["memory.used"]
+    assert rows[1]["temperature.gpu"] > 90
+
+
+def test_gpu_fallen_off_the_bus(node):
+    state, env = node
+    inject(state, "gpu-missing", gpu=4)
+    out = smi(env, "--query-gpu=index", "--format=csv,noheader")
+    assert out.returncode == 15  # nvidia-smi(1): "The GPU has fallen off the bus"
+    assert "Unable to determine the device handle for GPU0000:9A:00.0: Unknown Error" in out.stdout
+    assert process_nvidia_smi_csv_output(out.stdout, fields=["index"]) == [{"index": g} for g in range(8) if g != 4]
+
+
+def test_bad_field_is_rc_2(node):
+    _, env = node
+    out = smi(env, "--query-gpu=bogus", "--format=csv")
+    assert out.returncode == 2
+    assert out.stdout.startswith('Field "bogus" is not a valid field to query.')
+
+
+# Real `nvidia-smi topo -m` of an 8-GPU HGX board (that host has 6 NICs): the header and GPU0's row.
+REAL_TOPO = "\n".join((FIXTURES / "gpu" / "nvidia-smi_topo_-m_8xH100_HGX_NV18.txt").read_text().splitlines()[1:3])
+
+
+def test_topo_matrix_layout_and_rails(node):
+    _, env = node
+    out = smi(env, "topo", "-m")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    real_header = REAL_TOPO.splitlines()[0].split("\t")
+    header = lines[0].split("\t")
+    assert header[:9] == real_header[:9] and header[-3:] == real_header[-3:]
+    assert header[9:-3] == [f"NIC{i}" for i in range(9)]
+    cpus = sorted(os.sched_getaffinity(0))
+    for gpu in range(8):
+        cells = lines[1 + gpu].split("\t")
+        assert cells[0] == f"GPU{gpu}" and cells[1 + gpu] == " X "
+        assert [c for c in cells[1:9] if c != " X "] == ["NV18"] * 7
+        assert cells[9 + gpu] == "PIX" and cells[9:18].count("PIX") == 1  # rail-aligned NIC mlx5_<gpu>
+        affinity = [int(x) for part in cells[18].split(",") for x in range(
+            int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+        assert set(affinity) <= set(cpus) and cells[19] == str(0 if gpu < 4 else 1) and cells[-1] == "N/A"
+    assert "  NIC8: mlx5_bond_0" in out.stdout
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks" in out.stdout
+
+
+def test_persistence_mode(node):
+    _, env = node
+    out = smi(env, "-pm", "1")
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "All done."
+    assert out.stdout.count("Persistence mode is already Enabled for GPU") == 8
