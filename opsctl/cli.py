@@ -145,7 +145,7 @@ def rules_group():
 
 @rules_group.command("export")
 @click.option("--format", "fmt", type=click.Choice(["prometheus", "grafana"]), default="prometheus",
-              show_default=True, help="Prometheus alert rules, or a Grafana dashboard with one panel per rule.")
+              show_default=True, help="Prometheus alert rules (health and system), or the GPU health dashboard.")
 @config_option
 @one_line_errors
 def rules_export_cmd(fmt, config_path):
@@ -163,3 +163,20 @@ def rules_list_cmd(config_path):
     from opsctl.commands.health import rules_list
 
     return rules_list(config_path)
+
+
+@main.group("dashboards")
+def dashboards_group():
+    """Grafana dashboards with the config's thresholds (needs the extra opsctl[dashboards])."""
+
+
+@dashboards_group.command("export")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Directory to write one JSON file per dashboard to.")
+@config_option
+@one_line_errors
+def dashboards_export_cmd(out_dir, config_path):
+    """Write every dashboard, ready for Grafana's file provisioning."""
+    from opsctl.commands.dashboards import export_dashboards
+
+    return export_dashboards(config_path, out_dir)

@@ -8,13 +8,15 @@ import json
 
 import click
 
+from opsctl.commands.dashboards import gpu_dashboard
 from opsctl.commands.render import render_history, render_json, render_nodes, render_table
 from opsctl.commands.watch import watch
 from opsctl.config import load_config
 from opsctl.errors import ExitCode
 from opsctl.health.catalog import load_catalog
-from opsctl.health.dashboard import render_grafana_dashboard
 from opsctl.health.export import render_prometheus_rules
+from opsctl.metrics import RunRecorder
+from opsctl.metrics.alerts import system_alerts
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.manual import manual_drain, manual_resume
 from opsctl.remediation.run import RunOptions, run_health
@@ -23,7 +25,9 @@ from opsctl.slurm import make_slurm
 
 def health(config_path, drain, dry_run, resume, as_json, watch_s, prometheus, all_nodes, scope=None) -> ExitCode:
     config = load_config(config_path)
+    recorder = RunRecorder(config.metrics, serve=watch_s is not None, warn=lambda line: click.echo(line, err=True))
 
+    @recorder.wrap
     def once():
         return run_health(config, RunOptions(drain=drain, resume=resume, dry_run=dry_run,
                                              prometheus_url=prometheus, scope=scope))
@@ -35,6 +39,7 @@ def health(config_path, drain, dry_run, resume, as_json, watch_s, prometheus, al
         result = once()
         show(result)
         return result.exit_code
+    recorder.start()
     return watch(once, watch_s, show, lambda line: click.echo(line, err=True))
 
 
@@ -77,9 +82,9 @@ def rules_export(config_path, fmt) -> ExitCode:
     config = load_config(config_path)
     rules = load_catalog(config)
     if fmt == "grafana":
-        click.echo(render_grafana_dashboard(rules, node_label=config.node_mapping.labels[0]), nl=False)
+        click.echo(gpu_dashboard(config), nl=False)
     else:
-        click.echo(render_prometheus_rules(rules), nl=False)
+        click.echo(render_prometheus_rules(rules, extra_groups=[system_alerts(config)]), nl=False)
     return ExitCode.OK
 
 

@@ -91,6 +91,19 @@ class SafetyConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    listen_address: str | None = "127.0.0.1:9479"  # where `opsctl health --watch` serves /metrics
+    textfile: str | None = None  # where a one-shot run writes them for node_exporter's textfile collector
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    run_missing_after: str = "5m"
+    drained_fraction: float = 0.10
+    exporter_down_for: str = "2m"
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = PrometheusConfig()
     slurm: SlurmConfig = SlurmConfig()
@@ -98,6 +111,8 @@ class Config:
     node_mapping: MappingConfig = MappingConfig()
     hardware: HardwareConfig = HardwareConfig()
     safety: SafetyConfig = SafetyConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    alerts: AlertsConfig = AlertsConfig()
     state_dir: Path = DEFAULT_STATE_DIR
     audit_log: Path = DEFAULT_AUDIT_LOG
     source: str = "built-in defaults"
@@ -158,7 +173,8 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {source}: the top level must be a mapping")
-    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "state_dir", "audit_log"}
+    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "metrics", "alerts", "state_dir",
+           "audit_log"}
     for key in raw:
         _check(key in top, str(key), f"unknown key (known: {', '.join(sorted(top))})")
 
@@ -265,7 +281,43 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         state_dir = Path(env["OPSCTL_STATE_DIR"])
         audit_log = state_dir / "audit.jsonl"
     return Config(prometheus=prom, slurm=slurm, catalog=catalog, node_mapping=mapping, hardware=hardware,
-                  safety=safety, state_dir=state_dir, audit_log=audit_log, source=source)
+                  safety=safety, metrics=_metrics(raw), alerts=_alerts(raw), state_dir=state_dir,
+                  audit_log=audit_log, source=source)
+
+
+_LISTEN = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def _listen_ok(value: str) -> bool:
+    match = _LISTEN.match(value)
+    return match is not None and 0 < int(match.group(2)) < 65536
+
+
+def _metrics(raw: Raw) -> MetricsConfig:
+    m = _section(raw, "metrics", ["listen_address", "textfile"])
+    # An explicit null switches the endpoint off; an absent key keeps the loopback default.
+    listen = MetricsConfig.listen_address if "listen_address" not in m else m["listen_address"]
+    if listen is not None:
+        listen = _typed("metrics", m, "listen_address", str, listen, _listen_ok,
+                        "must be HOST:PORT, e.g. 127.0.0.1:9479")
+    return MetricsConfig(
+        listen_address=listen,
+        # node_exporter's textfile collector reads only files named *.prom.
+        textfile=_typed("metrics", m, "textfile", str, None, lambda v: v.startswith("/") and v.endswith(".prom"),
+                        "must be an absolute path ending in .prom"),
+    )
+
+
+def _alerts(raw: Raw) -> AlertsConfig:
+    a = _section(raw, "alerts", ["run_missing_after", "drained_fraction", "exporter_down_for"])
+    return AlertsConfig(
+        run_missing_after=_typed("alerts", a, "run_missing_after", str, AlertsConfig.run_missing_after, _duration_ok,
+                                 "must be a duration like 5m"),
+        drained_fraction=_typed("alerts", a, "drained_fraction", float, AlertsConfig.drained_fraction,
+                                lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
+        exporter_down_for=_typed("alerts", a, "exporter_down_for", str, AlertsConfig.exporter_down_for, _duration_ok,
+                                 "must be a duration like 2m"),
+    )
 
 
 def _regex_ok(value: str) -> bool:

@@ -35,6 +35,7 @@ class RunResult:
     plan: Plan = field(default_factory=Plan)
     seconds: float = 0.0
     options: RunOptions = field(default_factory=RunOptions)
+    slurm_nodes: dict[str, SlurmNode] = field(default_factory=dict)  # as read before acting
 
 
 def _checks_of(plan: Plan, node: str) -> list[str]:
@@ -94,7 +95,7 @@ def _run_locked(config: Config, options: RunOptions, rules: list[Rule], prom: Pr
         plan = plan_resumes(report, scoped, rules, state.healthy_since(),
                             duration_seconds(config.safety.resume_after), options.dry_run, now, plan)
         _resume(plan, slurm_nodes, slurm, audit, state, options.dry_run, now)
-    return RunResult(report=report, exit_code=code, plan=plan)
+    return RunResult(report=report, exit_code=code, plan=plan, slurm_nodes=slurm_nodes)
 
 
 def _drain(plan: Plan, slurm: Slurm, audit: AuditLog, state: StateDir, dry_run: bool, now: float) -> None:

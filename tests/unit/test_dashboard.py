@@ -1,29 +1,127 @@
-"""The Grafana dashboard is generated from the health catalog and shipped in dashboards/."""
+"""The Grafana dashboards: generated from the catalog and the config (opsctl/dashboards), shipped in
+dashboards/, valid for file provisioning, and with the catalog's thresholds. That every query parses and
+returns data is tested against real Prometheus (tests/component, tests/integration/test_dashboard_lab.py)."""
 
 import json
+import re
 
-from opsctl.config.schema import parse_config
-from opsctl.health.catalog import load_catalog
-from opsctl.health.dashboard import render_grafana_dashboard
+import pytest
+
+from opsctl.config import parse_config
+from opsctl.dashboards import BUILDERS, render, render_all
 from tests.conftest import REPO
 
-
-def _rules():
-    return load_catalog(parse_config({}, "defaults"))
-
-
-def test_shipped_dashboard_is_the_catalog_rendered():
-    shipped = (REPO / "dashboards" / "opsctl-health.json").read_text()
-    assert shipped == render_grafana_dashboard(_rules()), \
-        "regenerate: opsctl rules export --format grafana > dashboards/opsctl-health.json"
+DEFAULT = parse_config({}, "t", {})
+SHIPPED = {p.name: p.read_text() for p in (REPO / "dashboards").glob("*.json")}
+RENDERED = render_all(DEFAULT)
+DASHBOARDS = {name: json.loads(text) for name, text in RENDERED.items()}
 
 
-def test_one_panel_per_rule_with_its_promql_and_threshold():
-    rules = _rules()
-    panels = [p for p in json.loads(render_grafana_dashboard(rules))["panels"] if p["type"] == "timeseries"]
-    assert len(panels) == len(rules)
-    by_id = {p["title"].split(" ")[0]: p for p in panels}
-    for rule in rules:
-        panel = by_id[rule.id]
-        assert f"({rule.expr})" in panel["targets"][0]["expr"]
-        assert panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == rule.threshold
+def panels(dashboard: dict) -> list[dict]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def thresholds(panel: dict) -> list:
+    return [(s["value"], s["color"]) for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+
+def by_title(dashboard: dict, prefix: str) -> dict:
+    return next(p for p in dashboard["panels"] if p.get("title", "").startswith(prefix))
+
+
+def test_shipped_dashboards_are_the_generated_ones():
+    assert SHIPPED == RENDERED, "regenerate: opsctl dashboards export --out dashboards"
+
+
+def test_ready_for_file_provisioning():
+    uids = [d["uid"] for d in DASHBOARDS.values()]
+    assert len(set(uids)) == len(uids) == 5
+    for name, dashboard in DASHBOARDS.items():
+        assert name == f"{dashboard['uid']}.json" and dashboard["title"].startswith("opsctl: ")
+        assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 39
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(set(ids)) == len(ids) and 0 not in ids
+        assert "DS_" not in RENDERED[name]
+
+
+def test_no_datasource_uid_only_the_datasource_variable():
+    for name, text in RENDERED.items():
+        assert set(re.findall(r'"uid": "([^"]*)"', text)) == {"${datasource}"} | {DASHBOARDS[name]["uid"]}
+        for panel in panels(DASHBOARDS[name]):
+            if panel["type"] == "text":
+                continue
+            assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+            assert all(t["datasource"]["uid"] == "${datasource}" and t["refId"] for t in panel["targets"])
+
+
+def test_every_dashboard_has_datasource_node_and_gpu_variables():
+    for dashboard in DASHBOARDS.values():
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        for name in ("node", "gpu"):
+            assert variables[name]["type"] == "query" and variables[name]["includeAll"]
+            assert variables[name]["datasource"]["uid"] == "${datasource}"
+    assert "hca" in {v["name"] for v in DASHBOARDS["opsctl-infiniband.json"]["templating"]["list"]}
+
+
+def test_units_are_set_on_every_data_panel():
+    for dashboard in DASHBOARDS.values():
+        for panel in panels(dashboard):
+            if panel["type"] not in ("text", "table"):
+                assert panel["fieldConfig"]["defaults"].get("unit"), panel["title"]
+
+
+def test_overview_links_to_every_detail_dashboard_and_they_link_back():
+    links = {link["url"] for link in DASHBOARDS["opsctl-overview.json"]["links"]}
+    assert links == {f"/d/{uid}" for uid in BUILDERS if uid != "opsctl-overview"}
+    for name, dashboard in DASHBOARDS.items():
+        if name != "opsctl-overview.json":
+            assert [link["url"] for link in dashboard["links"]] == ["/d/opsctl-overview"]
+        assert all(link["includeVars"] and link["keepTime"] for link in dashboard["links"])
+
+
+def test_h200_thresholds_power_700w_and_temperature_from_the_catalog():
+    gpu, overview = DASHBOARDS["opsctl-gpu.json"], DASHBOARDS["opsctl-overview.json"]
+    assert thresholds(by_title(gpu, "GPU power")) == [(None, "green"), (700, "red")]
+    assert thresholds(by_title(overview, "Highest GPU power")) == [(None, "green"), (700, "red")]
+    assert thresholds(by_title(gpu, "gpu-temp-high")) == [(None, "green"), (87, "orange")]
+    assert thresholds(by_title(overview, "Hottest GPU")) == [(None, "green"), (87, "orange")]
+    # A rule that fails below its threshold is red below it: InfiniBand rate, from the hardware profile.
+    assert thresholds(by_title(DASHBOARDS["opsctl-infiniband.json"], "ib-degraded")) == [(None, "red"),
+                                                                                         (5e10, "green")]
+
+
+def test_a_threshold_in_the_site_config_moves_the_dashboards_with_it():
+    site = parse_config({"catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}},
+                         "hardware": {"ib_rate_bytes_per_second": 2.5e10}}, "t", {})
+    gpu = json.loads(render(site, "opsctl-gpu"))
+    assert thresholds(by_title(gpu, "gpu-temp-high")) == [(None, "green"), (83, "orange")]
+    overview = json.loads(render(site, "opsctl-overview"))
+    assert thresholds(by_title(overview, "Hottest GPU")) == [(None, "green"), (83, "orange")]
+    ib = json.loads(render(site, "opsctl-infiniband"))
+    assert thresholds(by_title(ib, "ib-degraded")) == [(None, "red"), (2.5e10, "green")]
+
+
+def test_health_panels_plot_the_rules_promql_with_the_rate_interval_for_the_hold():
+    gpu = DASHBOARDS["opsctl-gpu.json"]
+    expr = by_title(gpu, "sbe-storm")["targets"][0]["expr"]
+    assert expr.startswith('(rate(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"}[$__rate_interval]))')
+    assert 'gpu=~"$gpu"' in expr and 'node=~"$node"' in expr
+
+
+def test_job_names_and_node_label_come_from_the_config():
+    site = parse_config({"prometheus": {"jobs": {"dcgm": "gpu-metrics", "node": "hosts"}},
+                         "node_mapping": {"labels": ["instance_name", "node"]}}, "t", {})
+    overview = json.loads(render(site, "opsctl-overview"))
+    exprs = " ".join(t["expr"] for p in panels(overview) for t in p.get("targets", []))
+    assert 'job="gpu-metrics"' in exprs and 'job=~"gpu-metrics|hosts"' in exprs and 'job="dcgm"' not in exprs
+    assert 'max by (instance_name) (DCGM_FI_DEV_GPU_TEMP' in exprs
+    node = next(v for v in overview["templating"]["list"] if v["name"] == "node")
+    assert node["query"] == 'label_values(up{job=~"gpu-metrics|hosts"}, instance_name)'
+
+
+@pytest.mark.parametrize("uid", ["opsctl-infiniband", "opsctl-storage"])
+def test_marked_rows_wait_for_fabric_test_and_mount_metrics(uid):
+    rows = [p["title"] for p in DASHBOARDS[f"{uid}.json"]["panels"] if p["type"] == "row"]
+    assert rows[-1] == {"opsctl-infiniband": "Fabric test: last results",
+                        "opsctl-storage": "Mount health and Lustre imports"}[uid]

@@ -1,0 +1,43 @@
+"""Storage: filesystems (free space, read-only, device errors), NVMe traffic and NFS client calls, from
+node_exporter. Mount health and Lustre imports have their row; no exporter opsctl ships reports them yet."""
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from opsctl.dashboards.common import Site, graph, listing, new_dashboard, note, query, steps
+
+UID = "opsctl-storage"
+# Shared and local data filesystems of a GPU node; tmpfs and overlay are left out.
+FSTYPES = "nfs|nfs4|lustre|xfs|ext4"
+
+
+def build(site: Site) -> db.Dashboard:
+    fs = f'{site.node_exporter}, {site.on_node()}, fstype=~"{FSTYPES}"'
+    per_mount = f"{{{{{site.node}}}}} {{{{mountpoint}}}}"
+    nvme = f'{site.node_exporter}, {site.on_node()}, device=~"nvme.+"'
+    dash = new_dashboard(UID, "Filesystems, NVMe and NFS client activity of every node (node_exporter).", site)
+    dash = dash.with_row(db.Row("Filesystems"))
+    dash = dash.with_panel(graph(
+        "Free space", "Available share of each data filesystem.", "percentunit",
+        [query(f"node_filesystem_avail_bytes{{{fs}}} / node_filesystem_size_bytes{{{fs}}}", per_mount)],
+        steps("red", (0.05, "orange"), (0.15, "green"))))
+    dash = dash.with_panel(listing("Read-only or failing filesystems",
+                                   "Mounts that went read-only, or whose device node_exporter cannot stat.",
+                                   f"node_filesystem_readonly{{{fs}}} == 1 "
+                                   f"or node_filesystem_device_error{{{fs}}} == 1"))
+    dash = dash.with_row(db.Row("NVMe"))
+    for direction in ("read", "written"):
+        dash = dash.with_panel(graph(
+            f"NVMe bytes {direction}", f"Bytes {direction} per second per NVMe device.", "Bps",
+            [query(f"rate(node_disk_{direction}_bytes_total{{{nvme}}}[$__rate_interval])",
+                   f"{{{{{site.node}}}}} {{{{device}}}}")]))
+    dash = dash.with_row(db.Row("NFS client"))
+    dash = dash.with_panel(graph(
+        "NFS requests", "NFS client calls per second, by procedure.", "reqps",
+        [query(f"sum by ({site.node}, method) (rate(node_nfs_requests_total{{{site.node_exporter}, {site.on_node()}}}"
+               "[$__rate_interval]))", f"{{{{{site.node}}}}} {{{{method}}}}")], width=24))
+    # The place of mount health and Lustre imports: no exporter that opsctl ships reports them yet.
+    dash = dash.with_row(db.Row("Mount health and Lustre imports"))
+    dash = dash.with_panel(note("Mount health and Lustre imports", "Whether each required mount is present and "
+                                "healthy, and the state of each Lustre import (OSC/MDC), belong in this row; opsctl "
+                                "exports no mount or Lustre metrics yet."))
+    return dash

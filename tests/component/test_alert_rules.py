@@ -1,0 +1,102 @@
+"""The alert rules that `opsctl rules export --format prometheus` writes: promtool accepts them, and every
+alert has a promtool unit test that fires and one that does not (tests/component/alerts/).
+
+The unit tests compare labels only, against a copy of the rules without annotations; one test below
+checks the annotations of the real file, so that their templates are proven to render."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opsctl.config import parse_config
+from opsctl.health.catalog import load_catalog
+from tests.conftest import opsctl
+
+pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (make deps-lab)")
+CASES = Path(__file__).parent / "alerts" / "opsctl-rules.test.yaml"
+XID_SERIES = 'DCGM_EXP_XID_ERRORS_COUNT{{job="dcgm", node="gpu020", Hostname="gpu020", gpu="3", xid="{xid}", ' \
+             'window_size_in_ms="300000"}}'
+
+
+def promtool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("rules") / "opsctl.rules.yml"
+    path.write_text(opsctl("rules", "export", "--format", "prometheus", env={"OPSCTL_CONFIG": ""}).stdout)
+    return path
+
+
+def alerts(path: Path) -> dict[str, dict]:
+    return {r["alert"]: r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]}
+
+
+def xid_cases() -> list[dict]:
+    """One firing and one quiet group per XID rule of the catalog: the same shape, so generated."""
+    cases = []
+    for rule in load_catalog(parse_config({}, "t", {})):
+        if rule.xid is None:
+            continue
+        name = f"OpsctlXid{rule.xid}"
+        fires = {"series": XID_SERIES.format(xid=rule.xid), "values": "0 1x4"}
+        other = {"series": XID_SERIES.format(xid=999), "values": "1x5"}
+        labels = {"severity": rule.severity, "action": rule.action, "rule_id": f"xid-{rule.xid}", "node": "gpu020",
+                  "Hostname": "gpu020", "gpu": "3", "window_size_in_ms": "300000"}
+        cases.append({"name": f"{name} fires on a new XID {rule.xid} in the window", "interval": "15s",
+                      "input_series": [fires], "alert_rule_test": [
+                          {"eval_time": "1m", "alertname": name, "exp_alerts": [{"exp_labels": labels}]}]})
+        cases.append({"name": f"{name} does not fire on another XID or a count of 0", "interval": "15s",
+                      "input_series": [{**fires, "values": "0x5"}, other], "alert_rule_test": [
+                          {"eval_time": "1m", "alertname": name, "exp_alerts": []}]})
+    return cases
+
+
+def test_promtool_checks_the_export(exported):
+    proc = promtool("check", "rules", str(exported))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alerts(exported))} rules found" in proc.stdout
+
+
+def test_every_alert_fires_in_one_unit_test_and_stays_quiet_in_another(exported, tmp_path):
+    doc = yaml.safe_load(exported.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "labels-only.rules.yml").write_text(yaml.safe_dump(doc))
+    tests = yaml.safe_load(CASES.read_text())
+    tests["rule_files"] = ["labels-only.rules.yml"]
+    tests["tests"] += xid_cases()
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+
+    fires, quiet = set(), set()
+    for case in tests["tests"]:
+        for check in case["alert_rule_test"]:
+            (fires if check["exp_alerts"] else quiet).add(check["alertname"])
+    names = set(alerts(exported))
+    assert names - fires == set(), "alerts without a firing test"
+    assert names - quiet == set(), "alerts without a test where they stay quiet"
+
+    proc = promtool("test", "rules", str(tmp_path / "tests.yml"))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_annotations_render_with_the_alerts_own_labels_and_value(exported, tmp_path):
+    rule = alerts(exported)["OpsctlRowRemapFailure"]
+    test = {"rule_files": [str(exported)], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": 'DCGM_FI_DEV_ROW_REMAP_FAILURE{job="dcgm", node="gpu002", gpu="2"}',
+                          "values": "1x4"}],
+        "alert_rule_test": [{"eval_time": "1m", "alertname": "OpsctlRowRemapFailure", "exp_alerts": [{
+            "exp_labels": {"severity": "fail", "action": "drain", "rule_id": "row-remap-failure", "job": "dcgm",
+                           "node": "gpu002", "gpu": "2"},
+            "exp_annotations": {"summary": rule["annotations"]["summary"],
+                                "remediation": rule["annotations"]["remediation"],
+                                "description": "row-remap-failure: value 1 > 0 on gpu002"}}]}]}]}
+    (tmp_path / "annotations.yml").write_text(yaml.safe_dump(test))
+    proc = promtool("test", "rules", str(tmp_path / "annotations.yml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
