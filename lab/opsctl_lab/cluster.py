@@ -1,8 +1,9 @@
 """`opsctl lab up|down|status|env|inject|clear`: the simulated cluster on this host.
 
 up: munged, slurmctld and one slurmd per node (real Debian Slurm), the dcgm-exporter emulator,
-one real node_exporter per node, and a real Prometheus; then waits until every node is idle in
-sinfo and every target is up. Running it again with the lab up changes nothing.
+one real node_exporter per node, a real Prometheus and a read-only `opsctl health --watch` whose
+metrics Prometheus scrapes; then waits until every node is idle in sinfo and every target is up.
+Running it again with the lab up changes nothing.
 """
 
 import json
@@ -40,7 +41,7 @@ def _lab_state(paths: lp.LabPaths) -> dict | None:
 
 
 def _expected_daemons(nodes: int, paths: lp.LabPaths) -> list[str]:
-    names = ["munged", "slurmctld", "dcgm-emulator", "prometheus"]
+    names = ["munged", "slurmctld", "dcgm-emulator", "prometheus", "opsctl-watch"]
     for index in range(nodes):
         name = lp.node_name(index)
         names.append(f"slurmd.{name}")
@@ -83,6 +84,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
     _write_opsctl_config(paths)
+    phase("opsctl --watch", prometheus_lab.start_opsctl_watch, paths, 2 * scrape_interval)
     phase("ready", wait_ready, paths, nodes)
     for name, seconds in phases:
         click.echo(f"  {name:24} {seconds:6.1f} s")
@@ -104,7 +106,8 @@ def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> N
 
 
 def _write_opsctl_config(paths: lp.LabPaths) -> None:
-    config = {"prometheus": {"url": prometheus_lab.prometheus_url()}, "slurm": {"backend": "cli"}}
+    config = {"prometheus": {"url": prometheus_lab.prometheus_url()}, "slurm": {"backend": "cli"},
+              "metrics": {"listen_address": lp.opsctl_metrics_listen()}}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
 
@@ -133,10 +136,13 @@ def _not_ready(paths: lp.LabPaths, nodes: int) -> str | None:
     silent = {name for name in (lp.node_name(i) for i in range(nodes))
               if NodeHardware.load(paths.hardware(name), name).node_fault("exporter-down")}
     targets = prometheus_lab.targets()
+    exporters = [t for t in targets if t.get("labels", {}).get("job") in ("dcgm", "node")]
     want = 2 * nodes - 2 * len(silent)
-    up_count = sum(1 for t in targets if t.get("health") == "up")
-    if len(targets) < 2 * nodes or up_count < want:
+    up_count = sum(1 for t in exporters if t.get("health") == "up")
+    if len(exporters) < 2 * nodes or up_count < want:
         return f"{up_count}/{want} Prometheus targets up"
+    if not any(t.get("labels", {}).get("job") == "opsctl" and t.get("health") == "up" for t in targets):
+        return "opsctl --watch not scraped yet"
     return None
 
 

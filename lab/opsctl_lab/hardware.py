@@ -95,6 +95,8 @@ FAULTS = {
         FaultSpec("row-remap-failure", "gpu", "row remapping failed", steps={"uncorrectable_remapped_rows": 1}),
         FaultSpec("row-remap-pending", "gpu", "a row remap waits for a GPU reset",
                   steps={"uncorrectable_remapped_rows": 1}),
+        FaultSpec("remapped-rows", "gpu", "9 rows remapped for uncorrectable errors (an RMA case)",
+                  steps={"uncorrectable_remapped_rows": 9}),
         FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish"),
         FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events"),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",

@@ -4,9 +4,9 @@ Everything lives under one directory: $OPSCTL_LAB_DIR, by default /var/lib/opsct
 $OPSCTL_LAB_SLOT (0-9, default 0) moves every address and port, so that several labs (each with its
 own directory) run side by side on one host:
 
-    slot  Prometheus        slurmctld  slurmd ports   node N's exporters
-    0     127.0.0.1:19090   16817      17001-18000    127.10.0.N:9400, :9100
-    k     127.0.0.1:19090+k 16817+k    17001+1000k..  127.(10+k).0.N
+    slot  Prometheus        slurmctld  slurmd ports   node N's exporters   opsctl --watch metrics
+    0     127.0.0.1:19090   16817      17001-18000    127.10.0.N:9400, :9100  127.0.0.1:19190
+    k     127.0.0.1:19090+k 16817+k    17001+1000k..  127.(10+k).0.N          127.0.0.1:19190+k
 """
 
 import os
@@ -21,6 +21,7 @@ SLURMCTLD_PORT = 16817
 SLURMD_FIRST_PORT = 17001
 DCGM_PORT = 9400
 NODE_EXPORTER_PORT = 9100
+OPSCTL_METRICS_PORT = 19190
 MAX_NODES = 1000
 
 
@@ -37,6 +38,11 @@ def slot() -> int:
 
 def prometheus_listen() -> str:
     return f"127.0.0.1:{PROMETHEUS_PORT + slot()}"
+
+
+def opsctl_metrics_listen() -> str:
+    """Where the lab's `opsctl health --watch` serves its metrics (config metrics.listen_address)."""
+    return f"127.0.0.1:{OPSCTL_METRICS_PORT + slot()}"
 
 
 def slurmctld_port() -> int:

@@ -69,8 +69,17 @@ def write_prometheus_config(paths: lp.LabPaths, nodes: int, scrape_interval: int
                   for i in range(nodes)]
         (sd_dir / f"{job}.json").write_text(json.dumps(groups, indent=1))
     config = _TEMPLATES.get_template("prometheus.yml.j2").render(
-        scrape_interval=scrape_interval, scrape_timeout=min(scrape_interval, 4), sd_dir=sd_dir)
+        scrape_interval=scrape_interval, scrape_timeout=min(scrape_interval, 4), sd_dir=sd_dir,
+        opsctl_target=lp.opsctl_metrics_listen())
     (paths.prometheus / "prometheus.yml").write_text(config)
+
+
+def start_opsctl_watch(paths: lp.LabPaths, interval: int) -> None:
+    """A read-only `opsctl health --watch`, as a head node may run it: its metrics feed the dashboards."""
+    env = {**_python_env(), "OPSCTL_CONFIG": str(paths.opsctl_config), "SLURM_CONF": str(paths.slurm_conf),
+           "OPSCTL_STATE_DIR": str(paths.opsctl_state)}
+    processes.start("opsctl-watch", [sys.executable, "-m", "opsctl", "health", "--watch", str(interval)],
+                    paths.run, paths.logs, env=env)
 
 
 def start_prometheus(paths: lp.LabPaths) -> None:
