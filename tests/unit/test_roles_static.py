@@ -36,7 +36,9 @@ def spec_problems(defaults: dict, spec: dict) -> list[str]:
     """What differs between a role's defaults and its `main` argument spec."""
     options = spec["argument_specs"]["main"]["options"]
     problems = []
-    for key in sorted(set(defaults) ^ set(options)):
+    # A required option has no default by design (a secret such as a password): only in argument_specs.
+    required = {k for k, o in options.items() if o.get("required") and "default" not in o}
+    for key in sorted((set(defaults) ^ set(options)) - (required - set(defaults))):
         where = "defaults/main.yml" if key in defaults else "argument_specs"
         problems.append(f"{key}: only in {where}")
     for key in sorted(set(defaults) & set(options)):
@@ -78,6 +80,9 @@ def test_spec_check_catches_drift():
     problems = spec_problems({"a": 2, "c": True}, spec)
     assert "a: argument_specs default 1 != defaults 2" in problems
     assert "b: only in argument_specs" in problems
+    required = {"argument_specs": {"main": {"options": {"p": {"description": "x", "type": "str", "required": True}}}}}
+    assert spec_problems({}, required) == []
+    assert spec_problems({"p": "secret"}, required) == ["p: argument_specs default None != defaults 'secret'"]
     assert "c: only in defaults/main.yml" in problems
 
 
