@@ -8,49 +8,18 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 import yaml
 
-from tests.component.promlab import free_port, serve
+from tests.alerting import Webhook, alert_states, post_alerts
+from tests.component.promlab import free_port
 from tests.component.test_slurm_render import BIN, PLAYBOOKS, REPO, ROLES, lab_inventory
 
 pytestmark = pytest.mark.skipif(shutil.which("amtool") is None or shutil.which("prometheus-alertmanager") is None,
                                 reason="needs prometheus-alertmanager (make deps-test)")
-
-
-class Webhook:
-    """Records every notification Alertmanager posts."""
-
-    def __init__(self):
-        self.received: list[dict] = []
-        self.lock = threading.Lock()
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with hook.lock:
-                    hook.received.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = serve(Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
-
-    def groups(self) -> dict:
-        """groupLabels (as a sorted tuple) -> alertnames with their node and gpu, of every notification."""
-        with self.lock:
-            return {tuple(sorted(n["groupLabels"].items())):
-                    sorted((a["labels"]["alertname"], a["labels"].get("gpu", "")) for a in n["alerts"])
-                    for n in self.received}
 
 
 def render(tmp, webhook_url: str) -> str:
@@ -85,7 +54,7 @@ def stack(tmp_path_factory):
     finally:
         proc.terminate()
         proc.wait(10)
-        webhook.server.shutdown()
+        webhook.close()
 
 
 def _get(url):
@@ -104,13 +73,6 @@ def wait(check, what, timeout=30.0):
             return result
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def post(url, *alerts):
-    body = json.dumps([{"labels": labels} for labels in alerts]).encode()
-    request = urllib.request.Request(f"{url}/api/v2/alerts", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        assert resp.status == 200
 
 
 def gpu_alert(node, gpu, rule="row-remap-failure", name="OpsctlRowRemapFailure"):
@@ -135,45 +97,40 @@ def test_amtool_accepts_the_config_and_routes_info_alerts_to_no_one(stack):
 
 
 def test_alerts_are_grouped_by_node_and_rule(stack):
-    post(stack["url"], gpu_alert("gpu2", "2"), gpu_alert("gpu2", "5"), gpu_alert("gpu3", "0"),
+    post_alerts(stack["url"], gpu_alert("gpu2", "2"), gpu_alert("gpu2", "5"), gpu_alert("gpu3", "0"),
          gpu_alert("gpu2", "1", "xid-79", "OpsctlXid79"))
     groups = wait(lambda: (lambda g: g if len(g) >= 3 else None)(stack["webhook"].groups()), "three notifications")
-    assert groups[(("node", "gpu2"), ("rule_id", "row-remap-failure"))] == [("OpsctlRowRemapFailure", "2"),
-                                                                          ("OpsctlRowRemapFailure", "5")]
-    assert groups[(("node", "gpu3"), ("rule_id", "row-remap-failure"))] == [("OpsctlRowRemapFailure", "0")]
-    assert groups[(("node", "gpu2"), ("rule_id", "xid-79"))] == [("OpsctlXid79", "1")]
-
-
-def suppressed(url, node) -> dict:
-    alerts = _get(f"{url}/api/v2/alerts?filter=node%3D%22{node}%22") or []
-    return {a["labels"]["alertname"]: a["status"]["state"] for a in alerts}
+    assert groups[(("node", "gpu2"), ("rule_id", "row-remap-failure"))] == {("OpsctlRowRemapFailure", "2"),
+                                                                          ("OpsctlRowRemapFailure", "5")}
+    assert groups[(("node", "gpu3"), ("rule_id", "row-remap-failure"))] == {("OpsctlRowRemapFailure", "0")}
+    assert groups[(("node", "gpu2"), ("rule_id", "xid-79"))] == {("OpsctlXid79", "1")}
 
 
 def test_a_drained_node_does_not_page_again_per_gpu_but_still_needs_a_person(stack):
-    post(stack["url"], {"alertname": "OpsctlNodeDrained", "node": "gpu6", "slurm_node": "gpu6",
+    post_alerts(stack["url"], {"alertname": "OpsctlNodeDrained", "node": "gpu6", "slurm_node": "gpu6",
                         "rule_id": "opsctl-node-drained", "severity": "info"})
     time.sleep(1)
-    post(stack["url"], gpu_alert("gpu6", "4"), {"alertname": "OpsctlNodeNeedsPerson", "node": "gpu6",
+    post_alerts(stack["url"], gpu_alert("gpu6", "4"), {"alertname": "OpsctlNodeNeedsPerson", "node": "gpu6",
                                                 "slurm_node": "gpu6", "rule_id": "row-remap-failure",
                                                 "severity": "fail"})
-    states = wait(lambda: (lambda s: s if len(s) == 3 else None)(suppressed(stack["url"], "gpu6")), "gpu6's alerts")
+    states = wait(lambda: (lambda s: s if len(s) == 3 else None)(alert_states(stack["url"], "gpu6")), "gpu6's alerts")
     assert states == {"OpsctlNodeDrained": "active", "OpsctlRowRemapFailure": "suppressed",
                       "OpsctlNodeNeedsPerson": "active"}
     page = wait(lambda: stack["webhook"].groups().get((("node", "gpu6"), ("rule_id", "row-remap-failure"))),
                 "the needs-person page")
-    assert page == [("OpsctlNodeNeedsPerson", "")]
+    assert page == {("OpsctlNodeNeedsPerson", "")}
 
 
 def test_a_tripped_breaker_silences_the_per_node_alerts_it_explains(stack):
-    post(stack["url"], {"alertname": "OpsctlCircuitBreakerTripped", "rule_id": "opsctl-circuit-breaker",
+    post_alerts(stack["url"], {"alertname": "OpsctlCircuitBreakerTripped", "rule_id": "opsctl-circuit-breaker",
                         "severity": "fail"})
     time.sleep(1)
-    post(stack["url"], gpu_alert("gpu7", "3", "ib-down", "OpsctlIbDown"),
+    post_alerts(stack["url"], gpu_alert("gpu7", "3", "ib-down", "OpsctlIbDown"),
          {"alertname": "OpsctlExporterDown", "node": "gpu8", "job": "node", "rule_id": "opsctl-exporter-down",
           "severity": "warn"})
     assert wait(lambda: stack["webhook"].groups().get((("rule_id", "opsctl-circuit-breaker"),)), "the breaker page")
-    assert wait(lambda: suppressed(stack["url"], "gpu7").get("OpsctlIbDown") == "suppressed", "gpu7 inhibited")
-    assert suppressed(stack["url"], "gpu8") == {"OpsctlExporterDown": "suppressed"}
+    assert wait(lambda: alert_states(stack["url"], "gpu7").get("OpsctlIbDown") == "suppressed", "gpu7 inhibited")
+    assert alert_states(stack["url"], "gpu8") == {"OpsctlExporterDown": "suppressed"}
     time.sleep(2.5)  # two group intervals: an inhibited alert would have been sent by now
     sent = {labels for labels in stack["webhook"].groups()}
     assert (("node", "gpu7"), ("rule_id", "ib-down")) not in sent

@@ -40,3 +40,13 @@ def test_every_panel_query_parses(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"SUCCESS: {len(queries)} rules found" in proc.stdout
+
+
+def test_the_commands_write_the_shipped_dashboards(tmp_path):
+    from tests.conftest import opsctl
+
+    gpu = opsctl("rules", "export", "--format", "grafana", env={"OPSCTL_CONFIG": ""}).stdout
+    assert gpu == (REPO / "dashboards" / "opsctl-gpu.json").read_text()
+    opsctl("dashboards", "export", "--out", str(tmp_path / "out"), env={"OPSCTL_CONFIG": ""})
+    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == \
+        {p.name: p.read_text() for p in (REPO / "dashboards").glob("*.json")}

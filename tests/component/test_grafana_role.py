@@ -23,8 +23,8 @@ def run_role(tmp, **extra) -> subprocess.CompletedProcess:
     paths = {"grafana_config_dir": tmp / "etc", "grafana_provisioning_dir": tmp / "etc" / "provisioning",
              "grafana_dashboards_dir": tmp / "dashboards", "grafana_checker": tmp / "opsctl-grafana-check",
              "grafana_render_dir": tmp / "render"}
-    variables = {"ansible_become": False, "ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
-                 **{k: str(v) for k, v in paths.items()}, **extra}
+    variables = {"ansible_become": False, "ansible_connection": "local",
+                 "ansible_python_interpreter": "/usr/bin/python3", **{k: str(v) for k, v in paths.items()}, **extra}
     env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROLES),
            "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab_inventory(tmp)), str(playbook), "--diff",

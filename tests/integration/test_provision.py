@@ -20,11 +20,14 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.alerting import Webhook, alert_states, post_alerts
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root")]
 NEEDS_MACHINES = pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines")
@@ -317,9 +320,17 @@ def test_ssh_needs_a_job_on_the_node(machines):
         machines.on_head(f"scancel {job}", check=False)
 
 
+@pytest.fixture(scope="module")
+def alert_webhook(machines):
+    """Where the lab inventory's Alertmanager sends notifications: the host side of the lab bridge."""
+    hook = Webhook(machines.addr(machines.head).rsplit(".", 1)[0] + ".1", ALERT_WEBHOOK_PORT)
+    yield hook
+    hook.close()
+
+
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_injected_row_remap_failure_is_drained_by_the_timer(machines):
+def test_injected_row_remap_failure_is_drained_by_the_timer(machines, alert_webhook):
     node = machines.gpu_nodes[1]
     wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
     lab_cli("inject", node, "row-remap-failure")
@@ -362,3 +373,108 @@ def test_cgroup_enforcement_kills_leftovers_of_the_ended_job_only(lab):
         assert alive(f"sleep 300.{token}")
     finally:
         lab.run("scancel", keep, check=False)
+
+
+# ---- observability: alerts, Alertmanager, opsctl's metrics, Grafana's files ----------------------
+ALERT_WEBHOOK_PORT = 9199  # inventory/lab/group_vars/controller.yml, alertmanager_webhooks
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_gpu_fault_pages_through_alertmanager_grouped_by_node_and_rule(machines, alert_webhook):
+    """The row-remap failure injected on gpu2 above (Prometheus' rule, then Alertmanager, then the webhook):
+    one group per node and rule, whose alerts are the GPU's own alert or, once opsctl drained the node,
+    the page that it needs a person (the drain inhibits the GPU's alert)."""
+    group = (("node", "gpu2"), ("rule_id", "row-remap-failure"))
+    page = wait_until(lambda: alert_webhook.groups().get(group), 60, "gpu2's page at the webhook")
+    assert {name for name, _ in page} <= {"OpsctlRowRemapFailure", "OpsctlNodeNeedsPerson"}, page
+    needs_person = wait_until(lambda: ("OpsctlNodeNeedsPerson", "") in alert_webhook.groups().get(group, set()),
+                              60, "the needs-person page for the drained gpu2")
+    assert needs_person
+    for labels in alert_webhook.groups():
+        assert dict(labels).keys() == {"node", "rule_id"}, labels
+        assert dict(labels)["rule_id"] != "opsctl-node-drained", "inhibition sources must notify no one"
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_a_tripped_breaker_inhibits_the_per_node_pages(machines, alert_webhook):
+    """The installed Alertmanager, sent what Prometheus sends when the breaker trips while nodes fail.
+    The alerts resolve after 40 s, so that they silence nothing after this test."""
+    url = f"http://{machines.addr(machines.head)}:9093"
+    ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 40))
+    post_alerts(url, {"alertname": "OpsctlCircuitBreakerTripped", "rule_id": "opsctl-circuit-breaker",
+                      "severity": "fail"}, ends_at=ends)
+    time.sleep(1)
+    post_alerts(url, {"alertname": "OpsctlXid79", "node": "gpu3", "gpu": "1", "rule_id": "xid-79", "severity": "fail",
+                      "action": "drain"}, ends_at=ends)
+    assert wait_until(lambda: alert_webhook.groups().get((("rule_id", "opsctl-circuit-breaker"),)), 30,
+                      "the breaker's page")
+    assert wait_until(lambda: alert_states(url, "gpu3").get("OpsctlXid79") == "suppressed", 20, "gpu3 inhibited")
+    time.sleep(12)  # past the lab's group_wait and group_interval: an inhibited page would be out by now
+    assert (("node", "gpu3"), ("rule_id", "xid-79")) not in alert_webhook.groups()
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_timer_metrics_reach_prometheus_through_node_exporters_textfile(machines):
+    url = f"http://{machines.addr(machines.head)}:9090/api/v1/query?" + urllib.parse.urlencode(
+        {"query": 'time() - opsctl_last_success_timestamp_seconds{job="node", node="head"}'})
+
+    def age():
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            result = json.load(resp)["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    assert wait_until(age, 90, "opsctl's textfile metrics in Prometheus") < 120
+    textfile = machines.on_head("cat /var/lib/prometheus/node-exporter/opsctl.prom")
+    assert 'opsctl_runs_total{result="ok"}' in textfile and "opsctl_slurm_nodes{" in textfile
+
+
+def _threshold_everywhere(machines) -> dict:
+    rules = yaml.safe_load(machines.on_head("cat /etc/prometheus/rules/opsctl.yml"))
+    alert = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "OpsctlGpuTempHigh")
+    dashboard = json.loads(machines.on_head("cat /var/lib/grafana/dashboards/opsctl/opsctl-gpu.json"))
+    panel = next(p for p in dashboard["panels"] if p.get("title", "").startswith("gpu-temp-high"))
+    listed = next(line for line in machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
+                  if line.startswith("gpu-temp-high"))
+    return {"opsctl": listed.rsplit(" ", 1)[1], "alert rule": alert["expr"].rsplit(" ", 1)[1],
+            "dashboard": panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]}
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_an_inventory_override_changes_opsctl_the_installed_alert_rule_and_the_dashboard(machines, tmp_path):
+    """A threshold set in the inventory (opsctl_config) reaches /etc/opsctl/config.yaml, the alert rule
+    Prometheus loads and the dashboard Grafana provisions; then the plain inventory puts 87 back."""
+    override = tmp_path / "override.yml"
+    override.write_text(yaml.safe_dump({"controller": {"vars": {"opsctl_config": {
+        "catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}}}}}}))
+    tags = ["--tags", "opsctl_configure,prometheus_configure,grafana_configure"]
+    try:
+        proc = playbook("-i", str(override), *tags)
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert _threshold_everywhere(machines) == {"opsctl": "83", "alert rule": "83", "dashboard": 83}
+        loaded = f"http://{machines.addr(machines.head)}:9090/api/v1/rules"
+        wait_until(lambda: "> 83" in urllib.request.urlopen(loaded, timeout=10).read().decode(), 30,
+                   "Prometheus to load the changed rule")
+    finally:
+        restore = playbook(*tags)
+        assert restore.returncode == 0, restore.stdout[-6000:]
+    assert _threshold_everywhere(machines) == {"opsctl": "87", "alert rule": "87", "dashboard": 87}
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_grafana_provisioning_is_rendered_and_checked_and_its_password_never_shown(provisioned):
+    machines = provisioned["machines"]
+    first = provisioned["runs"][0]
+    assert first.count("Grafana is not installed (grafana_install_packages: false)") == 1
+    files = machines.on_head("ls /var/lib/grafana/dashboards/opsctl /etc/grafana/provisioning/*/").split()
+    assert {"opsctl-overview.json", "opsctl-gpu.json", "opsctl-infiniband.json", "opsctl-storage.json",
+            "opsctl-runs.json", "opsctl.yaml"} <= set(files)
+    machines.on_head("for f in /var/lib/grafana/dashboards/opsctl/*.json; do opsctl-grafana-check dashboard $f; done"
+                     " && opsctl-grafana-check ini /etc/grafana/grafana.ini")
+    assert machines.on_head("stat -c %a /etc/grafana/admin-password").strip() == "600"
+    password = (INVENTORY / ".secrets" / "grafana-admin-password").read_text().strip()
+    assert len(password) == 24 and all(password not in run for run in provisioned["runs"])

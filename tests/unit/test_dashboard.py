@@ -125,3 +125,17 @@ def test_marked_rows_wait_for_fabric_test_and_mount_metrics(uid):
     rows = [p["title"] for p in DASHBOARDS[f"{uid}.json"]["panels"] if p["type"] == "row"]
     assert rows[-1] == {"opsctl-infiniband": "Fabric test: last results",
                         "opsctl-storage": "Mount health and Lustre imports"}[uid]
+
+
+def test_without_the_sdk_the_commands_name_the_extra(monkeypatch):
+    """Head nodes have no grafana-foundation-sdk: the dashboard commands say which extra to install."""
+    import sys
+
+    from opsctl.commands.dashboards import _renderers
+    from opsctl.errors import ConfigError
+
+    for name in [m for m in sys.modules if m.startswith(("opsctl.dashboards", "grafana_foundation_sdk"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "grafana_foundation_sdk", None)
+    with pytest.raises(ConfigError, match=r"opsctl\[dashboards\]"):
+        _renderers()
