@@ -208,3 +208,15 @@ def test_written_file_is_world_readable_for_node_exporter(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_system_alerts_take_their_thresholds_and_job_names_from_the_config():
+    from opsctl.metrics.alerts import system_alerts
+
+    site = parse_config({"alerts": {"run_missing_after": "10m", "drained_fraction": 0.25, "exporter_down_for": "5m"},
+                         "prometheus": {"jobs": {"dcgm": "gpu", "node": "host"}}}, "t", {})
+    rules = {r["alert"]: r for r in system_alerts(site)["rules"]}
+    assert "> 600" in rules["OpsctlRunsStopped"]["expr"]
+    assert rules["OpsctlManyNodesDrained"]["expr"].endswith("> 0.25")
+    assert rules["OpsctlExporterDown"] == {**rules["OpsctlExporterDown"], "expr": 'up{job=~"gpu|host"} == 0',
+                                           "for": "5m"}
