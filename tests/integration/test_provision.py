@@ -475,6 +475,9 @@ def test_grafana_provisioning_is_rendered_and_checked_and_its_password_never_sho
             "opsctl-runs.json", "opsctl.yaml"} <= set(files)
     machines.on_head("for f in /var/lib/grafana/dashboards/opsctl/*.json; do opsctl-grafana-check dashboard $f; done"
                      " && opsctl-grafana-check ini /etc/grafana/grafana.ini")
+    datasource = json.loads(machines.on_head("cat /etc/grafana/provisioning/datasources/opsctl.yaml"))["datasources"][0]
+    assert (datasource["url"], datasource["jsonData"]["timeInterval"]) == (f"http://{machines.addr(machines.head)}:9090",
+                                                                           "5s")
     assert machines.on_head("stat -c %a /etc/grafana/admin-password").strip() == "600"
     password = (INVENTORY / ".secrets" / "grafana-admin-password").read_text().strip()
     assert len(password) == 24 and all(password not in run for run in provisioned["runs"])
