@@ -12,7 +12,8 @@ PLAYBOOK_ARGS ?=
 # Debian packages per purpose. The lab runs Debian's real Slurm, munge, Prometheus and node_exporter.
 LAB_DEBS := slurmctld slurmd slurm-client munge prometheus prometheus-node-exporter
 MACHINES_DEBS := debootstrap systemd-container apt-cacher-ng iproute2 openssh-client bridge-utils
-TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS)
+# amtool and the real Alertmanager for the alertmanager role's tests.
+TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) prometheus-alertmanager
 
 .PHONY: all venv deps-lab deps-machines deps-test test test-unit provision lint bench clean
 
