@@ -1,24 +1,28 @@
-"""The grafana role refuses to run without a fit admin password, and its checker refuses what Grafana
-must not get. The role's full run (in lab mode: its one line, the rendered and checked files, the
+"""The grafana role refuses to run without a fit admin password, trusts a downloaded APT signing
+key only with the fingerprint it is told, and its checker refuses what Grafana must not get. The role's full run (in lab mode: its one line, the rendered and checked files, the
 password in a 0600 file and never in the output) is tested where it runs, on the lab machines
 (tests/integration/test_provision.py)."""
 
+import functools
 import json
 import os
 import subprocess
+import threading
+from http.server import SimpleHTTPRequestHandler
 
 import pytest
 import yaml
 
+from opsctl_lab.dcgm_emulator import QuietHTTPServer
 from tests.component.test_slurm_render import BIN, PLAYBOOKS, REPO, ROLES, lab_inventory
 
 CHECKER = ROLES / "grafana" / "files" / "opsctl-grafana-check"
 
 
-def run_role(tmp, **extra) -> subprocess.CompletedProcess:
+def run_role(tmp, tasks_from: str = "main", **extra) -> subprocess.CompletedProcess:
     playbook = tmp / "grafana.yml"
-    playbook.write_text(yaml.safe_dump([{"name": "Grafana", "hosts": "head", "gather_facts": False,
-                                         "roles": [{"role": "grafana"}]}]))
+    playbook.write_text(yaml.safe_dump([{"name": "Grafana", "hosts": "head", "gather_facts": False, "tasks": [
+        {"name": "Grafana", "ansible.builtin.include_role": {"name": "grafana", "tasks_from": tasks_from}}]}]))
     paths = {"grafana_config_dir": tmp / "etc", "grafana_provisioning_dir": tmp / "etc" / "provisioning",
              "grafana_dashboards_dir": tmp / "dashboards", "grafana_checker": tmp / "opsctl-grafana-check",
              "grafana_render_dir": tmp / "render"}
@@ -55,3 +59,32 @@ def test_the_checker_refuses_what_grafana_must_not_get(tmp_path, kind, content, 
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     proc = subprocess.run([str(CHECKER), kind, str(path)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and problem in proc.stderr, proc.stderr
+
+
+def test_the_apt_key_is_trusted_only_with_the_fingerprint_it_is_told(tmp_path):
+    """A key served over HTTP as apt.grafana.com serves its own: the right fingerprint passes, another fails."""
+    home, served = tmp_path / "gnupg", tmp_path / "served"
+    home.mkdir(mode=0o700)
+    served.mkdir()
+    gpg = ["gpg", "--homedir", str(home), "--batch"]
+    subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", "Repository <repo@example.org>", "ed25519", "sign",
+                    "never"], check=True, capture_output=True, timeout=60)
+    (served / "gpg.key").write_bytes(subprocess.run([*gpg, "--armor", "--export"], check=True, capture_output=True,
+                                                    timeout=30).stdout)
+    listing = subprocess.run([*gpg, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True).stdout
+    fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    server = QuietHTTPServer(("127.0.0.1", 0), functools.partial(SimpleHTTPRequestHandler, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    key = {"grafana_apt_key_url": f"http://127.0.0.1:{server.server_port}/gpg.key",
+           "grafana_apt_key_file": str(tmp_path / "keyrings" / "grafana.asc")}
+    try:
+        (tmp_path / "good").mkdir()
+        good = run_role(tmp_path / "good", "repository_key", grafana_apt_key_fingerprint=fingerprint, **key)
+        assert good.returncode == 0, good.stdout[-3000:]
+        (tmp_path / "bad").mkdir()
+        bad = run_role(tmp_path / "bad", "repository_key",
+                       grafana_apt_key_fingerprint="B53AE77BADB630A683046005963FA27710458545", **key)
+        assert bad.returncode != 0 and "is not the key with fingerprint B53AE77BADB630A6" in bad.stdout
+    finally:
+        server.shutdown()
+        server.server_close()
