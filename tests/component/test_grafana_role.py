@@ -15,11 +15,12 @@ import yaml
 
 from opsctl_lab.dcgm_emulator import QuietHTTPServer
 from tests.component.test_slurm_render import BIN, PLAYBOOKS, REPO, ROLES, lab_inventory
+from tests.unit.test_roles_static import LAB_HOSTS
 
 CHECKER = ROLES / "grafana" / "files" / "opsctl-grafana-check"
 
 
-def run_role(tmp, tasks_from: str = "main", **extra) -> subprocess.CompletedProcess:
+def run_role(tmp, tasks_from: str = "main", inventory=None, **extra) -> subprocess.CompletedProcess:
     playbook = tmp / "grafana.yml"
     playbook.write_text(yaml.safe_dump([{"name": "Grafana", "hosts": "head", "gather_facts": False, "tasks": [
         {"name": "Grafana", "ansible.builtin.include_role": {"name": "grafana", "tasks_from": tasks_from}}]}]))
@@ -30,19 +31,21 @@ def run_role(tmp, tasks_from: str = "main", **extra) -> subprocess.CompletedProc
                  "ansible_python_interpreter": "/usr/bin/python3", **{k: str(v) for k, v in paths.items()}, **extra}
     env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ROLES),
            "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab_inventory(tmp)), str(playbook), "--diff",
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory or lab_inventory(tmp)), str(playbook),
+                           "--diff",
                            "-e", json.dumps(variables)], capture_output=True, text=True, timeout=300, env=env,
                           cwd=REPO)
 
 
 def test_no_password_fails_naming_the_variable(tmp_path):
-    (tmp_path / "none").mkdir()
-    (tmp_path / "short").mkdir()
-    proc = run_role(tmp_path / "none", grafana_admin_password=None)
-    assert proc.returncode != 0
-    assert "grafana_admin_password" in proc.stdout
-    short = run_role(tmp_path / "short", grafana_admin_password="admin")
-    assert short.returncode != 0 and "12 characters" in short.stdout
+    """An inventory that sets no grafana_admin_password (the lab's sets one), then one that sets it empty."""
+    hosts = tmp_path / "hosts.yml"
+    hosts.write_text(LAB_HOSTS)
+    missing = run_role(tmp_path, inventory=hosts)
+    assert missing.returncode != 0
+    assert "missing required arguments: grafana_admin_password" in missing.stdout
+    empty = run_role(tmp_path, grafana_admin_password="")
+    assert empty.returncode != 0 and "grafana_admin_password: use 12 characters or more" in empty.stdout
 
 
 @pytest.mark.parametrize("kind, content, problem", [
