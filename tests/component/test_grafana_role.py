@@ -20,10 +20,14 @@ from tests.unit.test_roles_static import LAB_HOSTS
 CHECKER = ROLES / "grafana" / "files" / "opsctl-grafana-check"
 
 
-def run_role(tmp, tasks_from: str = "main", inventory=None, **extra) -> subprocess.CompletedProcess:
+def run_role(tmp, tasks_from: str = "main", inventory=None, plays: dict | None = None,
+             **extra) -> subprocess.CompletedProcess:
+    """One ansible-playbook run of the role; `plays` (play name -> its vars) runs it once per play, in order."""
     playbook = tmp / "grafana.yml"
-    playbook.write_text(yaml.safe_dump([{"name": "Grafana", "hosts": "head", "gather_facts": False, "tasks": [
-        {"name": "Grafana", "ansible.builtin.include_role": {"name": "grafana", "tasks_from": tasks_from}}]}]))
+    playbook.write_text(yaml.safe_dump([
+        {"name": name, "hosts": "head", "gather_facts": False, "vars": play_vars, "tasks": [
+            {"name": "Grafana", "ansible.builtin.include_role": {"name": "grafana", "tasks_from": tasks_from}}]}
+        for name, play_vars in (plays or {"Grafana": {}}).items()]))
     paths = {"grafana_config_dir": tmp / "etc", "grafana_provisioning_dir": tmp / "etc" / "provisioning",
              "grafana_dashboards_dir": tmp / "dashboards", "grafana_checker": tmp / "opsctl-grafana-check",
              "grafana_render_dir": tmp / "render"}
@@ -81,13 +85,14 @@ def test_the_apt_key_is_trusted_only_with_the_fingerprint_it_is_told(tmp_path):
     key = {"grafana_apt_key_url": f"http://127.0.0.1:{server.server_port}/gpg.key",
            "grafana_apt_key_file": str(tmp_path / "keyrings" / "grafana.asc")}
     try:
-        (tmp_path / "good").mkdir()
-        good = run_role(tmp_path / "good", "repository_key", grafana_apt_key_fingerprint=fingerprint, **key)
-        assert good.returncode == 0, good.stdout[-3000:]
-        (tmp_path / "bad").mkdir()
-        bad = run_role(tmp_path / "bad", "repository_key",
-                       grafana_apt_key_fingerprint="B53AE77BADB630A683046005963FA27710458545", **key)
-        assert bad.returncode != 0 and "is not the key with fingerprint B53AE77BADB630A6" in bad.stdout
+        # One run, two plays: the key with its own fingerprint, then with another (the failing play ends the run).
+        proc = run_role(tmp_path, "repository_key", plays={
+            "good": {"grafana_apt_key_fingerprint": fingerprint},
+            "bad": {"grafana_apt_key_fingerprint": "B53AE77BADB630A683046005963FA27710458545"}}, **key)
+        good, _, bad = proc.stdout.partition("PLAY [bad]")
+        assert "PLAY [good]" in good and "Check the signing key's fingerprint]" in good and "fatal:" not in good, \
+            good[-3000:]
+        assert proc.returncode != 0 and "is not the key with fingerprint B53AE77BADB630A6" in bad, proc.stdout[-3000:]
     finally:
         server.shutdown()
         server.server_close()

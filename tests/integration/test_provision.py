@@ -328,21 +328,25 @@ def alert_webhook(machines):
     hook.close()
 
 
-@pytest.mark.provision
-@NEEDS_MACHINES
-def test_injected_row_remap_failure_is_drained_by_the_timer(machines, alert_webhook):
-    node = machines.gpu_nodes[1]
+@pytest.fixture(scope="module")
+def row_remap_failure_on_gpu2(machines, alert_webhook):
+    """A row-remap failure injected on gpu2, kept while the tests that need it run (the timer's drain,
+    then the page through Alertmanager), cleared and resumed at the end of the module."""
+    node = "gpu2"
     wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
     lab_cli("inject", node, "row-remap-failure")
-    start = time.monotonic()
-    try:
-        state, reason = wait_until(lambda: machines.drained(node), 120,
-                                   f"{node} drained by the opsctl timer", interval=3)
-        sys.stderr.write(f"{node} drained after {time.monotonic() - start:.0f} s: {reason}\n")
-        assert reason.startswith("opsctl:"), reason
-    finally:
-        lab_cli("clear", node)
-        machines.resume(node)
+    yield {"node": node, "since": time.monotonic()}
+    lab_cli("clear", node)
+    machines.resume(node)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_injected_row_remap_failure_is_drained_by_the_timer(machines, row_remap_failure_on_gpu2):
+    node = row_remap_failure_on_gpu2["node"]
+    state, reason = wait_until(lambda: machines.drained(node), 120, f"{node} drained by the opsctl timer", interval=3)
+    sys.stderr.write(f"{node} drained after {time.monotonic() - row_remap_failure_on_gpu2['since']:.0f} s: {reason}\n")
+    assert reason.startswith("opsctl:"), reason
 
 
 @pytest.mark.lab
@@ -381,8 +385,8 @@ ALERT_WEBHOOK_PORT = 9199  # inventory/lab/group_vars/controller.yml, alertmanag
 
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_gpu_fault_pages_through_alertmanager_grouped_by_node_and_rule(machines, alert_webhook):
-    """The row-remap failure injected on gpu2 above (Prometheus' rule, then Alertmanager, then the webhook):
+def test_gpu_fault_pages_through_alertmanager_grouped_by_node_and_rule(row_remap_failure_on_gpu2, alert_webhook):
+    """The row-remap failure on gpu2 (Prometheus' rule, then Alertmanager, then the webhook):
     one group per node and rule, whose alerts are the GPU's own alert or, once opsctl drained the node,
     the page that it needs a person (the drain inhibits the GPU's alert)."""
     group = (("node", "gpu2"), ("rule_id", "row-remap-failure"))

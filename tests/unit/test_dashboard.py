@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from opsctl.config import parse_config
 from opsctl.dashboards import BUILDERS, render, render_all
@@ -100,6 +101,30 @@ def test_a_threshold_in_the_site_config_moves_the_dashboards_with_it():
     assert thresholds(by_title(overview, "Hottest GPU")) == [(None, "green"), (83, "orange")]
     ib = json.loads(render(site, "opsctl-infiniband"))
     assert thresholds(by_title(ib, "ib-degraded")) == [(None, "red"), (2.5e10, "green")]
+
+
+def test_one_site_threshold_moves_opsctls_verdict_its_alert_rule_and_its_dashboards_alike():
+    """The three consumers of the catalog read one merged config: a GPU at 85 C is fine by the shipped
+    87 C and a warning by a site's 83 C, in `opsctl health`, in the exported alert and on the dashboards."""
+    from opsctl.health.catalog import load_catalog
+    from opsctl.health.evaluate import judge
+    from opsctl.health.export import render_prometheus_rules
+    from opsctl.prom.client import Sample
+
+    def everywhere(config):
+        rules = load_catalog(config)
+        presence = [Sample({"job": job, "node": "gpu001"}, 1.0) for job in ("dcgm", "node")]
+        ages = [Sample({"job": job, "node": "gpu001"}, 5.0) for job in ("dcgm", "node")]
+        answers = {"gpu-temp-high": [Sample({"node": "gpu001", "gpu": "0"}, 85.0)]}
+        verdict = judge(rules, answers, presence, ages, {"gpu001"}, config, (), 1_800_000_000.0).nodes["gpu001"]
+        exported = yaml.safe_load(render_prometheus_rules(rules))["groups"][0]["rules"]
+        alert = next(r["expr"] for r in exported if r["alert"] == "OpsctlGpuTempHigh")
+        dashboard = json.loads(render(config, "opsctl-gpu"))
+        return verdict.status, alert.rsplit(" ", 1)[1], thresholds(by_title(dashboard, "gpu-temp-high"))[1][0]
+
+    site = parse_config({"catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}}}, "t", {})
+    assert everywhere(DEFAULT) == ("ok", "87", 87)
+    assert everywhere(site) == ("warn", "83", 83)
 
 
 def test_health_panels_plot_the_rules_promql_with_the_rate_interval_for_the_hold():
