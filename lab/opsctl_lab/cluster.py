@@ -82,7 +82,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
-    _write_opsctl_config(paths)
+    _write_opsctl_config(paths, scrape_interval)
     phase("ready", wait_ready, paths, nodes)
     for name, seconds in phases:
         click.echo(f"  {name:24} {seconds:6.1f} s")
@@ -103,8 +103,9 @@ def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> N
     prometheus_lab.start_prometheus(paths)
 
 
-def _write_opsctl_config(paths: lp.LabPaths) -> None:
-    config = {"prometheus": {"url": prometheus_lab.prometheus_url()}, "slurm": {"backend": "cli"}}
+def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
+    config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s"},
+              "slurm": {"backend": "cli"}}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
 

@@ -5,6 +5,7 @@ JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", 
 """
 
 import json
+import math
 
 from opsctl.health.evaluate import Check, NodeVerdict
 
@@ -14,6 +15,8 @@ JSON_SCHEMA = 1
 def _number(value):
     if value is None:
         return None
+    if not math.isfinite(value):
+        return str(value).replace("inf", "Inf").replace("nan", "NaN")  # JSON has no NaN: "NaN", "+Inf", "-Inf"
     return int(value) if float(value).is_integer() and abs(value) < 1e15 else value
 
 
@@ -28,7 +31,7 @@ def check_json(check: Check) -> dict:
 def summary(result) -> dict:
     nodes = result.report.nodes.values()
     count = {s: sum(1 for v in nodes if v.status == s) for s in ("ok", "warn", "fail", "unknown")}
-    actions = [v.action for v in nodes]
+    actions = [result.plan.action(v.node) for v in nodes]
     return {
         "schema": JSON_SCHEMA,
         "nodes": len(result.report.nodes),
@@ -38,8 +41,11 @@ def summary(result) -> dict:
         "would_drain": actions.count("would-drain"),
         "resumed": actions.count("resume"),
         "would_resume": actions.count("would-resume"),
+        "escalated": actions.count("escalate"),
+        "would_escalate": actions.count("would-escalate"),
         "skipped": sum(1 for a in actions if a.startswith("skip:")),
         "safety_stop": result.plan.stop or None,
+        "warnings": list(result.report.warnings),
         "dry_run": result.options.dry_run,
         "queries": result.report.queries,
         "query_seconds": round(result.report.query_seconds, 4),
@@ -48,38 +54,42 @@ def summary(result) -> dict:
     }
 
 
-def node_json(verdict: NodeVerdict) -> dict:
+def node_json(verdict: NodeVerdict, action: str = "none") -> dict:
     return {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
-            "checks": [check_json(c) for c in verdict.checks], "action": verdict.action}
+            "checks": [check_json(c) for c in verdict.checks], "action": action}
 
 
 def render_json(result) -> str:
-    return json.dumps({"nodes": [node_json(v) for v in result.report.nodes.values()], "summary": summary(result)},
-                      indent=1)
+    nodes = [node_json(v, result.plan.action(v.node)) for v in result.report.nodes.values()]
+    return json.dumps({"nodes": nodes, "summary": summary(result)}, indent=1)
 
 
 def render_table(result, all_nodes: bool = False) -> str:
     """Nodes that are not plainly ok (or all with all_nodes), then a one-line summary."""
     rows = [("NODE", "STATUS", "ACTION", "EVIDENCE")]
     for verdict in result.report.nodes.values():
-        if not all_nodes and verdict.status == "ok" and verdict.action == "none" and verdict.in_slurm:
+        action = result.plan.action(verdict.node)
+        if not all_nodes and verdict.status == "ok" and action == "none" and verdict.in_slurm:
             continue
         shown = [c for c in verdict.checks if c.status != "handled"] or verdict.checks
         evidence = "; ".join(f"{c.id} {c.evidence}" for c in shown[:3])
         if len(shown) > 3:
             evidence += f"; +{len(shown) - 3} more"
         name = verdict.node if verdict.in_slurm else f"{verdict.node} (not in Slurm)"
-        rows.append((name, verdict.status, verdict.action, evidence))
+        rows.append((name, verdict.status, action, evidence))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}".rstrip() for r in rows]
     s = summary(result)
     tail = (f"{s['nodes']} nodes: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['unknown']} unknown"
             f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
-    acted = [f"{s[k]} {k.replace('_', ' ')}" for k in ("drained", "would_drain", "resumed", "would_resume") if s[k]]
+    acted = [f"{s[k]} {k.replace('_', ' ')}" for k in ("drained", "would_drain", "resumed", "would_resume",
+                                                       "escalated", "would_escalate") if s[k]]
     if acted:
         tail += "; " + ", ".join(acted)
     if s["safety_stop"]:
         tail += f"\nsafety stop: {s['safety_stop']}"
+    for warning in s["warnings"]:
+        tail += f"\nwarning: the source may have answered partially, nothing was changed: {warning}"
     if len(rows) == 1:
         return tail
     return "\n".join(lines) + "\n" + tail

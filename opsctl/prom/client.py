@@ -2,12 +2,17 @@
 
 An answer looks like (Prometheus HTTP API, /api/v1/query):
   {"status": "success", "data": {"resultType": "vector",
-   "result": [{"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.123, "79"]}]}}
-Anything else (HTTP error, timeout, TLS failure, bad JSON, wrong types, NaN, a non-vector result)
-raises SourceUnavailable with one line that names the query, so no decision is made on it.
+   "result": [{"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.123, "79"]}]},
+   "warnings": ["..."]}
+Anything else (HTTP error, timeout, TLS failure, bad JSON, wrong types, a non-vector result) raises
+SourceUnavailable with one line that names the query, so no decision is made on it. A value of NaN,
++Inf or -Inf is kept as it is: the judge makes that one check unknown.
+
+`warnings` (Thanos, Mimir) and `isPartial: true` (VictoriaMetrics) say that the answer may lack data;
+they are collected in the client's `warnings`, and a run that has any acts on nothing.
 """
 
-import math
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,9 +32,11 @@ class Sample:
 
 
 class PromQuery(Protocol):
-    """Runs one instant query; raises SourceUnavailable on any failure, never returns partial data."""
+    """Runs instant queries; raises SourceUnavailable on any failure. Answers that the server marks as
+    possibly partial add a line to `warnings`."""
 
     queries: int
+    warnings: list[str]
 
     def query(self, expr: str) -> list[Sample]: ...
 
@@ -38,6 +45,16 @@ class PromQuery(Protocol):
 
 def _short(expr: str) -> str:
     return expr if len(expr) <= 60 else expr[:57] + "..."
+
+
+def answer_warnings(payload: object, expr: str) -> list[str]:
+    """The server's own words that an answer may be incomplete (an empty list when it is whole)."""
+    if not isinstance(payload, dict):
+        return []
+    found = [str(w) for w in payload.get("warnings") or [] if w]
+    if payload.get("isPartial") is True:
+        found.append("partial response (isPartial)")
+    return [f"{_short(expr)!r}: {w}" for w in found]
 
 
 def parse_vector(payload: object, expr: str) -> list[Sample]:
@@ -65,11 +82,9 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
                 or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
             raise SourceUnavailable(f"{where}: malformed value {value!r} for {labels!r}")
         try:
-            number = float(value[1])
+            number = float(value[1])  # "NaN", "+Inf" and "-Inf" too: judged unknown, never ok
         except ValueError:
             raise SourceUnavailable(f"{where}: value {value[1]!r} is not a number for {labels!r}") from None
-        if math.isnan(number):
-            raise SourceUnavailable(f"{where}: NaN for {labels!r}; refusing to judge on it")
         samples.append(Sample(labels=dict(labels), value=number))
     return samples
 
@@ -81,9 +96,11 @@ class PromClientImpl:
                  password_file: str | None = None, ca_bundle: str | None = None,
                  connect_timeout: float = 3.0, read_timeout: float = 15.0, parallel: int = 4):
         self.url = url.rstrip("/")
+        self.shown_url = redact(self.url)
         self.timeout = (connect_timeout, read_timeout)
         self.parallel = max(1, parallel)
         self.queries = 0
+        self.warnings: list[str] = []
         self._count = threading.Lock()
         self._local = threading.local()
         self._verify: str | bool = ca_bundle if ca_bundle else True
@@ -125,15 +142,15 @@ class PromClientImpl:
     def query(self, expr: str) -> list[Sample]:
         with self._count:
             self.queries += 1
-        where = f"Prometheus at {self.url}"
+        where = f"Prometheus at {self.shown_url}"
         try:
             resp = self.session.post(f"{self.url}/api/v1/query", data={"query": expr}, timeout=self.timeout)
         except requests.exceptions.SSLError as err:
-            raise SourceUnavailable(f"{where}: TLS error ({_reason(err)})") from None
+            raise SourceUnavailable(f"{where}: TLS error ({redact(_reason(err))})") from None
         except requests.exceptions.Timeout:
             raise SourceUnavailable(f"{where}: timed out after {self.timeout[1]:g}s") from None
         except requests.exceptions.ConnectionError as err:
-            raise SourceUnavailable(f"{where}: cannot connect ({_reason(err)})") from None
+            raise SourceUnavailable(f"{where}: cannot connect ({redact(_reason(err))})") from None
         except requests.exceptions.RequestException as err:
             raise SourceUnavailable(f"{where}: request failed ({type(err).__name__})") from None
         if resp.status_code in (401, 403):
@@ -148,7 +165,21 @@ class PromClientImpl:
             raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))
         if payload is None:
             raise SourceUnavailable(f"{where}: answer to {_short(expr)!r} is not valid JSON")
-        return parse_vector(payload, expr)
+        samples = parse_vector(payload, expr)
+        partial = answer_warnings(payload, expr)
+        if partial:
+            with self._count:
+                self.warnings.extend(partial)
+        return samples
+
+
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?]*)\?\S*")
+
+
+def redact(text: str) -> str:
+    """Credentials in a URL (https://user:pass@host, ?token=...) never reach a message or the audit log."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1***@", text))
 
 
 def _secret(path: str | None, key: str) -> str:

@@ -1,40 +1,92 @@
-"""The `cli` Slurm backend: sinfo --json to read, scontrol to change. Works with Slurm 22.05+.
+"""The `cli` Slurm backend: node state from Slurm's JSON, changes through `scontrol update`.
 
-`sinfo --json` (22.05) prints, per node (trimmed):
-  {"nodes": [{"name": "gpu001", "state": "idle", "state_flags": ["DRAIN"],
-              "reason": "opsctl:xid-79 gpu3 xid=79 count=1", "partitions": ["gpu"], ...}], ...}
-Later releases spell `state` as a list (["IDLE", "DRAIN"]); both are read.
+Which command prints the nodes depends on the release (`scontrol --version`, read once per run):
+
+- 22.05 has no `scontrol ... --json` (it answers "unrecognized option"); its `sinfo --json` lists
+  one entry per node, the base state as a string and the flags apart:
+    {"nodes": [{"name": "gpu042", "state": "idle", "state_flags": ["DRAIN"], "reason": "...",
+                "partitions": ["gpu"], "gres": "gpu:h200:8"}], ...}
+- 23.02 and later print `sinfo --json` as aggregated records (`{"sinfo": [{"node": {"state": [...]},
+  "nodes": {"nodes": [names]}, ...}]}`), one per group of alike nodes, so it no longer describes each
+  node; `scontrol show nodes --json` (new in 23.02) does, with state and flags in one list:
+    {"nodes": [{"name": "gpu042", "state": ["IDLE", "DRAIN"], "reason": "...", "partitions": ["gpu"],
+                "gres": ""}], "errors": [], ...}
+
 scontrol exits 0 on success and 1 with a message on stderr otherwise.
 """
 
 import json
+import re
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 from opsctl.errors import SourceUnavailable
 from opsctl.slurm.base import SlurmNode
 
+# The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
+SCONTROL_JSON_SINCE = (23, 2)
+_VERSION = re.compile(r"\b(\d+)\.(\d+)\.\d+")
 
-def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
+
+def _node(raw: object, where: str) -> SlurmNode:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise SourceUnavailable(f"{where}: a node entry has no name")
+    state = raw.get("state", "")
+    flags = [str(f).upper() for f in raw.get("state_flags") or []]
+    if isinstance(state, list):  # 23.02+: ["IDLE", "DRAIN"]; the first is the base state
+        flags += [str(s).upper() for s in state[1:]]
+        state = state[0] if state else ""
+    if not isinstance(state, str):
+        raise SourceUnavailable(f"{where}: node {raw['name']} has a state of type {type(state).__name__}")
+    partitions = raw.get("partitions") or []
+    return SlurmNode(name=raw["name"], state=state.lower(), flags=tuple(dict.fromkeys(flags)),
+                     reason=str(raw.get("reason") or ""),
+                     partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
+                     gres=str(raw.get("gres") or ""))
+
+
+def _load(text: str, where: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError:
-        raise SourceUnavailable("sinfo --json: output is not JSON") from None
-    raw_nodes = data.get("nodes") if isinstance(data, dict) else None
+        raise SourceUnavailable(f"{where}: output is not JSON") from None
+    if not isinstance(data, dict):
+        raise SourceUnavailable(f"{where}: output is not a JSON object")
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        said = first.get("error") or first.get("description") if isinstance(first, dict) else first
+        raise SourceUnavailable(f"{where}: Slurm reported an error: {said}")
+    return data
+
+
+def process_nodes_output(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:
+    """Nodes from `sinfo --json` of 22.05 or `scontrol show nodes --json` of 23.02 and later."""
+    data = _load(text, where)
+    raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
-        raise SourceUnavailable("sinfo --json: no `nodes` list in the output")
+        if isinstance(data.get("sinfo"), list):
+            raise SourceUnavailable(f"{where}: this is the aggregated sinfo of Slurm 23.02 or later, which does not "
+                                    "describe each node; read it with scontrol show nodes --json")
+        raise SourceUnavailable(f"{where}: no `nodes` list in the output")
     nodes = {}
     for raw in raw_nodes:
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise SourceUnavailable("sinfo --json: a node entry has no name")
-        state = raw.get("state", "")
-        flags = [str(f).upper() for f in raw.get("state_flags") or []]
-        if isinstance(state, list):  # 23.02+: ["IDLE", "DRAIN"]; the first is the base state
-            flags += [str(s).upper() for s in state[1:]]
-            state = state[0] if state else ""
-        nodes[raw["name"]] = SlurmNode(name=raw["name"], state=str(state).lower(), flags=tuple(dict.fromkeys(flags)),
-                                       reason=str(raw.get("reason") or ""))
+        node = _node(raw, where)
+        nodes[node.name] = node
     return nodes
+
+
+def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
+    return process_nodes_output(text, "sinfo --json")
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """'slurm 23.02.7' or 'slurm-wlm 24.11.5' -> (23, 2)."""
+    match = _VERSION.search(text)
+    if not match:
+        raise SourceUnavailable(f"Slurm: cannot tell the release from `scontrol --version`: {text.strip()[:60]!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 # subprocess.run's shape, so that tests can pass a fake (the lab tier runs the real commands).
@@ -48,6 +100,7 @@ class SlurmCliImpl:
         self.scontrol = scontrol
         self.timeout = timeout
         self._run = run
+        self._version: tuple[int, int] | None = None
 
     def _call(self, argv: list[str]) -> str:
         try:
@@ -63,7 +116,14 @@ class SlurmCliImpl:
             raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} failed: {msg}")
         return str(proc.stdout)
 
+    def version(self) -> tuple[int, int]:
+        if self._version is None:
+            self._version = parse_version(self._call([self.scontrol, "--version"]))
+        return self._version
+
     def nodes(self) -> dict[str, SlurmNode]:
+        if self.version() >= SCONTROL_JSON_SINCE:
+            return process_nodes_output(self._call([self.scontrol, "show", "nodes", "--json"]))
         return process_sinfo_output(self._call([self.sinfo, "--json"]))
 
     def drain(self, names: list[str], reason: str) -> None:
@@ -72,6 +132,10 @@ class SlurmCliImpl:
 
     def resume(self, names: list[str]) -> None:
         self._call([self.scontrol, "update", f"nodename={','.join(names)}", "state=resume"])
+
+    def set_reason(self, names: list[str], reason: str) -> None:
+        # Only the reason: the node keeps its state (a drained node stays drained).
+        self._call([self.scontrol, "update", f"nodename={','.join(names)}", f"reason={reason}"])
 
     def expand(self, hostlist: str) -> list[str]:
         return self._call([self.scontrol, "show", "hostnames", hostlist]).split()
