@@ -4,8 +4,8 @@ Slurm 24.11) and Debian unstable (sid, Slurm 26.05). Debian 12's own 22.05 is th
     chroot = SlurmChroot.ensure("trixie")          # built once (about a minute), then reused
     chroot.version                                 # "24.11.5"
     chroot.slurmd_check(conf_dir, ["gpu1"])        # that release's `slurmd -G -N gpu1` on the files
-    cluster = ChrootCluster(chroot, state_dir, ["gpu033", "gpu034"])
-    cluster.up()                                   # munged, slurmctld, one slurmd per node, all inside
+    cluster = ChrootCluster(chroot, "name", ["gpu033", "gpu034"], index=0, gres="gpu:h200:8")
+    cluster.up(fresh=True)                         # munged, slurmctld, one slurmd per node, all inside
     cluster.sinfo, cluster.scontrol                # host-side wrappers: opsctl's slurm.sinfo/.scontrol
     cluster.down()
 
@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.slurm.hostlist import hostlist_expression
 from opsctl_lab.errors import LabError
 from opsctl_lab.machines.settings import DEFAULT_MIRROR
 from opsctl_lab.processes import run, running, start, stop_all
@@ -128,6 +129,7 @@ SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket={state}/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation={state}/state
 SlurmdSpoolDir={state}/spool/%n
@@ -147,22 +149,25 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=30
 MpiDefault=none
-NodeName={nodes} NodeAddr=127.0.0.1 NodeHostname=localhost Port={ports} CPUs=8 RealMemory=16000 State=UNKNOWN
+NodeName={nodes} NodeAddr=127.0.0.1 NodeHostname=localhost Port={ports} CPUs=8 RealMemory=16000 State=UNKNOWN{gres}
 {partitions}
-"""
+{extra}"""
+MAX_PORT = 65535
 
 
 class ChrootCluster:
     """A real slurmctld and one slurmd per node, all inside a chroot, on their own ports.
 
     Ports: slurmctld 28817 + 100 * index, slurmd from 29001 + 1000 * index, `index` telling clusters
-    apart (one per suite and test session). The state lives in <chroot>/var/lib/opsctl-<name>.
+    apart (one per suite and test session). The state lives in <chroot>/var/lib/opsctl-<name>, and so
+    does the cluster's own munged socket: clusters of one chroot never share a munged.
+
+    `gres` (e.g. "gpu:h200:8") gives every node that many GPUs, with device files made by mknod as
+    the host lab does; `extra_conf` lines are appended to slurm.conf.
     """
 
     def __init__(self, chroot: SlurmChroot, name: str, nodes: list[str], index: int = 0,
-                 partitions: dict[str, list[str]] | None = None):
-        from opsctl.slurm.hostlist import hostlist_expression
-
+                 partitions: dict[str, list[str]] | None = None, gres: str | None = None, extra_conf: str = ""):
         self.chroot = chroot
         self.name = name
         self.nodes = list(nodes)
@@ -171,10 +176,14 @@ class ChrootCluster:
         self.state = chroot.root / self.inside.relative_to("/")
         self.ctld_port = 28817 + 100 * index
         first = 29001 + 1000 * index
+        if first + len(self.nodes) > MAX_PORT:
+            raise LabError(f"ChrootCluster index {index} puts slurmd ports past {MAX_PORT}; use a smaller index")
+        self.gres = gres
         nodelist = ",".join(hostlist_expression(self.nodes))
         parts = partitions or {"gpu": self.nodes}
         self.conf_text = SLURM_CONF.format(
             suite=chroot.suite, version=SUITES[chroot.suite], ctld_port=self.ctld_port, state=self.inside,
+            gres=f" Gres={gres}" if gres else "", extra=("GresTypes=gpu\n" if gres else "") + extra_conf,
             nodes=nodelist, ports=",".join(hostlist_expression(range(first, first + len(self.nodes)))),
             partitions="\n".join(
                 f"PartitionName={p} Nodes={','.join(hostlist_expression(members))} Default={'YES' if i == 0 else 'NO'} "
@@ -199,10 +208,15 @@ class ChrootCluster:
     def _env_argv(self, argv: list[str]) -> list[str]:
         return self.chroot.command(["env", f"SLURM_CONF={self.inside}/slurm.conf", *argv])
 
-    def up(self, timeout: float = 60) -> None:
+    def up(self, timeout: float = 60, fresh: bool = False) -> None:
+        """Start the cluster; `fresh` forgets what slurmctld saved (drains, reservations) last time."""
+        if fresh:
+            shutil.rmtree(self.state / "state", ignore_errors=True)
         for sub in ("state", "spool", "log", "run", "bin"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         (self.state / "slurm.conf").write_text(self.conf_text)
+        if self.gres:
+            self._gres_conf()
         # The cluster tracks processes through /proc; slurmd of 24.11+ would otherwise set up cgroups,
         # which this v1/v2 hybrid host does not offer it (cgroup.conf(5), CgroupPlugin=disabled).
         (self.state / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
@@ -214,16 +228,31 @@ class ChrootCluster:
             wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         logs = self.state / "log"
         # munged as the chroot's munge user, as its package runs it (lab-facts: a root munged refuses
-        # credentials for root clients).
-        self.chroot.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"])
-        munge_run = self.chroot.root / "run/munge"
-        start("munged", self.chroot.command(["runuser", "-u", "munge", "--", "munged", "--foreground"]),
-              self.run_dir, logs)
-        _wait(lambda: (munge_run / "munge.socket.2").exists(), 15, "munged in the chroot made no socket")
+        # credentials for root clients), with this cluster's own socket (slurm.conf AuthInfo).
+        munge = f"{self.inside}/munge"
+        self.chroot.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0700", munge])
+        start("munged", self.chroot.command(["runuser", "-u", "munge", "--", "munged", "--foreground", "--force",
+                                             f"--socket={munge}/munge.socket", f"--pid-file={munge}/munged.pid",
+                                             f"--seed-file={munge}/munged.seed"]), self.run_dir, logs)
+        _wait(lambda: (self.state / "munge" / "munge.socket").exists(), 15, "munged in the chroot made no socket")
         start("slurmctld", self._env_argv(["slurmctld", "-D", "-i"]), self.run_dir, logs)
         for node in self.nodes:
             start(f"slurmd.{node}", self._env_argv(["slurmd", "-D", "-N", node]), self.run_dir, logs)
         _wait(self._all_idle, timeout, f"{self.name}: nodes not idle (logs in {logs})")
+
+    def _gres_conf(self) -> None:
+        """gres.conf and /dev/nvidiaN stand-ins (character devices 195:N) for `gres`, as the host lab has."""
+        count = int(str(self.gres).rsplit(":", 1)[-1])
+        gpu_type = str(self.gres).split(":")[1] if str(self.gres).count(":") == 2 else ""
+        dev = self.state / "dev"
+        dev.mkdir(exist_ok=True)
+        for gpu in range(count):
+            if not (dev / f"nvidia{gpu}").exists():
+                os.mknod(dev / f"nvidia{gpu}", 0o666 | stat.S_IFCHR, os.makedev(195, gpu))
+        files = f"{self.inside}/dev/nvidia[0-{count - 1}]" if count > 1 else f"{self.inside}/dev/nvidia0"
+        (self.state / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={','.join(hostlist_expression(self.nodes))} Name=gpu"
+            + (f" Type={gpu_type}" if gpu_type else "") + f" File={files}\n")
 
     def _all_idle(self) -> bool:
         out = run([self.sinfo, "-h", "-N", "-o", "%N %t"], check=False, timeout=20)

@@ -1,5 +1,7 @@
-"""Evaluation against a real Prometheus scraping the lab's dcgm-exporter emulator and the real
-node_exporter (see promlab.py). Faults are injected into the in-memory hardware model."""
+"""Evaluation against a real Prometheus and, beside it, Debian's VictoriaMetrics, both scraping the
+lab's dcgm-exporter emulator and the real node_exporter (see promlab.py). Faults are injected into
+the in-memory hardware model. Every verdict read here comes from both databases, and the two must
+agree, drain decisions included."""
 
 import time
 
@@ -7,14 +9,12 @@ import pytest
 import yaml
 
 from opsctl.config import parse_config
-from opsctl.health.catalog import load_catalog
-from opsctl.health.evaluate import HandledXid, evaluate
 from opsctl.health.export import render_prometheus_rules
-from opsctl.prom import PromClientImpl
-from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
+from opsctl.remediation.memory import Handled, HandledMemory
+from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, HAVE_VICTORIA, Stack, evaluate_everywhere
 
-pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER),
-                                reason="needs prometheus and prometheus-node-exporter")
+pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER and HAVE_VICTORIA),
+                                reason="needs prometheus, prometheus-node-exporter and victoria-metrics")
 NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase()[10m]).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
@@ -23,7 +23,7 @@ FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-tem
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("prom"), NODES)
+    s = Stack(tmp_path_factory.mktemp("prom"), NODES, victoria=True)
     yield s
     s.stop()
 
@@ -43,16 +43,13 @@ def clean(stack):
 
 
 def config_for(stack, **extra):
-    raw = {"prometheus": {"url": stack.url}, "catalog": {"overrides": FAST_HOLDS}}
+    raw = {"prometheus": {"url": stack.url, "scrape_interval": "1s"}, "catalog": {"overrides": FAST_HOLDS}}
     raw.update(extra)
     return parse_config(raw, "test", {})
 
 
-def run(stack, config=None, slurm_nodes=NODES, handled=(), now=None):
-    config = config or config_for(stack)
-    rules = load_catalog(config)
-    client = PromClientImpl.from_config(config.prometheus)
-    return evaluate(client, rules, config, slurm_nodes, handled, now), client, rules
+def run(stack, config=None, slurm_nodes=NODES, memory=None, now=None):
+    return evaluate_everywhere(stack.tsdbs, config or config_for(stack), slurm_nodes, memory, now)
 
 
 def checks(report, node):
@@ -62,7 +59,7 @@ def checks(report, node):
 def test_healthy_cluster_is_ok_with_a_fixed_number_of_queries(clean):
     report, client, rules = run(clean)
     assert {v.status for v in report.nodes.values()} == {"ok"}
-    assert report.queries == client.queries == len(rules) + 2
+    assert report.queries == client.queries == len(rules) + 3
 
 
 def test_xid_79_fails_with_evidence(clean):
@@ -88,13 +85,13 @@ def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
     clean.dcgm["gpu001"].hw.inject("xid:79", gpu=1)
     clean.wait_scrapes()
     now = time.time()
-    handled = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 10, count=1)]
-    report, _, _ = run(clean, handled=handled, now=now)
+    handled = HandledMemory([Handled("gpu001", "xid-79", "gpu1", 1.0, now - 10, "window", 300.0, True)])
+    report, _, _ = run(clean, memory=handled, now=now)
     assert report.nodes["gpu001"].status == "ok"
     assert ("xid-79", "gpu1", "handled") in checks(report, "gpu001")
     # Acted on longer ago than the window: the count must come from a new XID.
-    old = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 301, count=1)]
-    report, _, _ = run(clean, handled=old, now=now)
+    old = HandledMemory([Handled("gpu001", "xid-79", "gpu1", 1.0, now - 301, "window", 300.0, True)])
+    report, _, _ = run(clean, memory=old, now=now)
     assert report.nodes["gpu001"].status == "fail"
 
 
@@ -105,9 +102,24 @@ def test_gauge_mode_never_repeats_a_handled_xid(clean):
     config = config_for(clean, catalog={"overrides": FAST_HOLDS, "xid_source": "gauge"})
     report, _, _ = run(clean, config)
     assert ("xid-48", "gpu2", "fail") in checks(report, "gpu003")  # the gauge keeps 48 after clear
-    handled = [HandledXid(node="gpu003", gpu="2", xid=48, time=1.0, count=48)]
-    report, _, _ = run(clean, config, handled=handled)
+    handled = HandledMemory([Handled("gpu003", "xid-48", "gpu2", 48.0, 1.0, "level", 0.0, True)])
+    report, _, _ = run(clean, config, memory=handled)
     assert report.nodes["gpu003"].status == "ok"
+
+
+def test_a_stock_exporter_without_the_windowed_count_still_shows_xid_79(clean):
+    """catalog.xid_source auto: where a target exports no DCGM_EXP_XID_ERRORS_COUNT, the last-XID gauge."""
+    clean.dcgm["gpu002"].xid_count = False
+    clean.dcgm["gpu002"].hw.inject("xid:79", gpu=6)
+    clean.wait_scrapes()
+    try:
+        report, _, _ = run(clean)
+        check = next(c for c in report.nodes["gpu002"].checks if c.id == "xid-79")
+        assert (check.status, check.device, check.memory) == ("fail", "gpu6", "level")
+        assert "last-XID gauge" in check.evidence
+        assert report.nodes["gpu001"].status == "ok"  # exporters with the count do not read the gauge
+    finally:
+        clean.dcgm["gpu002"].xid_count = True
 
 
 @pytest.mark.parametrize("fault,rule", [("row-remap-failure", "row-remap-failure"),
@@ -185,18 +197,6 @@ def test_unknown_when_slurm_node_has_no_metrics_and_metrics_without_slurm_node_a
     assert report.nodes["gpu099"].status == "unknown"
     assert report.nodes["gpu003"].in_slurm is False and report.nodes["gpu004"].in_slurm is False
     assert report.nodes["gpu001"].in_slurm is True
-
-
-def test_hostname_label_maps_when_the_target_has_no_node_label(tmp_path):
-    stack = Stack(tmp_path, ["gpu007.cluster.example"], labelled=False, node_exporter=False)
-    try:
-        stack.dcgm["gpu007.cluster.example"].hw.inject("xid:95", gpu=6)
-        stack.wait_scrapes()
-        config = parse_config({"prometheus": {"url": stack.url}}, "test", {})
-        report, _, _ = run(stack, config, slurm_nodes=["gpu007"])
-        assert ("xid-95", "gpu6", "fail") in checks(report, "gpu007")
-    finally:
-        stack.stop()
 
 
 def test_exported_alerts_fire_exactly_where_health_fails(clean):

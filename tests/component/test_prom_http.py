@@ -130,3 +130,18 @@ def test_query_many_keeps_order_and_fails_as_a_whole(prom):
     answer(prom, b"oops", 500)
     with pytest.raises(SourceUnavailable, match="HTTP 500"):
         client.query_many(["a", "b", "c"])
+
+
+def test_warnings_of_a_partial_answer_are_collected(prom):
+    answer(prom, {**GOOD, "warnings": ["store 10.0.0.7:10901 is down: partial data"]})
+    client = PromClientImpl(prom.url)
+    assert client.query("up") and client.warnings == ["'up': store 10.0.0.7:10901 is down: partial data"]
+
+
+def test_credentials_in_the_url_never_reach_the_message():
+    from tests.component.promlab import free_port
+
+    with pytest.raises(SourceUnavailable) as err:
+        PromClientImpl(f"http://ops:hunter2@127.0.0.1:{free_port()}/?token=s3cret").query("up")
+    assert "hunter2" not in str(err.value) and "s3cret" not in str(err.value)
+    assert "http://***@127.0.0.1" in str(err.value)
