@@ -12,7 +12,9 @@ PLAYBOOK_ARGS ?=
 # Debian packages per purpose. The lab runs Debian's real Slurm, munge, Prometheus and node_exporter.
 LAB_DEBS := slurmctld slurmd slurm-client munge prometheus prometheus-node-exporter
 MACHINES_DEBS := debootstrap systemd-container apt-cacher-ng iproute2 openssh-client bridge-utils
-TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS)
+# The health tests read metrics from VictoriaMetrics too, started by the tests themselves.
+TSDB_DEBS := victoria-metrics
+TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) $(TSDB_DEBS)
 
 .PHONY: all venv deps-lab deps-machines deps-test test test-unit provision lint bench clean
 
@@ -46,6 +48,8 @@ deps-machines:
 
 deps-test:
 	$(call apt_ensure,$(TEST_DEBS))
+	@# The package enables a service on :8428 that nothing here uses; the tests run their own.
+	@systemctl disable --now victoria-metrics >/dev/null 2>&1 || true
 
 # Every tier (README, "Tests"), after the linters; pytest prints each tier's wall time at the end,
 # the linters' time included.

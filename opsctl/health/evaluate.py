@@ -86,6 +86,10 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
     results = client.query_many([up_q, age_q, identity_query(config)] + [rule.alert_expr() for rule in rules])
     queries = 3 + len(rules)
     up, ages, reported = results[0], results[1], results[2]
+    for sample in up:
+        if not sample.labels.get("job") or not sample.labels.get("instance"):
+            raise SourceUnavailable(f"presence query: an `up` series without job and instance labels: "
+                                    f"{sample.labels!r}")
     _check_jobs(client, config, up)
     answers = {rule.id: samples for rule, samples in zip(rules, results[3:], strict=True)}
     report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,

@@ -100,6 +100,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
     """Drain decisions for the nodes in scope (all when None); the limits count the whole cluster."""
     plan = Plan()
     needs_person = {r.id for r in rules if not r.auto_resume}
+    may_resume = {r.id for r in rules if r.auto_resume}
     candidates = []
     for name, verdict in report.nodes.items():
         drain = verdict.drain_checks()
@@ -113,7 +114,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
             if node.drained and node.owned:
                 # Ours already. An event that needs a person turns an auto-resumable drain into one that does.
                 new = [c for c in drain if c.id in needs_person and c.id not in node.reason_rules()]
-                if new and not node.manual and not needs_person.intersection(node.reason_rules()):
+                if new and not node.manual and set(node.reason_rules()) <= may_resume:
                     plan.set(Decision(name, "would-escalate" if dry_run else "escalate", checks=tuple(new),
                                       reason=escalated_reason(node, new, safety.reason_max_length), seen=node,
                                       values=check_values(new)))

@@ -23,7 +23,8 @@ class HealthLab:
         self.lab = lab
         self.tmp = tmp
         self.config = tmp / "opsctl.yaml"
-        raw = {"prometheus": {"url": prometheus or lab.prometheus_url}, "slurm": {"backend": "cli"}, **FAST}
+        raw = {"prometheus": {"url": prometheus or lab.prometheus_url, "scrape_interval": f"{lab.scrape_interval}s"},
+               "slurm": {"backend": "cli"}, **FAST}
         if safety:
             raw["safety"] = safety
         self.config.write_text(yaml.safe_dump(raw))

@@ -105,6 +105,7 @@ def test_reason_is_capped_and_lists_every_rule():
     (node("gpu040", flags=("DRAIN",), reason="opsctl:ib-down mlx5_2 state_id=1"), "escalate"),
     (node("gpu040", flags=("DRAIN",), reason="opsctl:xid-48 gpu1 xid=48 count=1"), "skip:already-drained"),
     (node("gpu040", flags=("DRAIN",), reason="opsctl:manual fan"), "skip:already-drained"),
+    (node("gpu040", flags=("DRAIN",), reason="opsctl:epilog GPU3=1024MiB"), "skip:already-drained"),  # not a rule
 ])
 def test_nodes_slurm_or_someone_else_holds_are_never_drained(slurm_node, action):
     report, slurm = cluster(failing={"gpu040": [xid79()]}, slurm_over={"gpu040": slurm_node})
