@@ -18,7 +18,7 @@ from opsctl.errors import ConfigError, ExitCode, OpsctlError, SourceUnavailable,
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.health.evidence import Evidence, read_evidence
-from opsctl.prom.client import PromQuery
+from opsctl.prom.client import PromQuery, redact
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.memory import HandledMemory, records_for
 from opsctl.remediation.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
@@ -32,7 +32,6 @@ class RunOptions:
     drain: bool = False
     resume: bool = False
     dry_run: bool = False
-    prometheus_url: str | None = None
     scope: str | None = None  # a Slurm hostlist: act on (and show) these nodes only
 
 
@@ -76,7 +75,7 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
             with contextlib.suppress(OpsctlError):  # the audit log itself may be what failed
                 detail = str(err) if isinstance(err, OpsctlError) else f"unexpected error: {type(err).__name__}: {err}"
                 audit.write("refuse" if not done else "error",
-                            detail=detail + (f"; done before it: {'; '.join(done)}" if done else ""),
+                            detail=redact(detail + (f"; done before it: {'; '.join(done)}" if done else "")),
                             dry_run=options.dry_run)
         if done:
             raise RunAborted(err, done) from err
@@ -187,6 +186,8 @@ class Run:
         for decision in plan.with_action("escalate"):
             self._change("escalate", plan, [decision], memory, functools.partial(self._set_reason,
                                                                                  reason=decision.reason))
+        if not self.options.resume:
+            return
         resumes = plan.with_action("resume")
         self.state.save_healthy_since({n: t for n, t in plan.healthy_since.items()
                                        if n not in {d.node for d in resumes}})
@@ -213,12 +214,12 @@ class Run:
         except SourceUnavailable:
             self._settle_after_failure(event, batch, memory)
             raise
+        for decision in batch:  # first what was done, so that any later error still lists it
+            self._audit_done(event, decision)
         memory.settle(names)
         self.state.save_handled(memory)
         if event in ("drain", "resume"):
             self.state.record(f"{event}s", len(names), self.now)
-        for decision in batch:
-            self._audit_done(event, decision)
 
     def _settle_after_failure(self, event: str, batch: list[Decision], memory: HandledMemory) -> None:
         """scontrol said no: keep the memory of the nodes it changed anyway, forget the rest."""
@@ -247,7 +248,7 @@ class Run:
         seen_reason = decision.seen.reason if decision.seen else ""
         evidence = decision.reason.split(" ", 1)[1] if " " in decision.reason else ""
         checks = [c.id for c in decision.checks] or (decision.seen.reason_rules() if decision.seen else [])
+        self.done.append(f"{event} {decision.node}" + (f": {decision.reason}" if decision.reason else ""))
         self.audit.write(event, node=decision.node, checks=checks, evidence=evidence,
                          reason=decision.reason or seen_reason, values=decision.values, now=self.now,
                          healthy_seconds=decision.healthy_s if event == "resume" else None)
-        self.done.append(f"{event} {decision.node}" + (f": {decision.reason}" if decision.reason else ""))

@@ -136,7 +136,23 @@ def wait(predicate, timeout: float = 30.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Stack:
+class Running:
+    """Stops what a stack started: its databases, node_exporters and dcgm endpoints."""
+
+    tsdbs: dict
+    nodeexp: dict
+    dcgm: dict
+
+    def stop(self) -> None:
+        for tsdb in self.tsdbs.values():
+            tsdb.stop()
+        for exp in self.nodeexp.values():
+            exp.stop()
+        for end in self.dcgm.values():
+            end.server.shutdown()
+
+
+class Stack(Running):
     """Prometheus (and VictoriaMetrics, with victoria=True) + per node a dcgm endpoint and a node_exporter.
     `labelled=False` leaves out the target label `node`, so only the exporter's own Hostname names the node."""
 
@@ -170,14 +186,6 @@ class Stack:
     def wait_scrapes(self, n: int = 2) -> None:
         """Let the databases take n more scrapes of every target (1 s interval)."""
         time.sleep(n * 1.0 + 0.5)
-
-    def stop(self) -> None:
-        for tsdb in self.tsdbs.values():
-            tsdb.stop()
-        for exp in self.nodeexp.values():
-            exp.stop()
-        for end in self.dcgm.values():
-            end.server.shutdown()
 
 
 def verdicts(report) -> dict:

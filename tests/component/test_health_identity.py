@@ -21,6 +21,7 @@ from tests.component.promlab import (
     TSDBS,
     DcgmEndpoint,
     NodeExporter,
+    Running,
     Tsdb,
     evaluate_everywhere,
     loopback,
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs prometheus, prometheus-node-exporter, victoria-metrics, and root for a UTS namespace")
 
 
-class Site:
+class Site(Running):
     """Scrape jobs per mode: labelled (node label), ip (IP targets; the exporters report FQDNs) and
     conflict (two dcgm targets report the same Hostname)."""
 
@@ -70,14 +71,6 @@ class Site:
 
     def address(self, job, name):
         return self.dcgm[(job, name)].address
-
-    def stop(self):
-        for tsdb in self.tsdbs.values():
-            tsdb.stop()
-        for exp in self.nodeexp.values():
-            exp.stop()
-        for end in self.dcgm.values():
-            end.server.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -296,3 +296,54 @@ def test_watch_goes_on_after_a_failed_round_and_ends_with_exit_0_on_sigterm(worl
     world.prom.query = query
     assert world.run("health", "--watch", "1", "--json") == 0
     assert world.stdout.count('"summary"') == 2 and "cannot connect (exit 3); retrying in 1s" in world.stderr
+
+
+def test_a_drain_only_run_keeps_the_healthy_clock_of_a_resume_run(tmp_path):
+    w = World(tmp_path, raw={"safety": {"resume_after": "10m"}},
+              gpu040=node("gpu040", flags=("DRAIN",), reason=IB_REASON))
+    w.json("--resume")
+    since = StateDir(tmp_path / "state").healthy_since()
+    assert list(since) == ["gpu040"]
+    w.json("--drain")  # e.g. a separate timer: it must not reset the clock
+    assert StateDir(tmp_path / "state").healthy_since() == since
+
+
+def test_a_crash_between_scontrol_and_settling_never_re_drains_after_a_persons_resume(world, monkeypatch):
+    world.prom.breach("xid-79", "gpu040", "3")
+    saves = []
+    original = StateDir.save_handled
+
+    def save_handled(self, memory):
+        saves.append(1)
+        if len(saves) == 3:  # pruned memory, then the intent, then scontrol drained, then the disk filled up
+            raise OSError(28, "No space left on device")
+        original(self, memory)
+
+    monkeypatch.setattr(StateDir, "save_handled", save_handled)
+    assert world.run("health", "--drain") == 3
+    assert world.stdout == "done before the error: drain gpu040: opsctl:xid-79 gpu3 xid=79 count=1\n"
+    assert world.audit()[0]["event"] == "drain" and world.audit()[-1]["event"] == "error"
+    monkeypatch.setattr(StateDir, "save_handled", original)
+    world.slurm.resume(["gpu040"])  # a person repaired the GPU and resumed the node
+    code, nodes, _ = world.json("--drain")
+    assert nodes["gpu040"]["action"] == "none" and nodes["gpu040"]["checks"][0]["status"] == "handled"
+
+
+def test_a_state_directory_of_another_user_is_exit_2(world):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory away")
+    (world.tmp / "state").mkdir(mode=0o700)
+    os.chown(world.tmp / "state", 65534, 65534)
+    assert world.run("health", "--drain") == 2 and "owned by uid 65534" in world.stderr
+
+
+def test_every_audit_line_is_fsynced(world, monkeypatch):
+    import os
+
+    synced = []
+    original = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), original(fd)))
+    world.run("drain", "gpu061", "--reason", "bad fan")
+    assert len(synced) >= 1 and world.audit()[0]["event"] == "drain"
