@@ -44,6 +44,9 @@ IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second
               "node_infiniband_port_errors_received_total"]
 HCAS = [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"]
 SPAN_S, STEP_S = 660, 60
+# Samples also run this far past the time of writing: a preparation that is slow on a busy machine
+# must still leave the newest sample within Prometheus' 5-minute lookback when opsctl queries.
+AHEAD_S = 600
 RESUMABLE = 4  # nodes drained by opsctl for ib-down whose ports are fine again
 
 
@@ -73,7 +76,7 @@ def ib_value(metric: str, faulty: bool, hca: str) -> float:
 
 def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
     """Every series with a sample each STEP_S up to `end`. Returns the number of series."""
-    stamps = list(range(end - SPAN_S, end + 1, STEP_S))
+    stamps = list(range(end - SPAN_S, end + AHEAD_S + 1, STEP_S))
     series = 0
     faulty = set(nodes[50::100])  # one in a hundred, none of them a resume candidate
     with path.open("w") as out:
