@@ -152,15 +152,16 @@ MpiDefault=none
 NodeName={nodes} NodeAddr=127.0.0.1 NodeHostname=localhost Port={ports} CPUs=8 RealMemory=16000 State=UNKNOWN{gres}
 {partitions}
 {extra}"""
-MAX_PORT = 65535
+MAX_INDEX, NODES_PER_INDEX = 100, 300  # slurmd ports 29001..59000, slurmctld 28817..28916
 
 
 class ChrootCluster:
     """A real slurmctld and one slurmd per node, all inside a chroot, on their own ports.
 
-    Ports: slurmctld 28817 + 100 * index, slurmd from 29001 + 1000 * index, `index` telling clusters
-    apart (one per suite and test session). The state lives in <chroot>/var/lib/opsctl-<name>, and so
-    does the cluster's own munged socket: clusters of one chroot never share a munged.
+    Ports: slurmctld 28817 + index, slurmd from 29001 + 300 * index (at most 300 nodes), `index` (0-99)
+    telling clusters apart: 10 * OPSCTL_LAB_SLOT + n keeps parallel sessions apart. The state lives in
+    <chroot>/var/lib/opsctl-<name>, and so does the cluster's own munged socket: clusters of one chroot
+    never share a munged.
 
     `gres` (e.g. "gpu:h200:8") gives every node that many GPUs, with device files made by mknod as
     the host lab does; `extra_conf` lines are appended to slurm.conf.
@@ -174,10 +175,10 @@ class ChrootCluster:
         self.index = index
         self.inside = Path("/var/lib") / f"opsctl-{name}"  # the state dir as seen inside the chroot
         self.state = chroot.root / self.inside.relative_to("/")
-        self.ctld_port = 28817 + 100 * index
-        first = 29001 + 1000 * index
-        if first + len(self.nodes) > MAX_PORT:
-            raise LabError(f"ChrootCluster index {index} puts slurmd ports past {MAX_PORT}; use a smaller index")
+        if not 0 <= index < MAX_INDEX or len(self.nodes) > NODES_PER_INDEX:
+            raise LabError(f"ChrootCluster: index must be 0-{MAX_INDEX - 1} and nodes at most {NODES_PER_INDEX}")
+        self.ctld_port = 28817 + index
+        first = 29001 + NODES_PER_INDEX * index
         self.gres = gres
         nodelist = ",".join(hostlist_expression(self.nodes))
         parts = partitions or {"gpu": self.nodes}
