@@ -9,7 +9,11 @@ import pytest
 import yaml
 
 from opsctl.config import parse_config
+from opsctl.health.catalog import load_catalog
+from opsctl.health.evaluate import evaluate
+from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
+from opsctl.prom import PromClientImpl
 from opsctl.remediation.memory import Handled, HandledMemory
 from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, HAVE_VICTORIA, Stack, evaluate_everywhere
 
@@ -224,3 +228,27 @@ def test_exported_alerts_fire_exactly_where_health_fails(clean):
         judged |= {(verdict.node, c.id, c.device) for c in verdict.checks if not c.id.startswith("data-")}
     assert {("gpu001", "xid-79", "gpu3"), ("gpu002", "gpu-temp-high", "gpu1"), ("gpu003", "ib-down", "mlx5_6")} <= fired
     assert fired == judged
+
+
+def test_nan_and_infinite_values_never_read_as_ok(clean, tmp_path):
+    """A rule whose value is NaN or infinite makes the check unknown on Prometheus. VictoriaMetrics
+    (MetricsQL) drops NaN from its answers: there the series is simply absent, so the check cannot
+    show unknown, but positive evidence is missing and a resume waits (docs/health.md)."""
+    probe = {"source": "dcgm", "device_label": "", "op": ">", "threshold": 0, "severity": "fail", "action": "drain",
+             "auto_resume": True, "description": "d", "remediation": "r"}
+    (tmp_path / "probes.yaml").write_text(yaml.safe_dump({"rules": [
+        {**probe, "id": "nan-probe", "expr": 'max by (${by}) (up{job="${dcgm}", node="gpu003"}) * 0 / 0'},
+        {**probe, "id": "inf-probe", "expr": 'max by (${by}) (up{job="${dcgm}", node="gpu004"}) / 0'}]}))
+    shipped = [r.id for r in load_catalog(config_for(clean))]
+    config = config_for(clean, catalog={"files": [str(tmp_path / "probes.yaml")], "disable": shipped})
+    rules = load_catalog(config)
+    for kind, tsdb in clean.tsdbs.items():
+        report = evaluate(PromClientImpl(tsdb.url), rules, config, NODES)
+        assert report.nodes["gpu004"].status == "unknown" and report.nodes["gpu004"].drain_checks() == []
+        evidence = read_evidence(PromClientImpl(tsdb.url), rules, {"nan-probe": {"gpu003"}}, report)
+        if kind == "prometheus":
+            assert [c.status for c in report.nodes["gpu003"].checks] == ["unknown"]
+            assert evidence[("gpu003", "nan-probe")].status == "unknown"
+        else:
+            assert evidence[("gpu003", "nan-probe")].status == "no-data"
+        assert evidence[("gpu003", "nan-probe")].status != "ok"  # never a resume on it
