@@ -8,8 +8,9 @@ sent directly, one after the other. One node in a hundred carries a fault, so th
 real work, and the resume candidates make opsctl ask for positive evidence. Columns: e2e_s is the
 whole `opsctl health` process (start, Slurm, queries, verdicts, JSON); in_opsctl_s its time in
 queries (sent `prometheus.parallel_queries` at a time); promql_s the same queries sent one by one;
-queries the number of queries, which does not grow with the node count; resumes the nodes it would
-resume.
+plain_s the rule queries as a bare `(expr) op threshold`, which hides NaN, one by one: the cost of
+reading NaN and infinities as unknown; queries the number of queries, which does not grow with the
+node count; resumes the nodes it would resume.
 
 Run: .venv/bin/python bench/health_scale.py [--sizes 64,1024,4096] [--keep DIR]
 """
@@ -249,13 +250,14 @@ def bench_size(n: int, work: Path) -> dict:
             raise SystemExit(f"bench: opsctl health exited {proc.returncode}: {proc.stderr.strip()}")
         summary = json.loads(proc.stdout)["summary"]
         raw = raw_promql_seconds(prom.url, exprs)
+        plain = raw_promql_seconds(prom.url, [f"({rule.expr}) {rule.op} {rule.threshold:g}" for rule in rules])
     finally:
         if slurm is not None:
             slurm.stop()
         prom.stop()
     return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "opsctl_query_s": summary["query_seconds"],
-            "promql_s": raw, "queries": summary["queries"], "fail": summary["fail"], "unknown": summary["unknown"],
-            "resumes": summary["would_resume"], "prep_s": prep}
+            "promql_s": raw, "plain_s": plain, "queries": summary["queries"], "fail": summary["fail"],
+            "unknown": summary["unknown"], "resumes": summary["would_resume"], "prep_s": prep}
 
 
 def main(argv=None) -> int:
@@ -268,15 +270,15 @@ def main(argv=None) -> int:
             raise SystemExit(f"bench: {tool} is not installed (make deps-lab)")
     work = Path(args.keep or tempfile.mkdtemp(prefix="opsctl-bench-"))
     header = (f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'in_opsctl_s':>11} {'promql_s':>9} "
-              f"{'queries':>8} {'fail':>5} {'resumes':>8} {'prep_s':>7}")
+              f"{'plain_s':>8} {'queries':>8} {'fail':>5} {'resumes':>8} {'prep_s':>7}")
     lines = [header]
     sys.stdout.write(header + "\n")
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             row = bench_size(n, work)
             line = (f"{row['nodes']:>6} {row['gpus']:>6} {row['series']:>8} {row['e2e_s']:>7.2f} "
-                    f"{row['opsctl_query_s']:>11.2f} {row['promql_s']:>9.2f} {row['queries']:>8} {row['fail']:>5} "
-                    f"{row['resumes']:>8} {row['prep_s']:>7.1f}")
+                    f"{row['opsctl_query_s']:>11.2f} {row['promql_s']:>9.2f} {row['plain_s']:>8.2f} "
+                    f"{row['queries']:>8} {row['fail']:>5} {row['resumes']:>8} {row['prep_s']:>7.1f}")
             lines.append(line)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
