@@ -114,8 +114,9 @@ def expand(hostlist: str) -> list[str]:
 
 
 class FakeSlurm:
-    """Slurm state in memory; records every change. `before_change` runs before each change (to make
-    Slurm change under a plan), `fail_change` makes the n-th change fail as scontrol would."""
+    """Slurm state in memory; records every change. `fail_change` makes the n-th change fail as scontrol
+    would, `raise_on_change` makes the second and later changes raise it (a bug, a full disk), and
+    `sigterm_on_read` sends SIGTERM on that read of the nodes (as systemd stops a --watch unit)."""
 
     def __init__(self, nodes: dict[str, SlurmNode]):
         self.state = dict(nodes)
@@ -123,7 +124,6 @@ class FakeSlurm:
         self.reads = 0
         self.fail_change: int | None = None
         self.raise_on_change: Exception | None = None
-        self.before_change = None
         self.sigterm_on_read: int | None = None
 
     def nodes(self):
@@ -133,8 +133,6 @@ class FakeSlurm:
         return dict(self.state)
 
     def _change(self, call, names, fields):
-        if self.before_change:
-            self.before_change(self)
         self.calls.append(call)
         if self.fail_change is not None and len(self.calls) == self.fail_change:
             raise SourceUnavailable("Slurm: scontrol update failed: Invalid node state specified")
