@@ -68,6 +68,20 @@ def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
     assert nodes["n0999"].partitions == ("preempt", "cisds") and nodes["n0999"].has_gpus
 
 
+def test_slurmrestd_node_json_of_24_05_and_25_05_parse_too():
+    # Public captures of real clusters (SOURCES.md): 24.05's data_parser v0.0.41 and 25.05's v0.0.43, the
+    # ones their `scontrol show nodes --json` prints.
+    drained = process_nodes_output((SLURM / "slurmrestd-node-drain-24.05.3.json").read_text())["cn146"]
+    assert drained.drained and drained.reason == "ECC memory error" and drained.foreign_reason
+    down = process_nodes_output((SLURM / "slurmrestd-node-down-24.05.3.json").read_text())["cn026"]
+    assert down.held_by_slurm == ("DOWN",) and down.out_of_service and down.reason == "CPU dead"
+    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-25.05.4.json").read_text())
+    assert nodes["cn3"].drained and nodes["cn3"].reason == "ECC memory error" and nodes["cn3"].foreign_reason
+    assert nodes["cn4"].held_by_slurm == ("DOWN",) and nodes["cn4"].out_of_service
+    assert nodes["gpu1"].has_gpus and nodes["gpu1"].partitions == ("gpu",) and not nodes["cn1"].has_gpus
+    assert not nodes["gpu2"].out_of_service and not nodes["gpu2"].drained
+
+
 @pytest.mark.parametrize("name", ["sinfo-23.02.5.json", "sinfo-24.11.5.json", "sinfo-26.05.5.json"])
 def test_the_aggregated_sinfo_of_23_02_and_later_is_refused_with_the_reason(name):
     with pytest.raises(SourceUnavailable, match="aggregated sinfo of Slurm 23.02 or later"):
@@ -195,7 +209,9 @@ def test_pyslurm_backend_without_pyslurm_names_the_key():
         PySlurmImpl()
 
 
-@pytest.mark.parametrize("name,release", [("scontrol-show-nodes-24.11.5.json", "24.11.5"),
+@pytest.mark.parametrize("name,release", [("slurmrestd-node-drain-24.05.3.json", "24.05.3"),
+                                          ("slurmrestd-nodes-25.05.4.json", "25.05.4"),
+                                          ("scontrol-show-nodes-24.11.5.json", "24.11.5"),
                                           ("scontrol-show-nodes-26.05.5.json", "26.05.5")])
 def test_the_captures_are_of_the_release_their_name_says(name, release):
     assert json.loads((SLURM / name).read_text())["meta"]["slurm"]["release"] == release
