@@ -23,6 +23,7 @@ import requests
 
 from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable
+from opsctl.prom.failure import GATEWAY_STATUSES, QUERY_PATH, connect_failure, not_the_query_api, tls_failure
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,13 @@ class PromClientImpl:
             self.queries += 1
         where = f"Prometheus at {self.shown_url}"
         try:
-            resp = self.session.post(f"{self.url}/api/v1/query", data={"query": expr}, timeout=self.timeout)
+            resp = self.session.post(f"{self.url}{QUERY_PATH}", data={"query": expr}, timeout=self.timeout)
         except requests.exceptions.SSLError as err:
-            raise SourceUnavailable(f"{where}: TLS error ({redact(_reason(err))})") from None
+            raise SourceUnavailable(redact(tls_failure(self.shown_url, err))) from None
         except requests.exceptions.Timeout:
             raise SourceUnavailable(f"{where}: timed out after {self.timeout[1]:g}s") from None
         except requests.exceptions.ConnectionError as err:
-            raise SourceUnavailable(f"{where}: cannot connect ({redact(_reason(err))})") from None
+            raise SourceUnavailable(redact(connect_failure(self.shown_url, err))) from None
         except requests.exceptions.RequestException as err:
             raise SourceUnavailable(f"{where}: request failed ({type(err).__name__})") from None
         if resp.status_code in (401, 403):
@@ -159,8 +160,12 @@ class PromClientImpl:
             payload = resp.json()
         except ValueError:
             payload = None
-        # Prometheus answers 400/422/503 with a JSON error body; pass its message on.
+        # Prometheus answers 400/422/503 with a JSON error body ({"status": "error", "error": ...}); pass its
+        # message on. Without that body, only a gateway's status says that Prometheus is behind the URL.
         if resp.status_code != 200:
+            prometheus_error = isinstance(payload, dict) and payload.get("status") == "error"
+            if not prometheus_error and resp.status_code not in GATEWAY_STATUSES:
+                raise SourceUnavailable(not_the_query_api(self.shown_url, resp.status_code))
             detail = payload.get("error") if isinstance(payload, dict) else None
             raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))
         if payload is None:
@@ -189,12 +194,3 @@ def _secret(path: str | None, key: str) -> str:
         return Path(path).read_text().strip()
     except OSError as err:
         raise SourceUnavailable(f"cannot read {key} ({err.strerror})") from None
-
-
-def _reason(err: Exception) -> str:
-    """The innermost cause, without the URL-and-object noise that requests wraps it in."""
-    text = str(err)
-    for marker in ("SSLError(", "Caused by ", "NewConnectionError("):
-        if marker in text:
-            text = text.split(marker, 1)[1]
-    return text.strip("()'\" ")[:160]

@@ -12,13 +12,16 @@ Which command prints the nodes depends on the release (`scontrol --version`, rea
     {"nodes": [{"name": "gpu042", "state": ["IDLE", "DRAIN"], "reason": "...", "partitions": ["gpu"],
                 "gres": ""}], "errors": [], ...}
 
-scontrol exits 0 on success and 1 with a message on stderr otherwise.
+scontrol exits 0 on success and 1 with a message on stderr otherwise. A slurm.conf that SLURM_CONF
+names but that is missing or unreadable makes sinfo and scontrol retry for 60 s ("cannot stat file
+..., retrying in 1sec up to 60sec"), so it is checked before the first call.
 """
 
 import json
+import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opsctl.errors import SourceUnavailable
@@ -89,30 +92,64 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+# Where Debian's Slurm reads its config when SLURM_CONF is not set.
+DEFAULT_CONF = "/etc/slurm/slurm.conf"
+
+
+def _first_line(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def check_conf(environ: Mapping[str, str]) -> None:
+    """Raise at once when the slurm.conf that Slurm's commands would read is missing or unreadable.
+
+    Without SLURM_CONF, a missing default file is fine: a configless client asks slurmd or DNS."""
+    path = environ.get("SLURM_CONF")
+    if not path:
+        if not os.path.exists(DEFAULT_CONF):
+            return
+        path = DEFAULT_CONF
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        named = f"SLURM_CONF={path}" if environ.get("SLURM_CONF") else path
+        raise SourceUnavailable(f"Slurm: cannot read {named}: {err.strerror or type(err).__name__}") from None
+
+
 # subprocess.run's shape, so that tests can pass a fake (the lab tier runs the real commands).
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 class SlurmCliImpl:
     def __init__(self, sinfo: str = "sinfo", scontrol: str = "scontrol", timeout: float = 30.0,
-                 run: Runner = subprocess.run):
+                 run: Runner = subprocess.run, environ: Mapping[str, str] = os.environ):
         self.sinfo = sinfo
         self.scontrol = scontrol
         self.timeout = timeout
         self._run = run
         self._version: tuple[int, int] | None = None
+        self._environ = environ
+        self._conf_checked = False
 
     def _call(self, argv: list[str]) -> str:
+        if not self._conf_checked:
+            check_conf(self._environ)
+            self._conf_checked = True
         try:
             proc = self._run(argv, capture_output=True, text=True, timeout=self.timeout)
         except FileNotFoundError:
             raise SourceUnavailable(f"Slurm: {argv[0]} not found (install slurm-client or set slurm.{argv[0]})") \
                 from None
-        except subprocess.TimeoutExpired:
-            raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} timed out after {self.timeout:g}s") from None
+        except subprocess.TimeoutExpired as err:
+            said = _first_line(err.stderr)
+            raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} timed out after {self.timeout:g}s"
+                                    + (f": {said}" if said else "")) from None
         if proc.returncode != 0:
-            lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-            msg = lines[0] if lines else f"exit {proc.returncode}"
+            msg = _first_line(proc.stderr) or _first_line(proc.stdout) or f"exit {proc.returncode}"
             raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} failed: {msg}")
         return str(proc.stdout)
 

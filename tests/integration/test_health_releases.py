@@ -36,7 +36,8 @@ class Release:
 
     def __init__(self, name, env, sinfo="sinfo", scontrol="scontrol"):
         self.name, self.env, self.sinfo, self.scontrol_path = name, env, sinfo, scontrol
-        self.reader = SlurmCliImpl(sinfo, scontrol, run=functools.partial(subprocess.run, env=env))
+        self.reader = SlurmCliImpl(sinfo, scontrol, run=functools.partial(subprocess.run, env=env),
+                                   environ=env)
 
     def scontrol(self, *args, check=True):
         proc = subprocess.run([self.scontrol_path, *args], capture_output=True, text=True, env=self.env, timeout=60)

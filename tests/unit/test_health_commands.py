@@ -111,6 +111,20 @@ def test_a_source_down_is_exit_3_with_one_line_and_nothing_done(world, broken):
     assert world.slurm.calls == []
 
 
+@pytest.mark.parametrize("failure,code", [
+    (SourceUnavailable("cannot connect to http://p:9090: connection refused"), 3),
+    (RuntimeError("boom"), 3)])
+def test_with_json_an_error_is_a_json_object_on_stdout_too(world, failure, code):
+    world.prom.fail_with = failure
+    assert world.run("health", "--json") == code
+    doc = json.loads(world.stdout)
+    assert doc == {"schema": 1, "error": doc["error"], "exit_code": code, "done": []}
+    assert world.stderr == f"opsctl: error: {doc['error']}" + (
+        "\n" if code == 3 and isinstance(failure, SourceUnavailable) else
+        " (run with opsctl --debug for the traceback)\n")
+    assert str(failure) in doc["error"]
+
+
 def test_a_config_error_is_exit_2(tmp_path):
     w = World(tmp_path, raw={"slurm": {"partitions": ["nope"]}})
     assert w.run("health", "--drain") == 2

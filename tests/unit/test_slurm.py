@@ -29,6 +29,12 @@ STATES = {
 RELEASES = list(STATES)
 
 
+@pytest.fixture(autouse=True)
+def _no_slurm_conf_of_the_caller(monkeypatch):
+    """The backend checks the slurm.conf that SLURM_CONF names; the tests here set their own."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_every_release_reads_the_same_states(release):
     nodes = STATES[release]
@@ -179,9 +185,26 @@ def test_missing_binary_is_a_clear_source_error():
         SlurmCliImpl(scontrol="scontrol-does-not-exist", run=FakeRun(FileNotFoundError(), version=None)).nodes()
 
 
-def test_timeout_is_a_source_error():
-    with pytest.raises(SourceUnavailable, match="sinfo --json timed out after 5s"):
+def test_timeout_is_a_source_error_with_slurms_first_line():
+    with pytest.raises(SourceUnavailable, match="sinfo --json timed out after 5s$"):
         SlurmCliImpl(timeout=5, run=FakeRun(subprocess.TimeoutExpired(["sinfo"], 5))).nodes()
+    said = b"sinfo: error: Unable to contact slurm controller (connect failure)\nmore\n"
+    with pytest.raises(SourceUnavailable, match="timed out after 5s: sinfo: error: Unable to contact slurm "
+                                                r"controller \(connect failure\)$"):
+        SlurmCliImpl(timeout=5, run=FakeRun(subprocess.TimeoutExpired(["sinfo"], 5, stderr=said))).nodes()
+
+
+@pytest.mark.parametrize("make,strerror", [(lambda p: None, "No such file or directory"),
+                                           (lambda p: p.mkdir(), "Is a directory")])
+def test_a_missing_or_unreadable_slurm_conf_is_found_before_any_call(tmp_path, make, strerror):
+    conf = tmp_path / "slurm.conf"
+    make(conf)
+    run = FakeRun(done(stdout=SINFO))
+    with pytest.raises(SourceUnavailable) as err:
+        SlurmCliImpl(run=run, environ={"SLURM_CONF": str(conf)}).nodes()
+    assert str(err.value) == f"Slurm: cannot read SLURM_CONF={conf}: {strerror}" and run.calls == []
+    conf.parent.joinpath("ok.conf").write_text("ClusterName=c\n")
+    assert SlurmCliImpl(run=run, environ={"SLURM_CONF": str(tmp_path / "ok.conf")}).nodes()
 
 
 @pytest.mark.parametrize("stderr,stdout,message", [
