@@ -98,7 +98,9 @@ def render_table(result, all_nodes: bool = False) -> str:
 def render_history(records: list[dict]) -> str:
     rows = [("TIME", "USER", "EVENT", "NODE", "DETAIL")]
     for r in records:
-        detail = r.get("reason") or r.get("detail") or ""
+        # A refusal says why (detail) and what reason was on the node; a change says the reason it set.
+        why, reason = r.get("detail") or "", r.get("reason") or ""
+        detail = f"{why}; reason: {reason}" if why and reason else why or reason
         if r.get("dry_run"):
             detail = f"[dry-run] {detail}"
         rows.append((r.get("time", ""), r.get("user", ""), r.get("event", ""), r.get("node", ""), detail))

@@ -1,11 +1,13 @@
 """The append-only audit log: one JSON object per line for every action and every refusal.
 
-Each line: {"time", "user", "event", "node", "checks", "evidence", "reason", "dry_run", "detail",
-"values"}, plus "healthy_seconds" on resumes. `values` holds the metric values behind the decision:
-[{"rule", "device", "value", "threshold"}]. Lines are written whole with O_APPEND (concurrent writers
-never interleave a line) and fsync'd before opsctl goes on; the file is opened with O_NOFOLLOW. A
-crash can at worst leave a torn last line, which `read` skips with a warning. The log holds no
-secrets: only node names, rule ids, evidence, values and the acting user.
+Each line: {"time", "user", "event", "node", "state", "checks", "evidence", "reason", "dry_run",
+"detail", "values"}, plus "healthy_seconds" on resumes. `state` is the node's Slurm state as opsctl saw
+it (base plus flags, `IDLE+DRAIN`); on a refusal, `reason` is the Slurm reason on the node (the other
+party's, when someone else drained it) and `detail` says why opsctl left it alone. `values` holds the
+metric values behind the decision: [{"rule", "device", "value", "threshold"}]. Lines are written whole
+with O_APPEND (concurrent writers never interleave a line) and fsync'd before opsctl goes on; the
+file is opened with O_NOFOLLOW. A crash can at worst leave a torn last line, which `read` skips with
+a warning. The log holds no secrets: only node names, rule ids, evidence, values and the acting user.
 """
 
 import getpass
@@ -36,12 +38,14 @@ class AuditLog:
 
     def write(self, event: str, node: str = "", checks: Iterable[str] = (), evidence: str = "", reason: str = "",
               dry_run: bool = False, detail: str = "", now: float | None = None,
-              values: Iterable[dict[str, Any]] = (), healthy_seconds: float | None = None) -> None:
+              values: Iterable[dict[str, Any]] = (), healthy_seconds: float | None = None,
+              state: str = "") -> None:
         record = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now)),
             "user": current_user(),
             "event": event,
             "node": node,
+            "state": state,
             "checks": list(checks),
             "evidence": evidence,
             "reason": reason,

@@ -35,8 +35,9 @@ def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
             names, nodes = _targets(slurm, hostlist)
             refused = [n for n in names if (nodes[n].out_of_service or nodes[n].reason) and not nodes[n].owned]
             for name in refused:
-                audit.write("refuse", node=name, reason=reason,
-                            detail=f"not-owned: already {nodes[name].state} ({nodes[name].reason or 'no reason'})")
+                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
+                            evidence=text, detail=f"not-owned: {nodes[name].state_text}, "
+                            + ("with a reason someone else set" if nodes[name].reason else "out of service"))
             todo = [n for n in names if n not in refused]
             if todo:
                 slurm.drain(todo, reason)
@@ -57,7 +58,7 @@ def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = Fal
             names, nodes = _targets(slurm, hostlist)
             refused = [n for n in names if nodes[n].reason and not nodes[n].owned and not force]
             for name in refused:
-                audit.write("refuse", node=name, reason=nodes[name].reason,
+                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
                             detail="not-owned: drained by someone else; use --force to resume it anyway")
             todo = [n for n in names if n not in refused]
             if todo:

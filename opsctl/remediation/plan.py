@@ -91,8 +91,12 @@ def unknown_stop(report: Report, cluster: dict[str, SlurmNode], safety: SafetyCo
 
 
 def _held(node: SlurmNode) -> str:
-    held = ",".join(node.held_by_slurm) or node.state
-    return f"Slurm holds it {held}" + (f" ({node.reason})" if node.reason else "")
+    return f"Slurm holds it {node.state_text}"
+
+
+def breaker_detail(stop: str) -> str:
+    """The audit detail of a node the circuit breaker left alone (the stop text names the breaker once)."""
+    return "circuit-breaker: " + stop.removeprefix("circuit breaker: ")
 
 
 def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
@@ -121,9 +125,10 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                 else:
                     plan.set(Decision(name, "skip:already-drained"))
             elif node.foreign_reason:
-                plan.set(Decision(name, "skip:not-owned", f"not-owned: already {node.state} ({node.reason})"))
+                plan.set(Decision(name, "skip:not-owned", f"not-owned: {node.state_text} with a reason opsctl did "
+                                  "not set", seen=node))
             elif node.out_of_service or node.held_by_slurm:
-                plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}"))
+                plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}", seen=node))
             else:
                 candidates.append(name)
     total = len(cluster)
@@ -136,7 +141,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
     if stop:
         plan.stop, plan.breaker = stop, True
         for name in acting:
-            plan.set(Decision(name, "skip:circuit-breaker", f"circuit-breaker: {stop}"))
+            plan.set(Decision(name, "skip:circuit-breaker", breaker_detail(stop), seen=cluster[name]))
         return _narrow(plan, scope)
     budget = max(0, min(safety.max_drains_per_run, safety.max_drains_per_hour - drains_last_hour))
     out_now = sum(1 for node in cluster.values() if node.out_of_service)
@@ -150,7 +155,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
             else:
                 why, detail = "budget", (f"drain budget spent ({safety.max_drains_per_run} per run, "
                                          f"{safety.max_drains_per_hour} per hour)")
-            plan.set(Decision(name, f"skip:{why}", f"{why}: {detail}"))
+            plan.set(Decision(name, f"skip:{why}", f"{why}: {detail}", seen=cluster[name]))
             plan.stop = plan.stop or f"{detail}: {len(acting) - index} failing nodes left as they are"
             continue
         checks = report.nodes[name].drain_checks()
@@ -222,7 +227,7 @@ def plan_resumes(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule
         if why:
             if plan.action(name) == "none":
                 detail = f"slurm-state: {_held(node)}" if why == "slurm-state" else ""
-                plan.set(Decision(name, f"skip:{why}", detail))
+                plan.set(Decision(name, f"skip:{why}", detail, seen=node))
             continue
         since[name] = healthy_since.get(name, now)
         if now - since[name] < resume_after_s:
@@ -233,11 +238,11 @@ def plan_resumes(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule
     budget = max(0, min(safety.max_resumes_per_run, safety.max_resumes_per_hour - resumes_last_hour))
     for index, name in enumerate(ready):
         if plan.breaker:
-            plan.set(Decision(name, "skip:circuit-breaker", f"circuit-breaker: {plan.stop}"))
+            plan.set(Decision(name, "skip:circuit-breaker", breaker_detail(plan.stop), seen=cluster[name]))
         elif index >= budget:
             why = (f"budget: resume budget spent ({safety.max_resumes_per_run} per run, "
                    f"{safety.max_resumes_per_hour} per hour)")
-            plan.set(Decision(name, "skip:budget", why))
+            plan.set(Decision(name, "skip:budget", why, seen=cluster[name]))
             plan.stop = plan.stop or f"resume budget spent: {len(ready) - index} healthy nodes left drained"
         else:
             values = tuple({"rule": r, "device": device, "value": value, "threshold": by_id[r].threshold}

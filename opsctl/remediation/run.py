@@ -121,8 +121,10 @@ class Run:
                                     duration_seconds(self.config.safety.resume_after), self.config.safety,
                                     len(self.state.recent("resumes", now)), options.dry_run, now, scope, plan)
             for decision in plan.refusals():
+                seen = decision.seen
                 self.audit.write("refuse", node=decision.node, checks=[c.id for c in decision.checks],
-                                 detail=decision.detail, dry_run=options.dry_run, now=now)
+                                 detail=decision.detail, dry_run=options.dry_run, now=now,
+                                 reason=seen.reason if seen else "", state=seen.state_text if seen else "")
             if self.acting:
                 self.state.save_handled(memory)
             self._carry_out(plan, memory)
@@ -168,10 +170,11 @@ class Run:
             if decision.seen is not None and now_seen is not None and now_seen.same_as(decision.seen):
                 kept.append(decision)
                 continue
-            state = f"{now_seen.state} {','.join(now_seen.flags)} ({now_seen.reason})" if now_seen else "gone"
+            state = now_seen.state_text if now_seen else "gone"
             why = f"changed: Slurm changed since the plan (now {state})"
             without(plan, decision.node, why)
-            self.audit.write("refuse", node=decision.node, detail=why, now=self.now)
+            self.audit.write("refuse", node=decision.node, detail=why, now=self.now, state=state,
+                             reason=now_seen.reason if now_seen else "")
         return kept
 
     def _carry_out(self, plan: Plan, memory: HandledMemory) -> None:
@@ -251,4 +254,5 @@ class Run:
         self.done.append(f"{event} {decision.node}" + (f": {decision.reason}" if decision.reason else ""))
         self.audit.write(event, node=decision.node, checks=checks, evidence=evidence,
                          reason=decision.reason or seen_reason, values=decision.values, now=self.now,
+                         state=decision.seen.state_text if decision.seen else "",
                          healthy_seconds=decision.healthy_s if event == "resume" else None)

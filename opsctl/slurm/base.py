@@ -40,6 +40,11 @@ class SlurmNode:
         return "DRAIN" in self.flags or self.state in ("drained", "draining", "drain")
 
     @property
+    def state_text(self) -> str:
+        """The state as Slurm prints it: the base state and its flags, `IDLE+DRAIN`, `DOWN+NOT_RESPONDING`."""
+        return "+".join([self.state.upper() or "UNKNOWN", *self.flags])
+
+    @property
     def held_by_slurm(self) -> tuple[str, ...]:
         """The states and flags that put this node out of opsctl's reach (empty when there are none)."""
         held = [self.state.upper()] if self.state in DOWN_STATES else []

@@ -37,7 +37,10 @@ def test_a_node_drained_by_hand_is_never_resumed_or_re_reasoned(h):
         time.sleep(3.5)
     node = h.slurm()["gpu053"]
     assert node.drained and node.reason == "maintenance"
-    assert any(r["event"] == "refuse" and r["node"] == "gpu053" and "not-owned" in r["detail"] for r in h.audit())
+    refusal = next(r for r in h.audit() if r["event"] == "refuse" and r["node"] == "gpu053")
+    # Real Slurm's state of a node a person drained, and the person's reason, as the audit log tells it.
+    assert (refusal["state"], refusal["reason"]) == ("IDLE+DRAIN", "maintenance")
+    assert refusal["detail"] == "not-owned: IDLE+DRAIN with a reason opsctl did not set"
 
 
 def test_xid_79_drained_then_resumed_by_a_person_is_not_drained_again(h):

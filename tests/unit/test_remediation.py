@@ -354,8 +354,8 @@ def test_audit_log_appends_json_lines_with_values(tmp_path):
     log.write("resume", node="gpu042", healthy_seconds=612.4)
     records = [json.loads(line) for line in (tmp_path / "log" / "audit.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records] == ["drain", "refuse", "resume"]
-    assert set(records[0]) == {"time", "user", "event", "node", "checks", "evidence", "reason", "dry_run", "detail",
-                               "values"}
+    assert set(records[0]) == {"time", "user", "event", "node", "state", "checks", "evidence", "reason", "dry_run",
+                               "detail", "values"}
     assert records[0]["values"] == [{"rule": "xid-79", "device": "gpu3", "value": 1, "threshold": 0}]
     assert records[2]["healthy_seconds"] == 612 and records[1]["dry_run"] is True
     assert log.read(node="gpu041") == ([records[1]], []) and log.read(limit=1) == ([records[2]], [])
