@@ -36,8 +36,8 @@ def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
             refused = [n for n in names if (nodes[n].out_of_service or nodes[n].reason) and not nodes[n].owned]
             for name in refused:
                 audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
-                            evidence=text, detail=f"not-owned: {nodes[name].state_text}, "
-                            + ("with a reason someone else set" if nodes[name].reason else "out of service"))
+                            evidence=text, detail=f"not-owned: {nodes[name].state_text} "
+                            + ("with a reason opsctl did not set" if nodes[name].reason else "out of service"))
             todo = [n for n in names if n not in refused]
             if todo:
                 slurm.drain(todo, reason)

@@ -98,6 +98,6 @@ def test_manual_drain_and_resume_refusals_carry_the_other_partys_reason(tmp_path
     assert w.run("resume", "gpu062") == 4
     drain, resume = [r for r in refusals(w) if r["node"] == "gpu062"]
     assert (drain["state"], drain["reason"], drain["evidence"]) == ("IDLE+DRAIN", "ticket-123 bad dimm", "mine now")
-    assert drain["detail"] == "not-owned: IDLE+DRAIN, with a reason someone else set"
+    assert drain["detail"] == "not-owned: IDLE+DRAIN with a reason opsctl did not set"
     assert (resume["state"], resume["reason"]) == ("IDLE+DRAIN", "ticket-123 bad dimm")
     assert resume["detail"].startswith("not-owned: drained by someone else")
