@@ -19,6 +19,7 @@ import yaml
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
+from opsctl.health.units import FORMATS, fill, unknown_formats
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -68,10 +69,8 @@ class Rule:
         return f"({self.expr}) unless ({ok})"
 
     def format_evidence(self, device: str, value: float) -> str:
-        # Evidence goes into a capped drain reason: three significant digits say enough.
-        shown = _number(value) if value == int(value) else f"{value:.3g}"
-        text = Template(self.evidence).safe_substitute(value=shown, threshold=_number(self.threshold))
-        return f"{device} {text}".strip()
+        # Evidence goes into a capped drain reason: words and three significant digits (opsctl.health.units).
+        return f"{device} {fill(self.evidence, value, self.threshold)}".strip()
 
 
 def _number(value: float) -> str:
@@ -177,10 +176,14 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     if memory not in MEMORY_KINDS:
         raise ConfigError(f"{where}: memory must be one of {', '.join(MEMORY_KINDS)}")
     _check_windows(expr, config, where)
+    evidence = str(merged.get("evidence", "value=${value}"))
+    if unknown_formats(evidence):
+        raise ConfigError(f"{where}: evidence: unknown format {unknown_formats(evidence)[0]} (one of "
+                          f"{', '.join(FORMATS)})")
     return Rule(id=rid, source=source, device_label=str(merged.get("device_label", "")), expr=" ".join(expr.split()),
                 op=merged["op"], threshold=threshold, hold=hold, severity=merged["severity"],
                 action=merged["action"], auto_resume=auto_resume,
-                evidence=str(merged.get("evidence", "value=${value}")),
+                evidence=evidence,
                 description=" ".join(str(merged["description"]).split()),
                 remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory)
 

@@ -162,6 +162,10 @@ def test_ib_down_and_degraded_on_compute_rails_fail(clean):
     found = checks(report, "gpu003")
     assert ("ib-down", "mlx5_2", "fail") in found
     assert ("ib-degraded", "mlx5_5", "fail") in found
+    # Evidence for people, the raw value beside it (node_exporter's state id and bytes per second).
+    evidence = {(c.id, c.device): (c.evidence, c.value) for c in report.nodes["gpu003"].checks}
+    assert evidence[("ib-down", "mlx5_2")] == ("mlx5_2 DOWN (state_id=1)", 1)
+    assert evidence[("ib-degraded", "mlx5_5")] == ("mlx5_5 200 Gb/s, expected 400 (rate_bytes=25000000000)", 2.5e10)
 
 
 def test_storage_port_is_not_a_compute_rail(clean):
@@ -186,6 +190,12 @@ def test_thermal_warns(clean):
     assert report.nodes["gpu002"].status == "warn"
     assert ("gpu-temp-high", "gpu4", "warn") in found
     assert ("clocks-hw-slowdown", "gpu4", "warn") in found
+    by_id = {c.id: c for c in report.nodes["gpu002"].checks}
+    # The emulator sets HW_SLOWDOWN, SW_THERMAL and HW_THERMAL: the rule's value is the mask of its two bits.
+    assert (by_id["clocks-hw-slowdown"].evidence, by_id["clocks-hw-slowdown"].value) == \
+        ("gpu4 HW_SLOWDOWN,HW_THERMAL (0x48)", 72)
+    temp = by_id["gpu-temp-high"]
+    assert temp.evidence == f"gpu4 {temp.value:g}°C (threshold 87°C)"
 
 
 def test_exporter_down_is_unknown(clean):
