@@ -26,9 +26,10 @@ def _debug() -> bool:
     return bool(ctx is not None and getattr(ctx.find_root().obj, "debug", False))
 
 
-def error_json(message: str, code: ExitCode, done: list[str] | None = None) -> str:
+def error_json(message: str, code: ExitCode, done: list[str] | None = None, **extra: str) -> str:
     """The error of a --json command as the object its stdout carries (same schema version as its output)."""
-    return json.dumps({"schema": JSON_SCHEMA, "error": message, "exit_code": int(code), "done": list(done or [])})
+    return json.dumps({"schema": JSON_SCHEMA, "error": message, "exit_code": int(code), "done": list(done or []),
+                       **extra})
 
 
 def one_line_errors(func: Callable[..., ExitCode | int | None]) -> Callable[..., None]:

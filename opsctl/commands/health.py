@@ -9,12 +9,14 @@ import json
 import click
 
 from opsctl.commands.context import Clients
-from opsctl.commands.render import render_history, render_json, render_nodes, render_table
-from opsctl.commands.watch import watch
-from opsctl.errors import ExitCode
+from opsctl.commands.exit import error_json
+from opsctl.commands.render import iso_time, render_history, render_json, render_nodes, render_table
+from opsctl.commands.watch import PASSING, watch
+from opsctl.errors import ExitCode, OpsctlError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.dashboard import render_grafana_dashboard
 from opsctl.health.export import render_prometheus_rules
+from opsctl.prom.client import redact
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.manual import manual_drain, manual_resume
 from opsctl.remediation.run import RunOptions, RunResult, run_health
@@ -35,7 +37,25 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
         result = once()
         show(result)
         return result.exit_code
-    return watch(once, watch_s, show, lambda line: click.echo(line, err=True))
+
+    # Every --watch line starts with the time of its round (the JSON carries it in summary.time), so a
+    # journal or a terminal scrollback tells the rounds apart.
+    def show_round(result: RunResult) -> None:
+        if as_json:
+            click.echo(render_json(result))
+            return
+        stamp = iso_time(result.started)
+        click.echo("\n".join(f"{stamp} {line}" for line in render_table(result, all_nodes).splitlines()))
+
+    def once_or_json_error() -> RunResult:
+        try:
+            return once()
+        except OpsctlError as err:
+            if as_json and err.exit_code in PASSING:
+                click.echo(error_json(redact(str(err)), err.exit_code, getattr(err, "done", []), time=iso_time()))
+            raise
+
+    return watch(once_or_json_error, watch_s, show_round, lambda line: click.echo(f"{iso_time()} {line}", err=True))
 
 
 def nodes(clients: Clients, as_json: bool) -> ExitCode:

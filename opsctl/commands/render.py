@@ -6,10 +6,16 @@ JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", 
 
 import json
 import math
+import time
 
 from opsctl.health.evaluate import Check, NodeVerdict
 
 JSON_SCHEMA = 1
+
+
+def iso_time(unix: float | None = None) -> str:
+    """UTC, to the second: 2026-12-01T01:11:22Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if unix is None else unix))
 
 
 def _number(value):
@@ -34,6 +40,7 @@ def summary(result) -> dict:
     actions = [result.plan.action(v.node) for v in nodes]
     return {
         "schema": JSON_SCHEMA,
+        "time": iso_time(result.started),
         "nodes": len(result.report.nodes),
         **count,
         "not_in_slurm": sum(1 for v in nodes if not v.in_slurm),

@@ -43,6 +43,7 @@ class RunResult:
     seconds: float = 0.0
     options: RunOptions = field(default_factory=RunOptions)
     done: list[str] = field(default_factory=list)
+    started: float = 0.0  # the run's clock (Unix time): what the JSON `time` and --watch lines show
 
 
 class RunAborted(OpsctlError):
@@ -63,13 +64,14 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
     acting = (options.drain or options.resume) and not options.dry_run
     planning = options.drain or options.resume
     done = [] if done is None else done
+    now = time.time() if now is None else now
     audit = AuditLog(config.audit_log)
     rules = load_catalog(config)
     lock = RunLock(config.state_dir) if acting else contextlib.nullcontext()
     try:
         with lock:
             result = Run(config, options, rules, prom, slurm, audit, StateDir(config.state_dir), done,
-                         time.time() if now is None else now).execute()
+                         now).execute()
     except Exception as err:
         if planning:
             with contextlib.suppress(OpsctlError):  # the audit log itself may be what failed
@@ -83,6 +85,7 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
     result.seconds = time.monotonic() - started
     result.options = options
     result.done = done
+    result.started = now
     return result
 
 

@@ -4,6 +4,7 @@ code. The lab tier runs the same behaviours against real Slurm (22.05, 24.11, 26
 VictoriaMetrics."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +17,7 @@ from opsctl.remediation.state import RunLock, StateDir
 from tests.unit.fakes import FakeProm, FakeSlurm, gpu_nodes, node
 
 IB_REASON = "opsctl:ib-down mlx5_0 state_id=1"
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
 
 class World:
@@ -310,6 +312,20 @@ def test_watch_goes_on_after_a_failed_round_and_ends_with_exit_0_on_sigterm(worl
     world.prom.query = query
     assert world.run("health", "--watch", "1", "--json") == 0
     assert world.stdout.count('"summary"') == 2 and "cannot connect (exit 3); retrying in 1s" in world.stderr
+    assert re.fullmatch(rf"{ISO} opsctl: Prometheus at x: cannot connect \(exit 3\); retrying in 1s\n", world.stderr)
+    error, *rounds = json.loads("[" + world.stdout.replace("}\n{", "},\n{") + "]")
+    assert (error["error"], error["exit_code"], error["schema"]) == ("Prometheus at x: cannot connect", 3, 1)
+    assert re.fullmatch(ISO, error["time"]) and all(re.fullmatch(ISO, r["summary"]["time"]) for r in rounds)
+
+
+def test_every_watch_line_of_the_table_starts_with_the_time_of_its_round(world):
+    world.prom.breach("xid-79", "gpu040", "3")
+    world.slurm.sigterm_on_read = 2
+    assert world.run("health", "--watch", "1") == 0
+    lines = world.stdout.splitlines()
+    assert len(lines) == 6 and all(re.match(rf"{ISO} ", line) for line in lines)  # two rounds of three lines
+    assert lines[0].endswith(" NODE    STATUS  ACTION  EVIDENCE") and " 64 nodes: " in lines[2]
+    assert len({line.split()[0] for line in lines[:3]}) == 1  # one round, one time
 
 
 def test_a_drain_only_run_keeps_the_healthy_clock_of_a_resume_run(tmp_path):
