@@ -1,0 +1,56 @@
+"""`opsctl lab machines status` exits 0 only when everything the tier runs is running (every machine
+and its apt cache), 1 otherwise, as `opsctl lab status` does (its lab tier test: test_lab_lifecycle.py).
+The pid files are the tier's own record of what runs; this process stands in for a running one."""
+
+import os
+
+from click.testing import CliRunner
+
+from opsctl.cli import main
+from opsctl_lab.machines import aptcache, nspawn
+from opsctl_lab.machines.lifecycle import status
+from opsctl_lab.machines.settings import Settings
+
+
+def machines(tmp_path, names=("head", "gpu1")) -> Settings:
+    settings = Settings(net=7, state_dir=tmp_path / "machines", inventory_dir=tmp_path / "inv",
+                        apt_cache_dir=tmp_path / "apt")
+    for name in names:
+        (settings.machine_dir(name) / "upper").mkdir(parents=True)
+    return settings
+
+
+def run(settings, name=None, cache=False) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    if name:
+        nspawn._pid_file(settings, name).write_text(f"{os.getpid()}\n")
+    if cache:
+        aptcache._pid_file(settings).parent.mkdir(parents=True, exist_ok=True)
+        aptcache._pid_file(settings).write_text(f"{os.getpid()}\n")
+    return int(status(lines.append, settings)), lines
+
+
+def test_no_machines_is_1(tmp_path):
+    assert run(Settings(net=7, state_dir=tmp_path / "none", inventory_dir=tmp_path / "inv"))[0] == 1
+
+
+def test_stopped_machines_are_1_and_all_running_is_0(tmp_path):
+    settings = machines(tmp_path)
+    code, lines = run(settings)
+    assert code == 1 and [line.split()[-1] for line in lines] == ["stopped", "stopped", "stopped"]
+    assert run(settings, "head", cache=True)[0] == 1  # gpu1 still stopped
+    code, lines = run(settings, "gpu1")
+    assert code == 0 and all(f"running pid {os.getpid()}" in line for line in lines)
+
+
+def test_a_stopped_apt_cache_is_1(tmp_path):
+    settings = machines(tmp_path, names=("head",))
+    assert run(settings, "head")[0] == 1
+
+
+def test_the_command_exits_with_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCTL_LAB_DIR", str(tmp_path))
+    monkeypatch.setenv("OPSCTL_LAB_NET", "7")
+    monkeypatch.setenv("OPSCTL_LAB_INVENTORY", str(tmp_path / "inv"))
+    result = CliRunner().invoke(main, ["lab", "machines", "status"])
+    assert result.exit_code == 1 and "no lab machines" in result.stdout
