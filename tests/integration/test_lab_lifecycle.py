@@ -42,6 +42,8 @@ def test_second_up_changes_nothing(lab):
     proc = opsctl("lab", "up", env=lab.env)
     assert "lab ready" in proc.stdout
     assert (_pids(lab.lab_dir), [c.read_text() for c in configs]) == before
+    # Everything the tier runs is running: exit 0 (1 once it is down, below).
+    assert opsctl("lab", "status", env=lab.env, check=False).returncode == 0
 
 
 def test_up_with_other_size_is_refused_while_running(lab):

@@ -66,6 +66,7 @@ def test_up_is_idempotent_and_quick():
     out = opsctl("up")
     assert out.returncode == 0 and "already up" in out.stdout
     assert time.monotonic() - began < 15
+    assert opsctl("status").returncode == 0  # every machine and the apt cache run
 
 
 def test_ansible_ping_with_host_key_checking():
@@ -203,6 +204,7 @@ def _lab_processes():
 def test_down_leaves_nothing_and_up_again_works():
     out = opsctl("down")
     assert out.returncode == 0, out.stderr
+    assert opsctl("status").returncode == 1  # machines stopped: not what the tier should run
     assert _lab_processes() == []  # nspawn machines and apt-cacher-ng (zombies have no cmdline)
     names = ("head", "gpu1", "gpu2", "gpu3")
     assert net.lab_netns(SETTINGS) == []
