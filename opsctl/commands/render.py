@@ -34,6 +34,20 @@ def check_json(check: Check) -> dict:
     return entry
 
 
+def out_of_service(cluster) -> dict:
+    """The judged nodes out of service: drained (DRAIN, draining too) or down (DOWN, FAIL, NOT_RESPONDING,
+    MAINT, ...), and whose they are: opsctl's automatic drains, `opsctl drain` by hand, or others (a
+    person's scontrol, Slurm itself)."""
+    out = [n for n in cluster.values() if n.out_of_service]
+    return {
+        "drained": sum(1 for n in out if n.drained),
+        "down": sum(1 for n in out if not n.drained),
+        "opsctl_auto": sum(1 for n in out if n.owned and not n.manual),
+        "opsctl_manual": sum(1 for n in out if n.manual),
+        "others": sum(1 for n in out if not n.owned),
+    }
+
+
 def summary(result) -> dict:
     nodes = result.report.nodes.values()
     count = {s: sum(1 for v in nodes if v.status == s) for s in ("ok", "warn", "fail", "unknown")}
@@ -44,6 +58,7 @@ def summary(result) -> dict:
         "nodes": len(result.report.nodes),
         **count,
         "not_in_slurm": sum(1 for v in nodes if not v.in_slurm),
+        "out_of_service": out_of_service(result.cluster),
         "drained": actions.count("drain"),
         "would_drain": actions.count("would-drain"),
         "resumed": actions.count("resume"),
@@ -61,13 +76,31 @@ def summary(result) -> dict:
     }
 
 
-def node_json(verdict: NodeVerdict, action: str = "none") -> dict:
-    return {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
-            "checks": [check_json(c) for c in verdict.checks], "action": action}
+def node_json(verdict: NodeVerdict, action: str = "none", eligible_at: float | None = None) -> dict:
+    entry = {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
+             "checks": [check_json(c) for c in verdict.checks], "action": action}
+    if eligible_at is not None:
+        entry["eligible_at"] = iso_time(eligible_at)
+    return entry
+
+
+def _eligible_at(result, node: str) -> float | None:
+    decision = result.plan.decisions.get(node)
+    return decision.eligible_at if decision else None
+
+
+def _waiting(result, node: str) -> str:
+    """'resume eligible at 2026-12-01T01:20:00Z (in 4m10s)' for a node that waits out its healthy period."""
+    at = _eligible_at(result, node)
+    if at is None:
+        return ""
+    left = max(0, round(at - result.started))
+    return f"resume eligible at {iso_time(at)} (in {left // 60}m{left % 60:02d}s)"
 
 
 def render_json(result) -> str:
-    nodes = [node_json(v, result.plan.action(v.node)) for v in result.report.nodes.values()]
+    nodes = [node_json(v, result.plan.action(v.node), _eligible_at(result, v.node))
+             for v in result.report.nodes.values()]
     return json.dumps({"nodes": nodes, "summary": summary(result)}, indent=1)
 
 
@@ -79,7 +112,8 @@ def render_table(result, all_nodes: bool = False) -> str:
         if not all_nodes and verdict.status == "ok" and action == "none" and verdict.in_slurm:
             continue
         shown = [c for c in verdict.checks if c.status != "handled"] or verdict.checks
-        evidence = "; ".join(f"{c.id} {c.evidence}" for c in shown[:3])
+        evidence = "; ".join([w for w in [_waiting(result, verdict.node)] if w]
+                             + [f"{c.id} {c.evidence}" for c in shown[:3]])
         if len(shown) > 3:
             evidence += f"; +{len(shown) - 3} more"
         name = verdict.node if verdict.in_slurm else f"{verdict.node} (not in Slurm)"
@@ -88,7 +122,7 @@ def render_table(result, all_nodes: bool = False) -> str:
     lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}".rstrip() for r in rows]
     s = summary(result)
     tail = (f"{s['nodes']} nodes: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['unknown']} unknown"
-            f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
+            + _out_of_service_text(s["out_of_service"]) + f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
     acted = [f"{s[k]} {k.replace('_', ' ')}" for k in ("drained", "would_drain", "resumed", "would_resume",
                                                        "escalated", "would_escalate") if s[k]]
     if acted:
@@ -100,6 +134,15 @@ def render_table(result, all_nodes: bool = False) -> str:
     if len(rows) == 1:
         return tail
     return "\n".join(lines) + "\n" + tail
+
+
+def _out_of_service_text(counts: dict) -> str:
+    """'; out of service: 3 drained, 1 down (2 by opsctl, 1 by opsctl drain, 1 by others)', or nothing."""
+    if not counts["drained"] and not counts["down"]:
+        return ""
+    whose = [f"{counts[k]} by {who}" for k, who in (("opsctl_auto", "opsctl"), ("opsctl_manual", "opsctl drain"),
+                                                    ("others", "others")) if counts[k]]
+    return f"; out of service: {counts['drained']} drained, {counts['down']} down ({', '.join(whose)})"
 
 
 def render_history(records: list[dict]) -> str:

@@ -27,6 +27,7 @@ class Decision:
     seen: SlurmNode | None = None  # Slurm as planned: the change is made only if it is still so
     healthy_s: float = 0.0  # a resume: how long the node has been healthy
     values: tuple[dict[str, object], ...] = ()  # the metric values behind it: {rule, device, value, threshold}
+    eligible_at: float | None = None  # a resume that waits out safety.resume_after: when it may happen (Unix time)
 
 
 def check_values(checks: tuple[Check, ...] | list[Check]) -> tuple[dict[str, object], ...]:
@@ -231,7 +232,7 @@ def plan_resumes(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule
             continue
         since[name] = healthy_since.get(name, now)
         if now - since[name] < resume_after_s:
-            plan.set(Decision(name, "skip:healthy-period"))
+            plan.set(Decision(name, "skip:healthy-period", seen=node, eligible_at=since[name] + resume_after_s))
             continue
         ready.append(name)
     plan.healthy_since = since

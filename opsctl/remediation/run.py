@@ -44,6 +44,7 @@ class RunResult:
     options: RunOptions = field(default_factory=RunOptions)
     done: list[str] = field(default_factory=list)
     started: float = 0.0  # the run's clock (Unix time): what the JSON `time` and --watch lines show
+    cluster: dict[str, SlurmNode] = field(default_factory=dict)  # the judged nodes as Slurm showed them
 
 
 class RunAborted(OpsctlError):
@@ -138,7 +139,8 @@ class Run:
             report.nodes = {n: v for n, v in report.nodes.items() if n in scope}
         if any(v.status == "fail" for v in report.nodes.values()):
             code = worst(code, ExitCode.FAILING)
-        return RunResult(report=report, exit_code=code, plan=plan)
+        shown = cluster if scope is None else {n: node for n, node in cluster.items() if n in scope}
+        return RunResult(report=report, exit_code=code, plan=plan, cluster=shown)
 
     def _scope(self, cluster: dict[str, SlurmNode]) -> set[str]:
         names = set(self.slurm.expand(self.options.scope or ""))
