@@ -73,6 +73,12 @@ lint: venv
 # `make provision`: the lab machines (started when not running), or INVENTORY=DIR for a real cluster.
 # Never touches `opsctl lab up` (the host-level simulated cluster). Prints each phase's wall time.
 PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
+# The time per role at the end: ansible-core's own junit callback times each task on each host, and
+# playbooks/role_times.py sums them per role (the profile_roles callback is in ansible.posix, which
+# ansible-core lacks). Task arguments stay out of the file, which lives in a private temporary
+# directory (mktemp -d, mode 0700) only while the summary is made.
+PROFILE_ENV := ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit JUNIT_HIDE_TASK_ARGUMENTS=true \
+  JUNIT_TASK_RELATIVE_PATH=$(CURDIR)/playbooks JUNIT_INCLUDE_SETUP_TASKS_IN_REPORT=true
 provision: venv
 	@set -e; \
 	phase() { echo "== provision: $$1: $$(( $$(date +%s) - $$2 )) s"; }; \
@@ -88,9 +94,11 @@ provision: venv
 	  fi; \
 	  phase "lab machines" $$t0; \
 	fi; \
-	t0=$$(date +%s); \
-	$(PLAYBOOK_ENV) $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS); \
-	phase "playbooks/site.yml on $$inv" $$t0
+	t0=$$(date +%s); junit=$$(mktemp -d); rc=0; \
+	$(PLAYBOOK_ENV) $(PROFILE_ENV) JUNIT_OUTPUT_DIR=$$junit \
+	  $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS) || rc=$$?; \
+	$(BIN)/python playbooks/role_times.py $$junit; rm -rf $$junit; \
+	phase "playbooks/site.yml on $$inv" $$t0; exit $$rc
 
 bench: deps-lab venv
 	$(BIN)/python bench/health_scale.py

@@ -162,6 +162,10 @@ def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
     assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
     assert "== provision: playbooks/site.yml on inventory/lab:" in first
     assert "== provision: lab machines" in first
+    # The time per role, from ansible-core's junit callback, after the recap: one line per role that ran.
+    summary = first.split("== provision: time per role", 1)[1].split("\n== provision:", 1)[0].splitlines()[1:]
+    timed = {line.split()[0]: float(line.split()[-2]) for line in summary}
+    assert {"common", "slurm", "total"} <= set(timed) and timed["total"] > 0, summary
 
 
 @pytest.mark.provision
