@@ -23,7 +23,7 @@ import requests
 
 from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable
-from opsctl.prom.failure import GATEWAY_STATUSES, QUERY_PATH, connect_failure, not_the_query_api, tls_failure
+from opsctl.prom.failure import QUERY_PATH, connect_failure, is_server_trouble, not_the_query_api, tls_failure
 
 
 @dataclass(frozen=True)
@@ -161,10 +161,11 @@ class PromClientImpl:
         except ValueError:
             payload = None
         # Prometheus answers 400/422/503 with a JSON error body ({"status": "error", "error": ...}); pass its
-        # message on. Without that body, only a gateway's status says that Prometheus is behind the URL.
+        # message on. Without that body, only a server error (5xx but 501) may come from a Prometheus
+        # behind the URL.
         if resp.status_code != 200:
             prometheus_error = isinstance(payload, dict) and payload.get("status") == "error"
-            if not prometheus_error and resp.status_code not in GATEWAY_STATUSES:
+            if not prometheus_error and not is_server_trouble(resp.status_code):
                 raise SourceUnavailable(not_the_query_api(self.shown_url, resp.status_code))
             detail = payload.get("error") if isinstance(payload, dict) else None
             raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))

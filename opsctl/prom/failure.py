@@ -16,9 +16,6 @@ import ssl
 from collections.abc import Iterator
 
 QUERY_PATH = "/api/v1/query"
-# Statuses that a proxy or load balancer in front of a real Prometheus gives while it is away; any
-# other status without Prometheus's JSON error body means the URL is not the query API.
-GATEWAY_STATUSES = (502, 503, 504)
 
 
 def causes(err: BaseException) -> Iterator[BaseException]:
@@ -71,6 +68,12 @@ def tls_failure(url: str, err: BaseException) -> str:
         if isinstance(cause, ssl.SSLError) and cause.reason:
             return f"TLS handshake with {url} failed: {cause.reason.replace('_', ' ').lower()}"
     return f"TLS handshake with {url} failed"
+
+
+def is_server_trouble(status: int) -> bool:
+    """A 5xx other than 501 (Not Implemented): the server, or a proxy in front of a real Prometheus, is
+    in trouble. Any other status without Prometheus's JSON error body means the URL is not the query API."""
+    return status >= 500 and status != 501
 
 
 def not_the_query_api(url: str, status: int) -> str:
