@@ -12,6 +12,7 @@ SourceUnavailable with one line that names the query, so no decision is made on 
 they are collected in the client's `warnings`, and a run that has any acts on nothing.
 """
 
+import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,11 @@ def answer_warnings(payload: object, expr: str) -> list[str]:
     return [f"{_short(expr)!r}: {w}" for w in found]
 
 
+def _series(labels: dict[str, str]) -> str:
+    """A label set as PromQL writes it: {node="gpu001", gpu="3"} (a message holds no Python repr)."""
+    return "{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in labels.items()) + "}"
+
+
 def parse_vector(payload: object, expr: str) -> list[Sample]:
     """Check the shape of a query answer strictly and return its samples."""
     where = f"Prometheus answer to {_short(expr)!r}"
@@ -65,27 +71,28 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
         raise SourceUnavailable(f"{where}: not a JSON object")
     if payload.get("status") != "success":
         error = payload.get("error") or payload.get("status")
-        raise SourceUnavailable(f"{where}: status {error!r}")
+        raise SourceUnavailable(f"{where}: status {error}")
     data = payload.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind!r}")
+        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind}")
     samples = []
     for item in data["result"]:
         if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
             raise SourceUnavailable(f"{where}: a result entry has no label set")
         labels = item["metric"]
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise SourceUnavailable(f"{where}: labels must be strings in {labels!r}")
+            raise SourceUnavailable(f"{where}: labels must be strings in {json.dumps(labels)}")
         value = item.get("value")
         # The API sends [unix_time, "value as string"]; a bare number is a broken or foreign server.
         if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str)
                 or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
-            raise SourceUnavailable(f"{where}: malformed value {value!r} for {labels!r}")
+            raise SourceUnavailable(f"{where}: malformed value {json.dumps(value)} for {_series(labels)}")
         try:
             number = float(value[1])  # "NaN", "+Inf" and "-Inf" too: judged unknown, never ok
         except ValueError:
-            raise SourceUnavailable(f"{where}: value {value[1]!r} is not a number for {labels!r}") from None
+            raise SourceUnavailable(f"{where}: value {json.dumps(value[1])} is not a number for {_series(labels)}") \
+                from None
         samples.append(Sample(labels=dict(labels), value=number))
     return samples
 

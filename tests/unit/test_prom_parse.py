@@ -31,6 +31,7 @@ def test_malformed_answers_are_refused(payload, message):
         parse_vector(payload, "DCGM_FI_DEV_XID_ERRORS")
     assert err.value.exit_code == ExitCode.SOURCE_DOWN
     assert "\n" not in str(err.value)
+    assert "{'" not in str(err.value) and "['" not in str(err.value)  # no Python repr of labels or values
 
 
 def test_good_and_empty_answers_parse():
