@@ -21,15 +21,15 @@ QUERY_PATH = "/api/v1/query"
 def causes(err: BaseException) -> Iterator[BaseException]:
     """err and every exception it wraps, outermost first, each once."""
     seen: set[int] = set()
-    todo = [err]
-    while todo:
-        current = todo.pop(0)
+    pending = [err]
+    while pending:
+        current = pending.pop(0)
         if id(current) in seen:
             continue
         seen.add(id(current))
         yield current
         inner = [getattr(current, "reason", None), current.__cause__, current.__context__, *current.args]
-        todo += [e for e in inner if isinstance(e, BaseException)]
+        pending += [e for e in inner if isinstance(e, BaseException)]
 
 
 def _errno_words(code: int) -> str:
