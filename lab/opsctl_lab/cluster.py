@@ -86,7 +86,11 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("ready", wait_ready, paths, nodes)
     for name, seconds in phases:
         click.echo(f"  {name:24} {seconds:6.1f} s")
-    click.echo(f"lab ready: {nodes} nodes idle, {2 * nodes} targets up, in {time.monotonic() - started:.1f} s")
+    states = slurm_lab.node_states(paths)
+    faults = {n: [_fault_label(f) for f in NodeHardware.load(paths.hardware(n), n).active] for n in states}
+    up_count = sum(1 for t in prometheus_lab.targets() if t.get("health") == "up")
+    for line in ready_report(states, faults, up_count, time.monotonic() - started):
+        click.echo(line)
     click.echo('use it: eval "$(opsctl lab env)"')
     return ExitCode.OK
 
@@ -178,6 +182,20 @@ def status() -> ExitCode:
     for node, faults in faulty:
         click.echo(f"  faults {node}: " + ", ".join(_fault_label(f) for f in faults))
     return ExitCode.OK if all(alive == total for total, alive in groups.values()) else ExitCode.FAILING
+
+
+def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_up: int, seconds: float) -> list[str]:
+    """What `lab up` found, as it is: nodes by their sinfo state (never "idle" for one that is not), each
+    node that is not idle, and each fault still injected (a lab keeps both across `down` and `up`)."""
+    by_state: dict[str, list[str]] = {}
+    for node, state in sorted(states.items()):
+        by_state.setdefault(state, []).append(node)
+    most_first = sorted(by_state.items(), key=lambda item: (-len(item[1]), item[0]))
+    counts = ", ".join(f"{len(names)} {state}" for state, names in most_first)
+    lines = [f"lab ready: {len(states)} nodes ({counts}), {targets_up} targets up, in {seconds:.1f} s"]
+    lines += [f"  {state:8} {', '.join(names)}" for state, names in sorted(by_state.items()) if state != "idle"]
+    lines += [f"  faults {node}: {', '.join(labels)}" for node, labels in sorted(faults.items()) if labels]
+    return lines
 
 
 def _fault_label(fault) -> str:

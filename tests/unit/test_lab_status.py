@@ -54,3 +54,14 @@ def test_the_command_exits_with_it(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSCTL_LAB_INVENTORY", str(tmp_path / "inv"))
     result = CliRunner().invoke(main, ["lab", "machines", "status"])
     assert result.exit_code == 1 and "no lab machines" in result.stdout
+
+
+def test_lab_up_reports_nodes_as_they_are_and_the_faults_it_finds():
+    from opsctl_lab.cluster import ready_report
+
+    states = {f"gpu{i:03d}": "idle" for i in range(1, 65)} | {"gpu010": "drain", "gpu020": "down*"}
+    lines = ready_report(states, {"gpu007": ["xid:79 gpu3"], "gpu001": []}, 124, 12.34)
+    assert lines == ["lab ready: 64 nodes (62 idle, 1 down*, 1 drain), 124 targets up, in 12.3 s",
+                     "  down*    gpu020", "  drain    gpu010", "  faults gpu007: xid:79 gpu3"]
+    clean = ready_report({"gpu001": "idle", "gpu002": "idle"}, {}, 4, 1.0)
+    assert clean == ["lab ready: 2 nodes (2 idle), 4 targets up, in 1.0 s"]
