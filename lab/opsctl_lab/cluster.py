@@ -198,6 +198,38 @@ def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_u
     return lines
 
 
+def reset() -> ExitCode:
+    """Back to a clean lab: every fault cleared, every node back in service (drained or down, by whoever),
+    and the lab's opsctl state and audit log emptied. Says what it cleared."""
+    paths = _paths()
+    state = _lab_state(paths)
+    if not state:
+        raise LabError("the lab is not running; start it with `opsctl lab up`")
+    names = [lp.node_name(i) for i in range(state["nodes"])]
+    lines = []
+    for index, node in enumerate(names):
+        hw = NodeHardware.load(paths.hardware(node), node)
+        if hw.active:
+            lines.append(f"cleared {node}: " + ", ".join(_fault_label(f) for f in hw.active))
+            hw.clear()
+            hw.save(paths.hardware(node))
+            prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
+    # sinfo's compact states of a node out of service (drain, drng, down*, fail, ...): only these resume.
+    out = {n: s for n, s in slurm_lab.node_states(paths).items()
+           if s.rstrip("*~#!%$@^-").startswith(("drain", "drng", "down", "fail"))}
+    if out:
+        slurm_lab.resume(paths, sorted(out))
+        lines.append("resumed " + ", ".join(f"{n} ({s})" for n, s in sorted(out.items())))
+    emptied = sorted(p.name for p in paths.opsctl_state.iterdir()) if paths.opsctl_state.is_dir() else []
+    if emptied:
+        shutil.rmtree(paths.opsctl_state)
+        paths.opsctl_state.mkdir(parents=True)
+        lines.append(f"emptied the opsctl state and audit log in {paths.opsctl_state}: {', '.join(emptied)}")
+    for line in lines or ["the lab was clean"]:
+        click.echo(line)
+    return ExitCode.OK
+
+
 def _fault_label(fault) -> str:
     name = f"xid:{fault.xid}" if fault.fault == "xid" else fault.fault
     where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""

@@ -65,3 +65,35 @@ def test_lab_up_reports_nodes_as_they_are_and_the_faults_it_finds():
                      "  down*    gpu020", "  drain    gpu010", "  faults gpu007: xid:79 gpu3"]
     clean = ready_report({"gpu001": "idle", "gpu002": "idle"}, {}, 4, 1.0)
     assert clean == ["lab ready: 2 nodes (2 idle), 4 targets up, in 1.0 s"]
+
+
+def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path, monkeypatch):
+    import json
+
+    from opsctl_lab import cluster, prometheus_lab, slurm_lab
+    from opsctl_lab.hardware import NodeHardware
+    from opsctl_lab.paths import LabPaths
+
+    monkeypatch.setenv("OPSCTL_LAB_DIR", str(tmp_path))
+    paths = cluster._paths()
+    assert isinstance(paths, LabPaths)
+    paths.state_file.write_text(json.dumps({"nodes": 3, "scrape_interval": 5, "slot": 0}))
+    hw = NodeHardware(node="gpu002")
+    hw.inject("xid:79", gpu=3)
+    hw.save(paths.hardware("gpu002"))
+    paths.opsctl_state.mkdir(parents=True)
+    (paths.opsctl_state / "audit.jsonl").write_text('{"event": "drain"}\n')
+    resumed, restarted = [], []
+    monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "drain", "gpu002": "idle", "gpu003": "down*"})
+    monkeypatch.setattr(slurm_lab, "resume", lambda p, nodes: resumed.append(nodes))
+    monkeypatch.setattr(prometheus_lab, "start_node_exporter", lambda p, index: restarted.append(index))
+    result = CliRunner().invoke(main, ["lab", "reset"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "cleared gpu002: xid:79 gpu3", "resumed gpu001 (drain), gpu003 (down*)",
+        f"emptied the opsctl state and audit log in {paths.opsctl_state}: audit.jsonl"]
+    assert resumed == [["gpu001", "gpu003"]] and restarted == [1]
+    assert NodeHardware.load(paths.hardware("gpu002"), "gpu002").active == []
+    assert list(paths.opsctl_state.iterdir()) == []
+    monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "idle", "gpu002": "idle", "gpu003": "idle"})
+    assert CliRunner().invoke(main, ["lab", "reset"]).stdout == "the lab was clean\n"
