@@ -68,6 +68,7 @@ lint: venv
 
 # `make provision`: the lab machines (started when not running), or INVENTORY=DIR for a real cluster.
 # Never touches `opsctl lab up` (the host-level simulated cluster). Prints each phase's wall time.
+# Facts are cached per inventory in <inventory>/.facts, so that PLAYBOOK_ARGS='--limit HOST' works.
 PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
 provision: venv
 	@set -e; \
@@ -85,7 +86,8 @@ provision: venv
 	  phase "lab machines" $$t0; \
 	fi; \
 	t0=$$(date +%s); \
-	$(PLAYBOOK_ENV) $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS); \
+	$(PLAYBOOK_ENV) ANSIBLE_CACHE_PLUGIN_CONNECTION="$$(realpath $$inv)/.facts" \
+	  $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS); \
 	phase "playbooks/site.yml on $$inv" $$t0
 
 bench: deps-lab venv

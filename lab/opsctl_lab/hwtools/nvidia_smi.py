@@ -60,7 +60,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict:
     power = min(hwm.POWER_LIMIT_W, view.power() + view.jitter("mw", 1000) / 1000.0)
     active = "Active"
     return {
-        "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": gpu, "module_id": gpu + 1,
+        "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
         "serial": f"{1650924000000 + stable_int(hw.node, gpu, 'serial', modulo=10**6)}",
         "uuid": gpu_uuid(hw.node, gpu), "pdi": f"0x{stable_int(hw.node, gpu, 'pdi', modulo=1 << 64):016x}",
         "board_id": f"0x{int(PCI_BUS_IDS[gpu], 16) << 8:x}",
