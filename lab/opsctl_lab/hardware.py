@@ -109,6 +109,7 @@ FAULTS = {
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
         FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", machines_only=True),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
+        FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
     ]
 }
 
