@@ -52,7 +52,8 @@ def test_host_addresses_never_write_a_name_as_an_address():
     hostvars = {
         "head": {"ansible_host": "10.20.0.10"},
         "gpu001": {"ansible_facts": {"default_ipv4": {"address": "10.20.1.1"}}},
-        "gpu002": {"ansible_host": "gpu002.cluster.example.net", "ansible_facts": {"default_ipv4": {"address": "10.20.1.2"}}},
+        "gpu002": {"ansible_host": "gpu002.cluster.example.net",
+                   "ansible_facts": {"default_ipv4": {"address": "10.20.1.2"}}},
         "gpu003": {"cluster_address": "10.30.1.3", "ansible_host": "10.20.1.3"},
         "gpu004": {},
     }
@@ -121,7 +122,8 @@ def production_packages() -> set[str]:
     for platform in SUPPORTED:
         nvidia = load_yaml(ROLES / "nvidia" / "vars" / f"{platform}.yml")["_nvidia_platform"]
         names |= {_render(p) for key in ("driver_packages", "fabric_packages", "doca_packages") for p in nvidia[key]}
-    names |= {_render(p) for p in load_yaml(ROLES / "dcgm_exporter" / "defaults" / "main.yml")["dcgm_exporter_packages"]}
+    dcgm = load_yaml(ROLES / "dcgm_exporter" / "defaults" / "main.yml")["dcgm_exporter_packages"]
+    names |= {_render(p) for p in dcgm}
     for role, key in (("slurm_controller", "slurm_controller_packages"), ("slurm_compute", "slurm_compute_packages")):
         names |= set(load_yaml(ROLES / role / "defaults" / "main.yml")[key])
     names |= {"munge", "prometheus", "prometheus-node-exporter", "slurm-smd-slurmd", "slurm-smd-client"}
