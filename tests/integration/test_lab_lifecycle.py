@@ -17,8 +17,8 @@ def _pids(lab_dir: Path) -> dict:
 
 
 def _lab_processes(lab_dir: Path) -> list[str]:
-    """Live processes whose command line names the lab directory or a lab daemon (the lab machines,
-    a separate tier under <lab>/machines, are not this lab's)."""
+    """Live processes whose command line names a path in the lab directory (the lab machines, a
+    separate tier under <lab>/machines, are not this lab's)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -28,8 +28,9 @@ def _lab_processes(lab_dir: Path) -> list[str]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        ours = str(lab_dir) in cmdline.replace(str(lab_dir / "machines"), "") or \
-            "opsctl_lab.dcgm_emulator --nodes-file" in cmdline
+        # Paths under the lab directory (the emulator's --nodes-file is one); another lab's directory
+        # may share the prefix (/var/lib/opsctl-lab-2), hence the slash.
+        ours = f"{lab_dir}/" in cmdline.replace(f"{lab_dir / 'machines'}/", "")
         if state != "Z" and ours:
             found.append(f"{proc.name}: {cmdline[:120]}")
     return found
