@@ -192,11 +192,11 @@ def test_one_variable_changes_exactly_its_files_and_handlers(machines):
     assert proc.returncode == 0, proc.stdout[-6000:]
     head, gpus = machines.head, machines.gpu_nodes
     expected = {("slurm : Template slurm.conf", host) for host in [head, *gpus]}
-    expected |= {("handler slurm_controller : Restart slurmctld", head)}
-    expected |= {("handler slurm_compute : Restart slurmd", gpu) for gpu in gpus}
+    expected |= {("handler slurm : Restart slurmctld", head)}
+    expected |= {("handler slurm : Restart slurmd", gpu) for gpu in gpus}
     assert changed_tasks(proc.stdout) == expected
     # The wait handler runs with the restart but changes nothing; it must have run on the controller.
-    assert "RUNNING HANDLER [slurm_controller : Wait for slurmctld after restart]" in proc.stdout
+    assert "RUNNING HANDLER [slurm : Wait for slurmctld after restart]" in proc.stdout
     assert "SlurmdTimeout=299" in machines.on_head("cat /etc/slurm/slurm.conf")
     restore = playbook("--tags", "slurm")
     assert restore.returncode == 0, restore.stdout[-6000:]
