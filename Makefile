@@ -72,6 +72,7 @@ lint: venv
 
 # `make provision`: the lab machines (started when not running), or INVENTORY=DIR for a real cluster.
 # Never touches `opsctl lab up` (the host-level simulated cluster). Prints each phase's wall time.
+# Facts are cached per inventory in <inventory>/.facts, so that PLAYBOOK_ARGS='--limit HOST' works.
 PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
 # The time per role at the end: ansible-core's own junit callback times each task on each host, and
 # playbooks/role_times.py sums them per role (the profile_roles callback is in ansible.posix, which
@@ -96,6 +97,7 @@ provision: venv
 	fi; \
 	t0=$$(date +%s); junit=$$(mktemp -d); rc=0; \
 	$(PLAYBOOK_ENV) $(PROFILE_ENV) JUNIT_OUTPUT_DIR=$$junit \
+	  ANSIBLE_CACHE_PLUGIN_CONNECTION="$$(realpath $$inv)/.facts" \
 	  $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS) || rc=$$?; \
 	$(BIN)/python playbooks/role_times.py $$junit; rm -rf $$junit; \
 	phase "playbooks/site.yml on $$inv" $$t0; exit $$rc

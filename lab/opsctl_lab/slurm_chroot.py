@@ -23,6 +23,8 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +39,11 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "mount"]
 RECIPE_VERSION = "1"
 STAMP = ".opsctl-chroot-recipe"
 CHECKER = Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "slurm" / "files" / "opsctl-slurm-check"
-# Mount /proc and /dev into the chroot inside a private mount namespace, then run the command there.
-_ENTER = ('root=$1; shift; for fs in proc sys dev; do mount --rbind "/$fs" "$root/$fs" || exit 1; done; '
+# Inside a private mount namespace: bind the root onto itself (so that / is a mount point in the chroot
+# and a command there may make its own private namespace, as the slurm role's checker does), mount
+# /proc, /sys and /dev into it, then run the command there.
+_ENTER = ('root=$1; shift; mount --bind "$root" "$root" || exit 1; '
+          'for fs in proc sys dev; do mount --rbind "/$fs" "$root/$fs" || exit 1; done; '
           'exec chroot "$root" "$@"')
 
 
@@ -84,8 +89,11 @@ class SlurmChroot:
 
     def slurmd_check(self, conf_dir: Path, nodes: list[str], cgroup_conf: Path | None = None):
         """Run the slurm role's checker (`slurmd -G -N NODE` for each node) with this release's slurmd
-        on conf_dir's slurm.conf, gres.conf and cgroup.conf. Returns the CompletedProcess."""
-        with tempfile.TemporaryDirectory(dir=self.root / "tmp") as work:
+        on conf_dir's slurm.conf, gres.conf and cgroup.conf. Returns the CompletedProcess.
+
+        slurmd of 26.05 makes a MUNGE credential before it parses anything, so a munged runs in the
+        chroot for the check: the one of a ChrootCluster that is up, else one started for it."""
+        with tempfile.TemporaryDirectory(dir=self.root / "tmp") as work, self._munged():
             inside = Path(work)
             shutil.copy(CHECKER, inside / "check")
             for name in ("slurm.conf", "gres.conf"):
@@ -94,6 +102,26 @@ class SlurmChroot:
             jail = "/" + str(inside.relative_to(self.root))
             return self.run([f"{jail}/check", f"{jail}/slurm.conf", f"{jail}/gres.conf", f"{jail}/cgroup.conf",
                              *nodes], check=False)
+
+    @contextmanager
+    def _munged(self) -> Iterator[None]:
+        """A munged in this chroot for as long as the block runs (one already answering is reused)."""
+        with open(self.root / "tmp" / ".opsctl-munged.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.run(["munge", "-n"], check=False).returncode == 0:
+                yield
+                return
+            run_dir = self.root / "tmp" / f"opsctl-munged-{os.getpid()}"
+            self.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"])
+            start("munged", self.command(["runuser", "-u", "munge", "--", "munged", "--foreground", "--force"]),
+                  run_dir, run_dir)
+            try:
+                _wait(lambda: self.run(["munge", "-n"], check=False).returncode == 0, 15,
+                      f"munged in the {self.suite} chroot did not answer (log in {run_dir})")
+                yield
+            finally:
+                stop_all(run_dir, timeout=15)
+                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _current(root: Path, recipe: str) -> bool:

@@ -88,7 +88,7 @@ def test_inventory_is_connection_data_and_groups_only():
     assert list(groups["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2", "gpu3"]
     for name, host in {**groups["controller"]["hosts"], **groups["gpu_nodes"]["hosts"]}.items():
         assert host == {
-            "ansible_host": SETTINGS.addr(name), "ansible_user": "root",
+            "ansible_host": SETTINGS.addr(name), "ansible_user": "opsadmin", "ansible_become": True,
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(SETTINGS.ssh_key),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={SETTINGS.known_hosts} -o StrictHostKeyChecking=yes"}
