@@ -12,8 +12,10 @@ PLAYBOOK_ARGS ?=
 # Debian packages per purpose. The lab runs Debian's real Slurm, munge, Prometheus and node_exporter.
 LAB_DEBS := slurmctld slurmd slurm-client munge prometheus prometheus-node-exporter
 MACHINES_DEBS := debootstrap systemd-container apt-cacher-ng iproute2 openssh-client bridge-utils
-# amtool and the real Alertmanager for the alertmanager role's tests.
-TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) prometheus-alertmanager
+# The health tests read metrics from VictoriaMetrics too, started by the tests themselves; amtool and
+# the real Alertmanager serve the alertmanager role's tests.
+TSDB_DEBS := victoria-metrics
+TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) $(TSDB_DEBS) prometheus-alertmanager
 
 .PHONY: all venv deps-lab deps-machines deps-test test test-unit provision lint bench clean
 
@@ -47,12 +49,29 @@ deps-machines:
 
 deps-test:
 	$(call apt_ensure,$(TEST_DEBS))
+	@# The package enables a service on :8428 that nothing here uses; the tests run their own.
+	@systemctl disable --now victoria-metrics >/dev/null 2>&1 || true
 
 # Every tier (README, "Tests"), after the linters; pytest prints each tier's wall time at the end,
 # the linters' time included.
+# The tiers run as two streams at once, because most of their wall time is waiting (scrapes, SSH,
+# systemd), not CPU: the lab machines (machines, provision) in one, with a lab directory of their own
+# so that neither stream sees the other's processes, and everything else in the other. The machines
+# stream's output follows the other's. PYTEST_ARGS, when set, runs one plain pytest instead.
+MACHINES_TIERS := machines or provision
+MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
 test: deps-test venv
-	@start=$$(date +%s); $(MAKE) --no-print-directory lint && \
-	  OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) $(BIN)/pytest $(PYTEST_ARGS)
+	@start=$$(date +%s); $(MAKE) --no-print-directory lint || exit 1; \
+	export OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )); \
+	if [ -n "$(PYTEST_ARGS)" ]; then exec $(BIN)/pytest $(PYTEST_ARGS); fi; \
+	log=$$(mktemp); \
+	OPSCTL_LINT_SECONDS= OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
+	  $(BIN)/pytest -p no:cacheprovider -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
+	$(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS))"; rest=$$?; \
+	wait $$machines; machines_rc=$$?; \
+	echo "==== the lab machines' tiers ($(MACHINES_TIERS)) ===="; cat $$log; rm -f $$log; \
+	echo "== make test: $$(( $$(date +%s) - start )) s in all"; \
+	[ $$rest -eq 0 ] && [ $$machines_rc -eq 0 ]
 
 # Pure Python only: no root, no process, no socket; well under 30 s.
 test-unit: venv
@@ -69,7 +88,14 @@ lint: venv
 
 # `make provision`: the lab machines (started when not running), or INVENTORY=DIR for a real cluster.
 # Never touches `opsctl lab up` (the host-level simulated cluster). Prints each phase's wall time.
+# Facts are cached per inventory in <inventory>/.facts, so that PLAYBOOK_ARGS='--limit HOST' works.
 PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
+# The time per role at the end: ansible-core's own junit callback times each task on each host, and
+# playbooks/role_times.py sums them per role (the profile_roles callback is in ansible.posix, which
+# ansible-core lacks). Task arguments stay out of the file, which lives in a private temporary
+# directory (mktemp -d, mode 0700) only while the summary is made.
+PROFILE_ENV := ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit JUNIT_HIDE_TASK_ARGUMENTS=true \
+  JUNIT_TASK_RELATIVE_PATH=$(CURDIR)/playbooks JUNIT_INCLUDE_SETUP_TASKS_IN_REPORT=true
 provision: venv
 	@set -e; \
 	phase() { echo "== provision: $$1: $$(( $$(date +%s) - $$2 )) s"; }; \
@@ -85,9 +111,12 @@ provision: venv
 	  fi; \
 	  phase "lab machines" $$t0; \
 	fi; \
-	t0=$$(date +%s); \
-	$(PLAYBOOK_ENV) $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS); \
-	phase "playbooks/site.yml on $$inv" $$t0
+	t0=$$(date +%s); junit=$$(mktemp -d); rc=0; \
+	$(PLAYBOOK_ENV) $(PROFILE_ENV) JUNIT_OUTPUT_DIR=$$junit \
+	  ANSIBLE_CACHE_PLUGIN_CONNECTION="$$(realpath $$inv)/.facts" \
+	  $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS) || rc=$$?; \
+	$(BIN)/python playbooks/role_times.py $$junit; rm -rf $$junit; \
+	phase "playbooks/site.yml on $$inv" $$t0; exit $$rc
 
 bench: deps-lab venv
 	$(BIN)/python bench/health_scale.py

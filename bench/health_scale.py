@@ -1,12 +1,16 @@
 """How `opsctl health` scales: 64, 1024 and 4096 simulated H200 nodes of 8 GPUs.
 
 For each size this backfills a real Prometheus with 11 minutes of the series the health rules read
-(`promtool tsdb create-blocks-from openmetrics`), starts a real slurmctld that knows the nodes, runs
-`opsctl health --json` end to end, and times the same PromQL queries sent directly, one after the
-other. One node in a hundred carries a fault, so the verdict path does real work. Columns: e2e_s is
-the whole `opsctl health` process (start, sinfo, queries, verdicts, JSON); in_opsctl_s its time in
+(`promtool tsdb create-blocks-from openmetrics`), starts a real slurmctld that knows the nodes (and a
+real slurmd for the first RESUMABLE nodes, which opsctl drained for ib-down and which are healthy
+again), runs `opsctl health --json --resume --dry-run` end to end, and times the same PromQL queries
+sent directly, one after the other. One node in a hundred carries a fault, so the verdict path does
+real work, and the resume candidates make opsctl ask for positive evidence. Columns: e2e_s is the
+whole `opsctl health` process (start, Slurm, queries, verdicts, JSON); in_opsctl_s its time in
 queries (sent `prometheus.parallel_queries` at a time); promql_s the same queries sent one by one;
-queries the number of queries, which does not grow with the node count.
+plain_s the rule queries as a bare `(expr) op threshold`, which hides NaN, one by one: the cost of
+reading NaN and infinities as unknown; queries the number of queries, which does not grow with the
+node count; resumes the nodes it would resume.
 
 Run: .venv/bin/python bench/health_scale.py [--sizes 64,1024,4096] [--keep DIR]
 """
@@ -28,6 +32,7 @@ import requests
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import presence_queries
+from opsctl.health.identity import identity_query
 
 GPU_METRICS = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
                "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
@@ -40,6 +45,14 @@ IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second
               "node_infiniband_port_errors_received_total"]
 HCAS = [f"mlx5_{i}" for i in range(8)] + ["mlx5_bond_0"]
 SPAN_S, STEP_S = 660, 60
+# Samples also run this far past the time of writing: a preparation that is slow on a busy machine
+# must still leave the newest sample within Prometheus' 5-minute lookback when opsctl queries.
+AHEAD_S = 600
+RESUMABLE = 4  # nodes drained by opsctl for ib-down whose ports are fine again
+
+
+# Samples are a minute apart here (a real scrape is seconds): windows must span two of them.
+SHORT_HOLDS = ("ib-down", "ib-degraded")
 
 
 def node_names(n: int) -> list[str]:
@@ -64,9 +77,9 @@ def ib_value(metric: str, faulty: bool, hca: str) -> float:
 
 def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
     """Every series with a sample each STEP_S up to `end`. Returns the number of series."""
-    stamps = list(range(end - SPAN_S, end + 1, STEP_S))
+    stamps = list(range(end - SPAN_S, end + AHEAD_S + 1, STEP_S))
     series = 0
-    faulty = set(nodes[::100])
+    faulty = set(nodes[50::100])  # one in a hundred, none of them a resume candidate
     with path.open("w") as out:
         def family(name, rows):
             nonlocal series
@@ -76,14 +89,20 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
                 out.write("".join(f"{name}{{{labels}}} {value} {t}\n" for t in stamps))
         family("up", [(f'job="{job}",instance="{n}:{port}",node="{n}"', 1)
                       for job, port in (("dcgm", 9400), ("node", 9100)) for n in nodes])
+        dcgm = 'job="dcgm",instance="{n}:9400",node="{n}",Hostname="{n}"'
         for metric in GPU_METRICS:
-            family(metric, [(f'job="dcgm",node="{n}",Hostname="{n}",gpu="{g}"', gpu_value(metric, n in faulty, g))
+            family(metric, [(dcgm.format(n=n) + f',gpu="{g}"', gpu_value(metric, n in faulty, g))
                             for n in nodes for g in range(8)])
-        family("DCGM_EXP_XID_ERRORS_COUNT", [(f'job="dcgm",node="{n}",gpu="2",window_size_in_ms="300000",xid="79"',
-                                              1) for n in faulty])
+        # dcgm-exporter with the windowed count exports it for every GPU: 0, or one series per XID seen.
+        def xid(n: str, g: int) -> bool:
+            return n in faulty and g == 2
+
+        family("DCGM_EXP_XID_ERRORS_COUNT",
+               [(dcgm.format(n=n) + f',gpu="{g}",window_size_in_ms="300000"' + (',xid="79"' if xid(n, g) else ""),
+                 int(xid(n, g))) for n in nodes for g in range(8)])
         for metric in IB_METRICS:
-            family(metric, [(f'job="node",node="{n}",device="{h}",port="1"', ib_value(metric, n in faulty, h))
-                            for n in nodes for h in HCAS])
+            family(metric, [(f'job="node",instance="{n}:9100",node="{n}",device="{h}",port="1"',
+                             ib_value(metric, n in faulty, h)) for n in nodes for h in HCAS])
         out.write("# EOF\n")
     return series
 
@@ -107,11 +126,15 @@ def wait(check, timeout: float, what: str) -> None:
 
 
 class Slurm:
-    """A real slurmctld (and munged) that knows the simulated nodes; no slurmd is needed to list them."""
+    """A real slurmctld (and munged) that knows the simulated nodes; no slurmd is needed to list them,
+    but the RESUMABLE nodes run one each, so that they answer as a drained node that may be resumed."""
 
     def __init__(self, root: Path, nodes: int):
         self.root = root
+        self.slurmds: list[subprocess.Popen] = []
         (root / "state").mkdir(parents=True)
+        for index in range(1, RESUMABLE + 1):
+            (root / "spool" / f"sim{index:04d}").mkdir(parents=True)
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -122,13 +145,18 @@ class Slurm:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait(lambda: (root / "munge.socket").exists(), 10, "munged")
         self.conf = root / "slurm.conf"
+        first = free_port()
+        node = "NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=224 RealMemory=2000000 State=UNKNOWN"
         self.conf.write_text(
             f"ClusterName=bench\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={free_port()}\n"
-            f"SlurmUser=root\nAuthType=auth/munge\nAuthInfo=socket={root}/munge.socket\nCredType=cred/munge\n"
-            f"StateSaveLocation={root}/state\nSlurmctldPidFile={root}/slurmctld.pid\n"
-            f"SlurmctldLogFile={root}/slurmctld.log\nSlurmdSpoolDir={root}/spool\nSelectType=select/cons_tres\n"
-            f"NodeName=sim[0001-{nodes:04d}] NodeAddr=127.0.0.1 NodeHostname=localhost Port=1 CPUs=224 "
-            f"RealMemory=2000000 State=UNKNOWN\n"
+            f"SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nAuthInfo=socket={root}/munge.socket\n"
+            f"CredType=cred/munge\nStateSaveLocation={root}/state\nSlurmctldPidFile={root}/slurmctld.pid\n"
+            f"SlurmctldLogFile={root}/slurmctld.log\nSlurmdSpoolDir={root}/spool/%n\n"
+            f"SlurmdPidFile={root}/slurmd.%n.pid\nSlurmdLogFile={root}/slurmd.%n.log\n"
+            f"SlurmdParameters=config_overrides\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            f"ReturnToService=2\nSelectType=select/cons_tres\n"
+            f"NodeName=sim[0001-{RESUMABLE:04d}] Port=[{first}-{first + RESUMABLE - 1}] {node}\n"
+            f"NodeName=sim[{RESUMABLE + 1:04d}-{nodes:04d}] Port=1 {node}\n"
             f"PartitionName=gpu Nodes=ALL Default=YES State=UP\n")
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.ctld = subprocess.Popen(["slurmctld", "-D", "-i", "-f", str(self.conf)], env=self.env,
@@ -136,12 +164,25 @@ class Slurm:
         try:
             wait(lambda: subprocess.run(["sinfo", "-h"], env=self.env, capture_output=True).returncode == 0, 30,
                  "slurmctld")
+            for index in range(1, RESUMABLE + 1):
+                self.slurmds.append(subprocess.Popen(["slurmd", "-D", "-N", f"sim{index:04d}", "-f", str(self.conf)],
+                                                     env=self.env, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.DEVNULL))
+            resumable = f"sim[0001-{RESUMABLE:04d}]"
+            wait(lambda: self.states(resumable) == {"idle"}, 60, "the slurmd nodes idle")
+            subprocess.run(["scontrol", "update", f"nodename={resumable}", "state=drain",
+                            "reason=opsctl:ib-down mlx5_3 state_id=1"], env=self.env, check=True)
         except BaseException:
             self.stop()
             raise
 
+    def states(self, hostlist: str) -> set[str]:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", hostlist, "-o", "%t"], env=self.env, capture_output=True,
+                             text=True).stdout
+        return set(out.split())
+
     def stop(self) -> None:
-        for proc in (self.ctld, self.munged):
+        for proc in (*self.slurmds, self.ctld, self.munged):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(20)
@@ -190,27 +231,33 @@ def bench_size(n: int, work: Path) -> dict:
         slurm = Slurm(root / "slurm", n)
         config = root / "opsctl.yaml"
         # Samples are up to a minute apart here (scrapes would be seconds), so staleness allows more.
-        config.write_text(json.dumps({"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 120},
-                                      "slurm": {"backend": "cli"}}))
+        config.write_text(json.dumps({"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 120,
+                                                     "scrape_interval": "1m"},
+                                      "slurm": {"backend": "cli", "partitions": ["gpu"]},
+                                      "catalog": {"overrides": {rule: {"hold": "2m"} for rule in SHORT_HOLDS}},
+                                      "safety": {"resume_after": "0s", "unknown_max_fraction": 1.0}}))
         env = {**slurm.env, "OPSCTL_CONFIG": str(config), "OPSCTL_STATE_DIR": str(root / "state")}
         parsed = parse_config(json.loads(config.read_text()), "bench", env)
-        exprs = list(presence_queries(parsed)) + [rule.alert_expr() for rule in load_catalog(parsed)]
+        rules = load_catalog(parsed)
+        exprs = [*presence_queries(parsed), identity_query(parsed), *(rule.alert_expr() for rule in rules),
+                 *(rule.expr for rule in rules if rule.id == "ib-down")]  # ib-down: the resume evidence
         raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json"], env=env, capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json", "--resume", "--dry-run"], env=env,
+                              capture_output=True, text=True, timeout=600)
         e2e = time.monotonic() - started
-        if proc.returncode not in (0, 1):
+        if proc.returncode not in (0, 1, 4):
             raise SystemExit(f"bench: opsctl health exited {proc.returncode}: {proc.stderr.strip()}")
         summary = json.loads(proc.stdout)["summary"]
         raw = raw_promql_seconds(prom.url, exprs)
+        plain = raw_promql_seconds(prom.url, [f"({rule.expr}) {rule.op} {rule.threshold:g}" for rule in rules])
     finally:
         if slurm is not None:
             slurm.stop()
         prom.stop()
     return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "opsctl_query_s": summary["query_seconds"],
-            "promql_s": raw, "queries": summary["queries"], "fail": summary["fail"], "unknown": summary["unknown"],
-            "prep_s": prep}
+            "promql_s": raw, "plain_s": plain, "queries": summary["queries"], "fail": summary["fail"],
+            "unknown": summary["unknown"], "resumes": summary["would_resume"], "prep_s": prep}
 
 
 def main(argv=None) -> int:
@@ -223,15 +270,15 @@ def main(argv=None) -> int:
             raise SystemExit(f"bench: {tool} is not installed (make deps-lab)")
     work = Path(args.keep or tempfile.mkdtemp(prefix="opsctl-bench-"))
     header = (f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'in_opsctl_s':>11} {'promql_s':>9} "
-              f"{'queries':>8} {'fail':>5} {'prep_s':>7}")
+              f"{'plain_s':>8} {'queries':>8} {'fail':>5} {'resumes':>8} {'prep_s':>7}")
     lines = [header]
     sys.stdout.write(header + "\n")
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             row = bench_size(n, work)
             line = (f"{row['nodes']:>6} {row['gpus']:>6} {row['series']:>8} {row['e2e_s']:>7.2f} "
-                    f"{row['opsctl_query_s']:>11.2f} {row['promql_s']:>9.2f} {row['queries']:>8} {row['fail']:>5} "
-                    f"{row['prep_s']:>7.1f}")
+                    f"{row['opsctl_query_s']:>11.2f} {row['promql_s']:>9.2f} {row['plain_s']:>8.2f} "
+                    f"{row['queries']:>8} {row['fail']:>5} {row['resumes']:>8} {row['prep_s']:>7.1f}")
             lines.append(line)
             sys.stdout.write(line + "\n")
             sys.stdout.flush()

@@ -1,7 +1,9 @@
 """The `opsctl` command line. Thin by design: parse arguments, call one function per command.
 
-Every command turns an OpsctlError into one line on stderr and its documented exit code
-(see opsctl/errors.py). Commands of separately installed packages join through the entry point
+Every command turns an error into one line on stderr and its documented exit code (see
+opsctl/errors.py and opsctl/commands/exit.py). What a command talks to (config, Prometheus, Slurm)
+is built in one place, opsctl.commands.context.Clients, carried in click's context object.
+Commands of separately installed packages join through the entry point
 group `opsctl.commands`: the lab (`opsctl lab ...`, package opsctl-lab in lab/) is one.
 """
 
@@ -10,6 +12,7 @@ from importlib.metadata import EntryPoint, entry_points
 import click
 
 from opsctl import __version__
+from opsctl.commands.context import Clients
 from opsctl.commands.exit import one_line_errors
 from opsctl.errors import ConfigError
 
@@ -52,8 +55,13 @@ def _not_installed(name: str) -> click.Command:
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="opsctl")
-def main():
+@click.option("--debug", is_flag=True, help="Print the traceback of an unexpected error.")
+@click.pass_context
+def main(ctx, debug):
     """Provision and keep healthy NVIDIA H200 GPU clusters."""
+    if not isinstance(ctx.obj, Clients):
+        ctx.obj = Clients()
+    ctx.obj.debug = debug
 
 
 # ---- health, nodes, drain, resume, history -------------------------------------------------
@@ -78,51 +86,56 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
 @click.option("--all", "all_nodes", is_flag=True, help="List ok nodes in the table too.")
 @click.option("--nodes", "scope", default=None, metavar="HOSTLIST", help="Judge and act on these nodes only.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def health_cmd(drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope, config_path):
+def health_cmd(clients, drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope, config_path):
     """Judge every node by the health rules; with --drain/--resume, act on the verdicts.
 
     Exit codes: 0 no failing node, 1 failing nodes, 2 usage/config error, 3 Prometheus or Slurm
-    unavailable (nothing done), 4 safety stop (circuit breaker, budget, lock held).
+    unavailable or partial, or an unexpected error (nothing done), 4 safety stop (circuit breaker,
+    budget, out-of-service limit, too many unknown nodes, lock held).
     """
     from opsctl.commands.health import health
 
-    return health(config_path, drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope)
+    return health(clients.use(config_path, prometheus), drain, dry_run, resume, as_json, watch, all_nodes, scope)
 
 
 @main.command("nodes")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def nodes_cmd(as_json, config_path):
+def nodes_cmd(clients, as_json, config_path):
     """List Slurm nodes with their state and who owns their drain reason."""
     from opsctl.commands.health import nodes
 
-    return nodes(config_path, as_json)
+    return nodes(clients.use(config_path), as_json)
 
 
 @main.command("drain")
 @click.argument("hostlist", metavar="NODES")
 @click.option("--reason", required=True, help="Why; stored as `opsctl:manual <reason>`.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def drain_cmd(hostlist, reason, config_path):
+def drain_cmd(clients, hostlist, reason, config_path):
     """Drain NODES (a Slurm hostlist such as gpu[001-004]) by hand."""
     from opsctl.commands.health import drain
 
-    return drain(config_path, hostlist, reason)
+    return drain(clients.use(config_path), hostlist, reason)
 
 
 @main.command("resume")
 @click.argument("hostlist", metavar="NODES")
 @click.option("--force", is_flag=True, help="Also resume nodes drained by someone else.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def resume_cmd(hostlist, force, config_path):
+def resume_cmd(clients, hostlist, force, config_path):
     """Resume NODES by hand."""
     from opsctl.commands.health import resume
 
-    return resume(config_path, hostlist, force)
+    return resume(clients.use(config_path), hostlist, force)
 
 
 @main.command("history")
@@ -130,12 +143,13 @@ def resume_cmd(hostlist, force, config_path):
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Last N entries.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSONL records.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def history_cmd(node, limit, as_json, config_path):
+def history_cmd(clients, node, limit, as_json, config_path):
     """Show the audit log: every drain, resume and refusal."""
     from opsctl.commands.health import history
 
-    return history(config_path, node, limit, as_json)
+    return history(clients.use(config_path), node, limit, as_json)
 
 
 @main.group("rules")
@@ -147,22 +161,24 @@ def rules_group():
 @click.option("--format", "fmt", type=click.Choice(["prometheus", "grafana"]), default="prometheus",
               show_default=True, help="Prometheus alert rules (health and system), or the GPU health dashboard.")
 @config_option
+@click.pass_obj
 @one_line_errors
-def rules_export_cmd(fmt, config_path):
+def rules_export_cmd(clients, fmt, config_path):
     """Print the catalog as a Prometheus alert rules file or a Grafana dashboard."""
     from opsctl.commands.health import rules_export
 
-    return rules_export(config_path, fmt)
+    return rules_export(clients.use(config_path), fmt)
 
 
 @rules_group.command("list")
 @config_option
+@click.pass_obj
 @one_line_errors
-def rules_list_cmd(config_path):
+def rules_list_cmd(clients, config_path):
     """List the rules in effect (shipped catalog plus config)."""
     from opsctl.commands.health import rules_list
 
-    return rules_list(config_path)
+    return rules_list(clients.use(config_path))
 
 
 @main.group("dashboards")

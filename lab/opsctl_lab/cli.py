@@ -42,6 +42,15 @@ def lab_status() -> ExitCode:
     return status()
 
 
+@lab.command("reset")
+@one_line_errors
+def lab_reset() -> ExitCode:
+    """Clear every fault, return every node to service, empty opsctl's lab state and audit log."""
+    from opsctl_lab.cluster import reset
+
+    return reset()
+
+
 @lab.command("env")
 @one_line_errors
 def lab_env() -> ExitCode:

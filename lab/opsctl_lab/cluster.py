@@ -83,12 +83,16 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
-    _write_opsctl_config(paths)
+    _write_opsctl_config(paths, scrape_interval)
     phase("opsctl --watch", prometheus_lab.start_opsctl_watch, paths, 2 * scrape_interval)
     phase("ready", wait_ready, paths, nodes)
     for name, seconds in phases:
         click.echo(f"  {name:24} {seconds:6.1f} s")
-    click.echo(f"lab ready: {nodes} nodes idle, {2 * nodes} targets up, in {time.monotonic() - started:.1f} s")
+    states = slurm_lab.node_states(paths)
+    faults = {n: [_fault_label(f) for f in NodeHardware.load(paths.hardware(n), n).active] for n in states}
+    up_count = sum(1 for t in prometheus_lab.targets() if t.get("health") == "up")
+    for line in ready_report(states, faults, up_count, time.monotonic() - started):
+        click.echo(line)
     click.echo('use it: eval "$(opsctl lab env)"')
     return ExitCode.OK
 
@@ -105,9 +109,9 @@ def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> N
     prometheus_lab.start_prometheus(paths)
 
 
-def _write_opsctl_config(paths: lp.LabPaths) -> None:
-    config = {"prometheus": {"url": prometheus_lab.prometheus_url()}, "slurm": {"backend": "cli"},
-              "metrics": {"listen_address": lp.opsctl_metrics_listen()}}
+def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
+    config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s"},
+              "slurm": {"backend": "cli"}, "metrics": {"listen_address": lp.opsctl_metrics_listen()}}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
 
@@ -183,6 +187,52 @@ def status() -> ExitCode:
     for node, faults in faulty:
         click.echo(f"  faults {node}: " + ", ".join(_fault_label(f) for f in faults))
     return ExitCode.OK if all(alive == total for total, alive in groups.values()) else ExitCode.FAILING
+
+
+def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_up: int, seconds: float) -> list[str]:
+    """What `lab up` found, as it is: nodes by their sinfo state (never "idle" for one that is not), each
+    node that is not idle, and each fault still injected (a lab keeps both across `down` and `up`)."""
+    by_state: dict[str, list[str]] = {}
+    for node, state in sorted(states.items()):
+        by_state.setdefault(state, []).append(node)
+    most_first = sorted(by_state.items(), key=lambda item: (-len(item[1]), item[0]))
+    counts = ", ".join(f"{len(names)} {state}" for state, names in most_first)
+    lines = [f"lab ready: {len(states)} nodes ({counts}), {targets_up} targets up, in {seconds:.1f} s"]
+    lines += [f"  {state:8} {', '.join(names)}" for state, names in sorted(by_state.items()) if state != "idle"]
+    lines += [f"  faults {node}: {', '.join(labels)}" for node, labels in sorted(faults.items()) if labels]
+    return lines
+
+
+def reset() -> ExitCode:
+    """Back to a clean lab: every fault cleared, every node back in service (drained or down, by whoever),
+    and the lab's opsctl state and audit log emptied. Says what it cleared."""
+    paths = _paths()
+    state = _lab_state(paths)
+    if not state:
+        raise LabError("the lab is not running; start it with `opsctl lab up`")
+    names = [lp.node_name(i) for i in range(state["nodes"])]
+    lines = []
+    for index, node in enumerate(names):
+        hw = NodeHardware.load(paths.hardware(node), node)
+        if hw.active:
+            lines.append(f"cleared {node}: " + ", ".join(_fault_label(f) for f in hw.active))
+            hw.clear()
+            hw.save(paths.hardware(node))
+            prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
+    # sinfo's compact states of a node out of service (drain, drng, down*, fail, ...): only these resume.
+    out = {n: s for n, s in slurm_lab.node_states(paths).items()
+           if s.rstrip("*~#!%$@^-").startswith(("drain", "drng", "down", "fail"))}
+    if out:
+        slurm_lab.resume(paths, sorted(out))
+        lines.append("resumed " + ", ".join(f"{n} ({s})" for n, s in sorted(out.items())))
+    emptied = sorted(p.name for p in paths.opsctl_state.iterdir()) if paths.opsctl_state.is_dir() else []
+    if emptied:
+        shutil.rmtree(paths.opsctl_state)
+        paths.opsctl_state.mkdir(parents=True)
+        lines.append(f"emptied the opsctl state and audit log in {paths.opsctl_state}: {', '.join(emptied)}")
+    for line in lines or ["the lab was clean"]:
+        click.echo(line)
+    return ExitCode.OK
 
 
 def _fault_label(fault) -> str:

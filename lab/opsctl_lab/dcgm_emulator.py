@@ -6,7 +6,11 @@ render_metrics.go): one `# HELP` and `# TYPE` per field, then one series per GPU
 gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, and err_code/err_msg on
 DCGM_FI_DEV_XID_ERRORS. A field DCGM cannot read is skipped, so a GPU that fell off the bus simply
 has no series. DCGM_EXP_XID_ERRORS_COUNT carries window_size_in_ms and xid, one series per XID seen
-in the window.
+in the window, and a series of value 0 without `xid` for a GPU that saw none (dcgm-exporter's
+expCollector.getMetrics, "Create metric with Zero value if group is empty": NVIDIA/dcgm-exporter
+@ 1f7abdb7dc0f86f3cf7853995b0d262fd3e80bc6, internal/pkg/collector/expcollector.go). A stock
+dcgm-exporter, whose default counters file does not enable that field, exports none of it
+(`render(hw, xid_count=False)`).
 
 One process serves any number of nodes, each on its own address (the lab gives each node a
 loopback address; a lab machine runs one instance as its dcgm-exporter service):
@@ -157,12 +161,12 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def base_labels(node: str, gpu: int) -> str:
+def base_labels(node: str, gpu: int, minor: int | None = None) -> str:
     pairs = [
         ("gpu", str(gpu)),
         ("UUID", gpu_uuid(node, gpu)),
         ("pci_bus_id", f"00000000:{PCI_BUS_IDS[gpu]}:00.0"),
-        ("device", f"nvidia{gpu}"),
+        ("device", f"nvidia{gpu if minor is None else minor}"),  # the device file, /dev/nvidia<minor>
         ("modelName", hwm.GPU_MODEL),
         ("Hostname", node),
         ("DCGM_FI_DRIVER_VERSION", hwm.DRIVER_VERSION),
@@ -170,11 +174,11 @@ def base_labels(node: str, gpu: int) -> str:
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
-def render(hw: NodeHardware, now: float | None = None) -> str:
-    """The /metrics body of one node."""
+def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True) -> str:
+    """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT."""
     now = time.time() if now is None else now
     views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
-    labels = {view.gpu: base_labels(hw.node, view.gpu) for view in views}
+    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu)) for view in views}
     out = []
     for fld in FIELDS:
         out.append(f"# HELP {fld.name} {fld.help}\n# TYPE {fld.name} {fld.kind}\n")
@@ -188,11 +192,16 @@ def render(hw: NodeHardware, now: float | None = None) -> str:
                 extra = f',err_code="{int(value)}",err_msg="{_escape(msg)}"'
             text = f"{value:.6f}" if fld.fmt == "float" else str(int(value))
             out.append(f"{fld.name}{{{labels[view.gpu]}{extra}}} {text}\n")
+    if not xid_count:
+        return "".join(out)
     out.append(f"# HELP DCGM_EXP_XID_ERRORS_COUNT {XID_COUNT_HELP}\n# TYPE DCGM_EXP_XID_ERRORS_COUNT gauge\n")
     for view in views:
-        for xid, count in sorted(hw.xid_window(view.gpu, now).items()):
-            out.append(f'DCGM_EXP_XID_ERRORS_COUNT{{{labels[view.gpu]},window_size_in_ms="{hwm.XID_WINDOW_MS}",'
-                       f'xid="{xid}"}} {count}\n')
+        window = f'{labels[view.gpu]},window_size_in_ms="{hwm.XID_WINDOW_MS}"'
+        seen = sorted(hw.xid_window(view.gpu, now).items())
+        for xid, count in seen:
+            out.append(f'DCGM_EXP_XID_ERRORS_COUNT{{{window},xid="{xid}"}} {count}\n')
+        if not seen:
+            out.append(f"DCGM_EXP_XID_ERRORS_COUNT{{{window}}} 0\n")
     return "".join(out)
 
 

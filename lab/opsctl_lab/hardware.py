@@ -111,6 +111,7 @@ FAULTS = {
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
         FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", machines_only=True),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
+        FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
     ]
 }
 
@@ -178,6 +179,9 @@ class NodeHardware:
     active: list[ActiveFault] = field(default_factory=list)
     accum: dict = field(default_factory=dict)  # "<gpu|hca>:<counter>" -> value added by past faults
     last_xid: dict = field(default_factory=dict)  # str(gpu) -> last XID code; survives clear, as in DCGM
+    # Device minor number (the N of /dev/nvidiaN) of each GPU index. The driver does not promise it equals
+    # the index; None: it does, as on most boards.
+    minors: list | None = None
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -193,6 +197,7 @@ class NodeHardware:
             active=[ActiveFault(**fault) for fault in raw.get("active", [])],
             accum=dict(raw.get("accum", {})),
             last_xid=dict(raw.get("last_xid", {})),
+            minors=raw.get("minors"),
         )
 
     def save(self, path: Path) -> None:
@@ -258,6 +263,9 @@ class NodeHardware:
             if now - fault.since <= window_ms / 1000.0:
                 counts[fault.xid] = counts.get(fault.xid, 0) + 1
         return counts
+
+    def minor(self, gpu: int) -> int:
+        return int(self.minors[gpu]) if self.minors else gpu
 
     def gpu_present(self, gpu: int) -> bool:
         return not self.has("gpu-missing", gpu=gpu)

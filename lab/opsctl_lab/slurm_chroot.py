@@ -4,8 +4,8 @@ Slurm 24.11) and Debian unstable (sid, Slurm 26.05). Debian 12's own 22.05 is th
     chroot = SlurmChroot.ensure("trixie")          # built once (about a minute), then reused
     chroot.version                                 # "24.11.5"
     chroot.slurmd_check(conf_dir, ["gpu1"])        # that release's `slurmd -G -N gpu1` on the files
-    cluster = ChrootCluster(chroot, state_dir, ["gpu033", "gpu034"])
-    cluster.up()                                   # munged, slurmctld, one slurmd per node, all inside
+    cluster = ChrootCluster(chroot, "name", ["gpu033", "gpu034"], index=0, gres="gpu:h200:8")
+    cluster.up(fresh=True)                         # munged, slurmctld, one slurmd per node, all inside
     cluster.sinfo, cluster.scontrol                # host-side wrappers: opsctl's slurm.sinfo/.scontrol
     cluster.down()
 
@@ -23,9 +23,12 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.slurm.hostlist import hostlist_expression
 from opsctl_lab.errors import LabError
 from opsctl_lab.machines.settings import DEFAULT_MIRROR
 from opsctl_lab.processes import run, running, start, stop_all
@@ -36,8 +39,11 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "mount"]
 RECIPE_VERSION = "1"
 STAMP = ".opsctl-chroot-recipe"
 CHECKER = Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "slurm" / "files" / "opsctl-slurm-check"
-# Mount /proc and /dev into the chroot inside a private mount namespace, then run the command there.
-_ENTER = ('root=$1; shift; for fs in proc sys dev; do mount --rbind "/$fs" "$root/$fs" || exit 1; done; '
+# Inside a private mount namespace: bind the root onto itself (so that / is a mount point in the chroot
+# and a command there may make its own private namespace, as the slurm role's checker does), mount
+# /proc, /sys and /dev into it, then run the command there.
+_ENTER = ('root=$1; shift; mount --bind "$root" "$root" || exit 1; '
+          'for fs in proc sys dev; do mount --rbind "/$fs" "$root/$fs" || exit 1; done; '
           'exec chroot "$root" "$@"')
 
 
@@ -83,8 +89,11 @@ class SlurmChroot:
 
     def slurmd_check(self, conf_dir: Path, nodes: list[str], cgroup_conf: Path | None = None):
         """Run the slurm role's checker (`slurmd -G -N NODE` for each node) with this release's slurmd
-        on conf_dir's slurm.conf, gres.conf and cgroup.conf. Returns the CompletedProcess."""
-        with tempfile.TemporaryDirectory(dir=self.root / "tmp") as work:
+        on conf_dir's slurm.conf, gres.conf and cgroup.conf. Returns the CompletedProcess.
+
+        slurmd of 26.05 makes a MUNGE credential before it parses anything, so a munged runs in the
+        chroot for the check: the one of a ChrootCluster that is up, else one started for it."""
+        with tempfile.TemporaryDirectory(dir=self.root / "tmp") as work, self._munged():
             inside = Path(work)
             shutil.copy(CHECKER, inside / "check")
             for name in ("slurm.conf", "gres.conf"):
@@ -93,6 +102,26 @@ class SlurmChroot:
             jail = "/" + str(inside.relative_to(self.root))
             return self.run([f"{jail}/check", f"{jail}/slurm.conf", f"{jail}/gres.conf", f"{jail}/cgroup.conf",
                              *nodes], check=False)
+
+    @contextmanager
+    def _munged(self) -> Iterator[None]:
+        """A munged in this chroot for as long as the block runs (one already answering is reused)."""
+        with open(self.root / "tmp" / ".opsctl-munged.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.run(["munge", "-n"], check=False).returncode == 0:
+                yield
+                return
+            run_dir = self.root / "tmp" / f"opsctl-munged-{os.getpid()}"
+            self.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"])
+            start("munged", self.command(["runuser", "-u", "munge", "--", "munged", "--foreground", "--force"]),
+                  run_dir, run_dir)
+            try:
+                _wait(lambda: self.run(["munge", "-n"], check=False).returncode == 0, 15,
+                      f"munged in the {self.suite} chroot did not answer (log in {run_dir})")
+                yield
+            finally:
+                stop_all(run_dir, timeout=15)
+                shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _current(root: Path, recipe: str) -> bool:
@@ -128,6 +157,7 @@ SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket={state}/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation={state}/state
 SlurmdSpoolDir={state}/spool/%n
@@ -147,34 +177,42 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=30
 MpiDefault=none
-NodeName={nodes} NodeAddr=127.0.0.1 NodeHostname=localhost Port={ports} CPUs=8 RealMemory=16000 State=UNKNOWN
+NodeName={nodes} NodeAddr=127.0.0.1 NodeHostname=localhost Port={ports} CPUs=8 RealMemory=16000 State=UNKNOWN{gres}
 {partitions}
-"""
+{extra}"""
+MAX_INDEX, NODES_PER_INDEX = 100, 300  # slurmd ports 29001..59000, slurmctld 28817..28916
 
 
 class ChrootCluster:
     """A real slurmctld and one slurmd per node, all inside a chroot, on their own ports.
 
-    Ports: slurmctld 28817 + 100 * index, slurmd from 29001 + 1000 * index, `index` telling clusters
-    apart (one per suite and test session). The state lives in <chroot>/var/lib/opsctl-<name>.
+    Ports: slurmctld 28817 + index, slurmd from 29001 + 300 * index (at most 300 nodes), `index` (0-99)
+    telling clusters apart: 10 * OPSCTL_LAB_SLOT + n keeps parallel sessions apart. The state lives in
+    <chroot>/var/lib/opsctl-<name>, and so does the cluster's own munged socket: clusters of one chroot
+    never share a munged.
+
+    `gres` (e.g. "gpu:h200:8") gives every node that many GPUs, with device files made by mknod as
+    the host lab does; `extra_conf` lines are appended to slurm.conf.
     """
 
     def __init__(self, chroot: SlurmChroot, name: str, nodes: list[str], index: int = 0,
-                 partitions: dict[str, list[str]] | None = None):
-        from opsctl.slurm.hostlist import hostlist_expression
-
+                 partitions: dict[str, list[str]] | None = None, gres: str | None = None, extra_conf: str = ""):
         self.chroot = chroot
         self.name = name
         self.nodes = list(nodes)
         self.index = index
         self.inside = Path("/var/lib") / f"opsctl-{name}"  # the state dir as seen inside the chroot
         self.state = chroot.root / self.inside.relative_to("/")
-        self.ctld_port = 28817 + 100 * index
-        first = 29001 + 1000 * index
+        if not 0 <= index < MAX_INDEX or len(self.nodes) > NODES_PER_INDEX:
+            raise LabError(f"ChrootCluster: index must be 0-{MAX_INDEX - 1} and nodes at most {NODES_PER_INDEX}")
+        self.ctld_port = 28817 + index
+        first = 29001 + NODES_PER_INDEX * index
+        self.gres = gres
         nodelist = ",".join(hostlist_expression(self.nodes))
         parts = partitions or {"gpu": self.nodes}
         self.conf_text = SLURM_CONF.format(
             suite=chroot.suite, version=SUITES[chroot.suite], ctld_port=self.ctld_port, state=self.inside,
+            gres=f" Gres={gres}" if gres else "", extra=("GresTypes=gpu\n" if gres else "") + extra_conf,
             nodes=nodelist, ports=",".join(hostlist_expression(range(first, first + len(self.nodes)))),
             partitions="\n".join(
                 f"PartitionName={p} Nodes={','.join(hostlist_expression(members))} Default={'YES' if i == 0 else 'NO'} "
@@ -199,10 +237,15 @@ class ChrootCluster:
     def _env_argv(self, argv: list[str]) -> list[str]:
         return self.chroot.command(["env", f"SLURM_CONF={self.inside}/slurm.conf", *argv])
 
-    def up(self, timeout: float = 60) -> None:
+    def up(self, timeout: float = 60, fresh: bool = False) -> None:
+        """Start the cluster; `fresh` forgets what slurmctld saved (drains, reservations) last time."""
+        if fresh:
+            shutil.rmtree(self.state / "state", ignore_errors=True)
         for sub in ("state", "spool", "log", "run", "bin"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         (self.state / "slurm.conf").write_text(self.conf_text)
+        if self.gres:
+            self._gres_conf()
         # The cluster tracks processes through /proc; slurmd of 24.11+ would otherwise set up cgroups,
         # which this v1/v2 hybrid host does not offer it (cgroup.conf(5), CgroupPlugin=disabled).
         (self.state / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
@@ -214,16 +257,31 @@ class ChrootCluster:
             wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         logs = self.state / "log"
         # munged as the chroot's munge user, as its package runs it (lab-facts: a root munged refuses
-        # credentials for root clients).
-        self.chroot.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0755", "/run/munge"])
-        munge_run = self.chroot.root / "run/munge"
-        start("munged", self.chroot.command(["runuser", "-u", "munge", "--", "munged", "--foreground"]),
-              self.run_dir, logs)
-        _wait(lambda: (munge_run / "munge.socket.2").exists(), 15, "munged in the chroot made no socket")
+        # credentials for root clients), with this cluster's own socket (slurm.conf AuthInfo).
+        munge = f"{self.inside}/munge"
+        self.chroot.run(["install", "-d", "-o", "munge", "-g", "munge", "-m", "0700", munge])
+        start("munged", self.chroot.command(["runuser", "-u", "munge", "--", "munged", "--foreground", "--force",
+                                             f"--socket={munge}/munge.socket", f"--pid-file={munge}/munged.pid",
+                                             f"--seed-file={munge}/munged.seed"]), self.run_dir, logs)
+        _wait(lambda: (self.state / "munge" / "munge.socket").exists(), 15, "munged in the chroot made no socket")
         start("slurmctld", self._env_argv(["slurmctld", "-D", "-i"]), self.run_dir, logs)
         for node in self.nodes:
             start(f"slurmd.{node}", self._env_argv(["slurmd", "-D", "-N", node]), self.run_dir, logs)
         _wait(self._all_idle, timeout, f"{self.name}: nodes not idle (logs in {logs})")
+
+    def _gres_conf(self) -> None:
+        """gres.conf and /dev/nvidiaN stand-ins (character devices 195:N) for `gres`, as the host lab has."""
+        count = int(str(self.gres).rsplit(":", 1)[-1])
+        gpu_type = str(self.gres).split(":")[1] if str(self.gres).count(":") == 2 else ""
+        dev = self.state / "dev"
+        dev.mkdir(exist_ok=True)
+        for gpu in range(count):
+            if not (dev / f"nvidia{gpu}").exists():
+                os.mknod(dev / f"nvidia{gpu}", 0o666 | stat.S_IFCHR, os.makedev(195, gpu))
+        files = f"{self.inside}/dev/nvidia[0-{count - 1}]" if count > 1 else f"{self.inside}/dev/nvidia0"
+        (self.state / "gres.conf").write_text(
+            f"AutoDetect=off\nNodeName={','.join(hostlist_expression(self.nodes))} Name=gpu"
+            + (f" Type={gpu_type}" if gpu_type else "") + f" File={files}\n")
 
     def _all_idle(self) -> bool:
         out = run([self.sinfo, "-h", "-N", "-o", "%N %t"], check=False, timeout=20)

@@ -84,6 +84,14 @@ def node_states(paths: lp.LabPaths) -> dict:
     return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
 
 
+def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
+    """Return nodes to service (lifts DRAIN and DOWN), whoever took them out."""
+    out = subprocess.run(["scontrol", "update", f"nodename={','.join(nodes)}", "state=resume"], capture_output=True,
+                         text=True, timeout=30, env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
+    if out.returncode != 0:
+        raise LabError(f"scontrol update state=resume: {(out.stderr or out.stdout).strip()[:200]}")
+
+
 def _wait_for(check, timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():

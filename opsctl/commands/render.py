@@ -5,15 +5,24 @@ JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", 
 """
 
 import json
+import math
+import time
 
 from opsctl.health.evaluate import Check, NodeVerdict
 
 JSON_SCHEMA = 1
 
 
+def iso_time(unix: float | None = None) -> str:
+    """UTC, to the second: 2026-12-01T01:11:22Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if unix is None else unix))
+
+
 def _number(value):
     if value is None:
         return None
+    if not math.isfinite(value):
+        return str(value).replace("inf", "Inf").replace("nan", "NaN")  # JSON has no NaN: "NaN", "+Inf", "-Inf"
     return int(value) if float(value).is_integer() and abs(value) < 1e15 else value
 
 
@@ -25,21 +34,40 @@ def check_json(check: Check) -> dict:
     return entry
 
 
+def out_of_service(cluster) -> dict:
+    """The judged nodes out of service: drained (DRAIN, draining too) or down (DOWN, FAIL, NOT_RESPONDING,
+    MAINT, ...), and whose they are: opsctl's automatic drains, `opsctl drain` by hand, or others (a
+    person's scontrol, Slurm itself)."""
+    out = [n for n in cluster.values() if n.out_of_service]
+    return {
+        "drained": sum(1 for n in out if n.drained),
+        "down": sum(1 for n in out if not n.drained),
+        "opsctl_auto": sum(1 for n in out if n.owned and not n.manual),
+        "opsctl_manual": sum(1 for n in out if n.manual),
+        "others": sum(1 for n in out if not n.owned),
+    }
+
+
 def summary(result) -> dict:
     nodes = result.report.nodes.values()
     count = {s: sum(1 for v in nodes if v.status == s) for s in ("ok", "warn", "fail", "unknown")}
-    actions = [v.action for v in nodes]
+    actions = [result.plan.action(v.node) for v in nodes]
     return {
         "schema": JSON_SCHEMA,
+        "time": iso_time(result.started),
         "nodes": len(result.report.nodes),
         **count,
         "not_in_slurm": sum(1 for v in nodes if not v.in_slurm),
+        "out_of_service": out_of_service(result.cluster),
         "drained": actions.count("drain"),
         "would_drain": actions.count("would-drain"),
         "resumed": actions.count("resume"),
         "would_resume": actions.count("would-resume"),
+        "escalated": actions.count("escalate"),
+        "would_escalate": actions.count("would-escalate"),
         "skipped": sum(1 for a in actions if a.startswith("skip:")),
         "safety_stop": result.plan.stop or None,
+        "warnings": list(result.report.warnings),
         "dry_run": result.options.dry_run,
         "queries": result.report.queries,
         "query_seconds": round(result.report.query_seconds, 4),
@@ -48,47 +76,81 @@ def summary(result) -> dict:
     }
 
 
-def node_json(verdict: NodeVerdict) -> dict:
-    return {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
-            "checks": [check_json(c) for c in verdict.checks], "action": verdict.action}
+def node_json(verdict: NodeVerdict, action: str = "none", eligible_at: float | None = None) -> dict:
+    entry = {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
+             "checks": [check_json(c) for c in verdict.checks], "action": action}
+    if eligible_at is not None:
+        entry["eligible_at"] = iso_time(eligible_at)
+    return entry
+
+
+def _eligible_at(result, node: str) -> float | None:
+    decision = result.plan.decisions.get(node)
+    return decision.eligible_at if decision else None
+
+
+def _waiting(result, node: str) -> str:
+    """'resume eligible at 2026-12-01T01:20:00Z (in 4m10s)' for a node that waits out its healthy period."""
+    at = _eligible_at(result, node)
+    if at is None:
+        return ""
+    left = max(0, round(at - result.started))
+    return f"resume eligible at {iso_time(at)} (in {left // 60}m{left % 60:02d}s)"
 
 
 def render_json(result) -> str:
-    return json.dumps({"nodes": [node_json(v) for v in result.report.nodes.values()], "summary": summary(result)},
-                      indent=1)
+    nodes = [node_json(v, result.plan.action(v.node), _eligible_at(result, v.node))
+             for v in result.report.nodes.values()]
+    return json.dumps({"nodes": nodes, "summary": summary(result)}, indent=1)
 
 
 def render_table(result, all_nodes: bool = False) -> str:
     """Nodes that are not plainly ok (or all with all_nodes), then a one-line summary."""
     rows = [("NODE", "STATUS", "ACTION", "EVIDENCE")]
     for verdict in result.report.nodes.values():
-        if not all_nodes and verdict.status == "ok" and verdict.action == "none" and verdict.in_slurm:
+        action = result.plan.action(verdict.node)
+        if not all_nodes and verdict.status == "ok" and action == "none" and verdict.in_slurm:
             continue
         shown = [c for c in verdict.checks if c.status != "handled"] or verdict.checks
-        evidence = "; ".join(f"{c.id} {c.evidence}" for c in shown[:3])
+        evidence = "; ".join([w for w in [_waiting(result, verdict.node)] if w]
+                             + [f"{c.id} {c.evidence}" for c in shown[:3]])
         if len(shown) > 3:
             evidence += f"; +{len(shown) - 3} more"
         name = verdict.node if verdict.in_slurm else f"{verdict.node} (not in Slurm)"
-        rows.append((name, verdict.status, verdict.action, evidence))
+        rows.append((name, verdict.status, action, evidence))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}".rstrip() for r in rows]
     s = summary(result)
     tail = (f"{s['nodes']} nodes: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['unknown']} unknown"
-            f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
-    acted = [f"{s[k]} {k.replace('_', ' ')}" for k in ("drained", "would_drain", "resumed", "would_resume") if s[k]]
+            + _out_of_service_text(s["out_of_service"]) + f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
+    acted = [f"{s[k]} {k.replace('_', ' ')}" for k in ("drained", "would_drain", "resumed", "would_resume",
+                                                       "escalated", "would_escalate") if s[k]]
     if acted:
         tail += "; " + ", ".join(acted)
     if s["safety_stop"]:
         tail += f"\nsafety stop: {s['safety_stop']}"
+    for warning in s["warnings"]:
+        tail += f"\nwarning: the source may have answered partially, nothing was changed: {warning}"
     if len(rows) == 1:
         return tail
     return "\n".join(lines) + "\n" + tail
 
 
+def _out_of_service_text(counts: dict) -> str:
+    """'; out of service: 3 drained, 1 down (2 by opsctl, 1 by opsctl drain, 1 by others)', or nothing."""
+    if not counts["drained"] and not counts["down"]:
+        return ""
+    whose = [f"{counts[k]} by {who}" for k, who in (("opsctl_auto", "opsctl"), ("opsctl_manual", "opsctl drain"),
+                                                    ("others", "others")) if counts[k]]
+    return f"; out of service: {counts['drained']} drained, {counts['down']} down ({', '.join(whose)})"
+
+
 def render_history(records: list[dict]) -> str:
     rows = [("TIME", "USER", "EVENT", "NODE", "DETAIL")]
     for r in records:
-        detail = r.get("reason") or r.get("detail") or ""
+        # A refusal says why (detail) and what reason was on the node; a change says the reason it set.
+        why, reason = r.get("detail") or "", r.get("reason") or ""
+        detail = f"{why}; reason: {reason}" if why and reason else why or reason
         if r.get("dry_run"):
             detail = f"[dry-run] {detail}"
         rows.append((r.get("time", ""), r.get("user", ""), r.get("event", ""), r.get("node", ""), detail))

@@ -7,11 +7,13 @@ on; a config error ends it. SIGTERM lets the current run finish and then exits 0
 import signal
 import threading
 
-from opsctl.errors import ExitCode, OpsctlError, SafetyStop, SourceUnavailable
+from opsctl.errors import ExitCode, OpsctlError
+
+PASSING = (ExitCode.SOURCE_DOWN, ExitCode.SAFETY_STOP)
 
 
-def watch(run_once, interval: float, emit, emit_error) -> ExitCode:
-    stop = threading.Event()
+def watch(run_once, interval: float, emit, emit_error, stop: threading.Event | None = None) -> ExitCode:
+    stop = stop or threading.Event()
 
     def _stop(signum, frame):
         stop.set()
@@ -21,10 +23,12 @@ def watch(run_once, interval: float, emit, emit_error) -> ExitCode:
         while not stop.is_set():
             try:
                 emit(run_once())
-            except (SourceUnavailable, SafetyStop) as err:
+            except OpsctlError as err:
+                if err.exit_code not in PASSING:
+                    raise
+                for line in getattr(err, "done", []):
+                    emit_error(f"opsctl: done before the error: {line}")
                 emit_error(f"opsctl: {err} (exit {int(err.exit_code)}); retrying in {interval:g}s")
-            except OpsctlError:
-                raise
             stop.wait(interval)
     finally:
         for sig, handler in previous.items():

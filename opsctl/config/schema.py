@@ -23,6 +23,7 @@ DEFAULT_CONFIG = Path("/etc/opsctl/config.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
 DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
+_LABEL = re.compile(r"^[A-Za-z_]\w*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -44,9 +45,15 @@ class PrometheusConfig:
     connect_timeout: float = 3.0
     read_timeout: float = 15.0
     dcgm_job: str = "dcgm"
-    node_job: str = "node"
+    node_job: str | None = "node"  # None: the site runs no node_exporter; rules that need it are off
     stale_after: str = "2m"
+    scrape_interval: str = "30s"
     parallel_queries: int = 4
+
+    @property
+    def jobs(self) -> dict[str, str]:
+        """source ("dcgm", "node") -> scrape job name, for the jobs in use."""
+        return {"dcgm": self.dcgm_job, **({"node": self.node_job} if self.node_job else {})}
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class SlurmConfig:
     sinfo: str = "sinfo"
     scontrol: str = "scontrol"
     timeout: float = 30.0
+    partitions: tuple[str, ...] | None = None  # None: every partition that has GPU nodes
 
 
 @dataclass(frozen=True)
@@ -62,14 +70,20 @@ class CatalogConfig:
     files: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    xid_source: str = "window"
+    xid_source: str = "auto"
 
 
 @dataclass(frozen=True)
 class MappingConfig:
-    labels: tuple[str, ...] = ("node", "Hostname", "hostname")
+    target_label: str | None = "node"  # a target label naming the Slurm node, when the scrape config sets it
+    exporter_labels: tuple[str, ...] = ("Hostname", "hostname")  # what dcgm-exporter reports about its host
     strip_domain: bool = True
     names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def by(self) -> tuple[str, ...]:
+        """The labels that tell a scrape target apart: every rule keeps them (the ${by} placeholder)."""
+        return ((self.target_label,) if self.target_label else ()) + ("job", "instance")
 
 
 @dataclass(frozen=True)
@@ -83,9 +97,12 @@ class HardwareConfig:
 class SafetyConfig:
     max_drains_per_run: int = 4
     max_drains_per_hour: int = 8
+    max_resumes_per_run: int = 4
+    max_resumes_per_hour: int = 8
     breaker_min_nodes: int = 2
     breaker_fraction: float = 0.10
     unknown_max_fraction: float = 0.5
+    max_out_of_service_fraction: float = 0.2
     resume_after: str = "10m"
     reason_max_length: int = 128
 
@@ -180,7 +197,7 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
 
     p = _section(raw, "prometheus",
                  ["url", "bearer_token_file", "basic_auth", "ca_bundle", "timeout_seconds", "connect_timeout_seconds",
-                  "jobs", "stale_after", "parallel_queries"])
+                  "jobs", "stale_after", "scrape_interval", "parallel_queries"])
     url = _typed("prometheus", p, "url", str, PrometheusConfig.url,
                  lambda v: v.startswith(("http://", "https://")), "must start with http:// or https://")
     token = _typed("prometheus", p, "bearer_token_file", str, None, _readable, "file is not readable")
@@ -199,8 +216,11 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
            "must be a mapping with keys dcgm and node (the scrape job names)")
     for key, job in jobs.items():
         # Job names go into PromQL label matchers verbatim; keep them to characters that need no escaping.
+        # Only node_exporter's job may be null: a site without it loses the rules that need it.
+        if job is None and key == "node":
+            continue
         _check(isinstance(job, str) and re.match(r"^[A-Za-z0-9_-]+$", job) is not None, f"prometheus.jobs.{key}",
-               "must be a job name of letters, digits, _ and -")
+               "must be a job name of letters, digits, _ and -" + (" (or null)" if key == "node" else ""))
     prom = PrometheusConfig(
         url=url.rstrip("/"), bearer_token_file=token, basic_auth_username=user, basic_auth_password_file=pw_file,
         ca_bundle=ca,
@@ -208,20 +228,28 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         connect_timeout=_typed("prometheus", p, "connect_timeout_seconds", float, 3.0, lambda v: v > 0,
                                "must be > 0"),
         dcgm_job=_typed("prometheus.jobs", jobs, "dcgm", str, "dcgm"),
-        node_job=_typed("prometheus.jobs", jobs, "node", str, "node"),
+        node_job=None if "node" in jobs and jobs["node"] is None else _typed("prometheus.jobs", jobs, "node", str,
+                                                                             "node"),
         stale_after=_typed("prometheus", p, "stale_after", str, "2m", _duration_ok,
                            "must be a duration like 30s, 2m"),
+        scrape_interval=_typed("prometheus", p, "scrape_interval", str, "30s",
+                               lambda v: _duration_ok(v) and duration_seconds(v) > 0,
+                               "must be a duration like 15s, 1m (the scrape interval of the exporters)"),
         parallel_queries=_typed("prometheus", p, "parallel_queries", int, 4, lambda v: 1 <= v <= 32,
                                 "must be 1-32"),
     )
 
-    s = _section(raw, "slurm", ["backend", "sinfo", "scontrol", "timeout_seconds"])
+    s = _section(raw, "slurm", ["backend", "sinfo", "scontrol", "timeout_seconds", "partitions"])
+    partitions = _typed("slurm", s, "partitions", list, None,
+                        lambda v: bool(v) and all(isinstance(x, str) and x for x in v),
+                        "must be a non-empty list of partition names (or null: every partition with GPU nodes)")
     slurm = SlurmConfig(
         backend=_typed("slurm", s, "backend", str, "cli", lambda v: v in ("cli", "pyslurm"),
                        "must be cli or pyslurm"),
         sinfo=_typed("slurm", s, "sinfo", str, "sinfo"),
         scontrol=_typed("slurm", s, "scontrol", str, "scontrol"),
         timeout=_typed("slurm", s, "timeout_seconds", float, 30.0, lambda v: v > 0, "must be > 0"),
+        partitions=tuple(partitions) if partitions is not None else None,
     )
 
     c = _section(raw, "catalog", ["files", "disable", "overrides", "xid_source"])
@@ -233,19 +261,25 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
     overrides = _typed("catalog", c, "overrides", dict, {})
     catalog = CatalogConfig(
         files=tuple(files), disable=tuple(disable), overrides=dict(overrides),
-        xid_source=_typed("catalog", c, "xid_source", str, "window", lambda v: v in ("window", "gauge"),
-                          "must be window or gauge"),
+        xid_source=_typed("catalog", c, "xid_source", str, "auto", lambda v: v in ("auto", "window", "gauge"),
+                          "must be auto, window or gauge"),
     )
 
-    m = _section(raw, "node_mapping", ["labels", "strip_domain", "names"])
-    labels = _typed("node_mapping", m, "labels", list, list(MappingConfig.labels),
-                    lambda v: v and all(isinstance(x, str) and re.match(r"^[A-Za-z_]\w*$", x) for x in v),
-                    "must be a non-empty list of label names")
+    if isinstance(raw.get("node_mapping"), dict) and "labels" in raw["node_mapping"]:
+        raise ConfigError("config key node_mapping.labels: replaced by node_mapping.target_label (a target label "
+                          "such as node) and node_mapping.exporter_labels (such as Hostname); see docs/health.md")
+    m = _section(raw, "node_mapping", ["target_label", "exporter_labels", "strip_domain", "names"])
+    target_label = m.get("target_label", MappingConfig.target_label)
+    _check(target_label is None or isinstance(target_label, str) and _LABEL.match(target_label) is not None,
+           "node_mapping.target_label", "must be a label name (or null)")
+    exporter_labels = _typed("node_mapping", m, "exporter_labels", list, list(MappingConfig.exporter_labels),
+                             lambda v: all(isinstance(x, str) and _LABEL.match(x) for x in v),
+                             "must be a list of label names")
     names = _typed("node_mapping", m, "names", dict, {},
                    lambda v: all(isinstance(a, str) and isinstance(b, str) for a, b in v.items()),
-                   "must map host names (strings) to Slurm node names")
-    mapping = MappingConfig(labels=tuple(labels), strip_domain=_typed("node_mapping", m, "strip_domain", bool, True),
-                            names=dict(names))
+                   "must map instances or host names (strings) to Slurm node names")
+    mapping = MappingConfig(target_label=target_label, exporter_labels=tuple(exporter_labels),
+                            strip_domain=_typed("node_mapping", m, "strip_domain", bool, True), names=dict(names))
 
     h = _section(raw, "hardware", ["gpus_per_node", "ib_devices", "ib_rate_bytes_per_second"])
     ib_devices = _typed("hardware", h, "ib_devices", str, HardwareConfig.ib_devices, _regex_ok,
@@ -258,16 +292,22 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
     )
 
     sf = _section(raw, "safety",
-                  ["max_drains_per_run", "max_drains_per_hour", "breaker_min_nodes", "breaker_fraction",
-                   "unknown_max_fraction", "resume_after", "reason_max_length"])
+                  ["max_drains_per_run", "max_drains_per_hour", "max_resumes_per_run", "max_resumes_per_hour",
+                   "breaker_min_nodes", "breaker_fraction", "unknown_max_fraction", "max_out_of_service_fraction",
+                   "resume_after", "reason_max_length"])
     safety = SafetyConfig(
         max_drains_per_run=_typed("safety", sf, "max_drains_per_run", int, 4, lambda v: v >= 0, "must be >= 0"),
         max_drains_per_hour=_typed("safety", sf, "max_drains_per_hour", int, 8, lambda v: v >= 0, "must be >= 0"),
+        max_resumes_per_run=_typed("safety", sf, "max_resumes_per_run", int, 4, lambda v: v >= 0, "must be >= 0"),
+        max_resumes_per_hour=_typed("safety", sf, "max_resumes_per_hour", int, 8, lambda v: v >= 0,
+                                    "must be >= 0"),
         breaker_min_nodes=_typed("safety", sf, "breaker_min_nodes", int, 2, lambda v: v >= 0, "must be >= 0"),
         breaker_fraction=_typed("safety", sf, "breaker_fraction", float, 0.10, lambda v: 0 <= v <= 1,
                                 "must be between 0 and 1"),
         unknown_max_fraction=_typed("safety", sf, "unknown_max_fraction", float, 0.5, lambda v: 0 <= v <= 1,
                                     "must be between 0 and 1"),
+        max_out_of_service_fraction=_typed("safety", sf, "max_out_of_service_fraction", float, 0.2,
+                                           lambda v: 0 <= v <= 1, "must be between 0 and 1"),
         resume_after=_typed("safety", sf, "resume_after", str, "10m", _duration_ok,
                             "must be a duration like 30s, 10m, 1h"),
         reason_max_length=_typed("safety", sf, "reason_max_length", int, 128, lambda v: 32 <= v <= 1024,

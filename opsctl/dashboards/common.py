@@ -47,7 +47,7 @@ class Site:
 
     @property
     def node(self) -> str:
-        return self.config.node_mapping.labels[0]
+        return self.config.node_mapping.target_label or "instance"
 
     @property
     def dcgm(self) -> str:
@@ -59,7 +59,7 @@ class Site:
 
     @property
     def exporters(self) -> str:
-        return f'job=~"{self.config.prometheus.dcgm_job}|{self.config.prometheus.node_job}"'
+        return f'job=~"{"|".join(self.config.prometheus.jobs.values())}"'
 
     def on_node(self) -> str:
         return f'{self.node}=~"$node"'

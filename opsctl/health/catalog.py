@@ -19,16 +19,26 @@ import yaml
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
+from opsctl.health.units import FORMATS, fill, unknown_formats
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
 RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "hold", "xid", "evidence",
-             "variants", "severity", "action", "auto_resume", "description", "remediation"}
-OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume",
+             "variants", "severity", "action", "auto_resume", "memory", "description", "remediation"}
+OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume", "memory",
                "description", "remediation"}
+# How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
+#   window: a windowed count or increase; the same or a lower value within the window is the same event.
+#   level:  a lifetime counter or a latched gauge; the same or a lower value is the same event until the
+#           rule reads ok again.
+MEMORY_KINDS = ("window", "level", "none")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
+# A range selector, [5m], or the range of a subquery, [5m:30s].
+_RANGE = re.compile(r"\[(\d+[smhd])(?::\d*[smhd]?)?\]")
+# The opposite of each comparison, to select the series that are certainly ok.
+_NOT_OP = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
 
 
 @dataclass(frozen=True)
@@ -47,18 +57,20 @@ class Rule:
     description: str
     remediation: str
     xid: int | None = None
+    memory: str = "none"
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
 
     def alert_expr(self) -> str:
-        return f"({self.expr}) {self.op} {_number(self.threshold)}"
+        """The series that breach, and those whose value is NaN or infinite (no comparison holds for NaN,
+        so `(expr) > 0` alone would hide it and read it as ok): everything but the certainly-ok series."""
+        ok = f"({self.expr}) {_NOT_OP[self.op]} {_number(self.threshold)} > -Inf < +Inf"
+        return f"({self.expr}) unless ({ok})"
 
     def format_evidence(self, device: str, value: float) -> str:
-        # Evidence goes into a capped drain reason: three significant digits say enough.
-        shown = _number(value) if value == int(value) else f"{value:.3g}"
-        text = Template(self.evidence).safe_substitute(value=shown, threshold=_number(self.threshold))
-        return f"{device} {text}".strip()
+        # Evidence goes into a capped drain reason: words and three significant digits (opsctl.health.units).
+        return f"{device} {fill(self.evidence, value, self.threshold)}".strip()
 
 
 def _number(value: float) -> str:
@@ -71,18 +83,22 @@ def _number(value: float) -> str:
 def _placeholders(config: Config) -> dict[str, str]:
     return {
         "dcgm": config.prometheus.dcgm_job,
-        "node": config.prometheus.node_job,
-        "by": ", ".join(config.node_mapping.labels),
+        "node": config.prometheus.node_job or "",
+        "by": ", ".join(config.node_mapping.by),
         "ib_devices": config.hardware.ib_devices,
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
     }
 
 
+# libyaml's loader where PyYAML has it: the catalog is read on every run, --watch rounds included.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read(path: Path | Traversable, label: str) -> list[object]:
     try:
         text = path.read_text() if isinstance(path, Path) else path.read_text(encoding="utf-8")
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_LOADER)
     except OSError as err:
         raise ConfigError(f"catalog {label}: cannot read ({err.strerror})") from err
     except yaml.YAMLError as err:
@@ -156,12 +172,31 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
+    memory = merged.get("memory", "none")
+    if memory not in MEMORY_KINDS:
+        raise ConfigError(f"{where}: memory must be one of {', '.join(MEMORY_KINDS)}")
+    _check_windows(expr, config, where)
+    evidence = str(merged.get("evidence", "value=${value}"))
+    if unknown_formats(evidence):
+        raise ConfigError(f"{where}: evidence: unknown format {unknown_formats(evidence)[0]} (one of "
+                          f"{', '.join(FORMATS)})")
     return Rule(id=rid, source=source, device_label=str(merged.get("device_label", "")), expr=" ".join(expr.split()),
                 op=merged["op"], threshold=threshold, hold=hold, severity=merged["severity"],
                 action=merged["action"], auto_resume=auto_resume,
-                evidence=str(merged.get("evidence", "value=${value}")),
+                evidence=evidence,
                 description=" ".join(str(merged["description"]).split()),
-                remediation=" ".join(str(merged["remediation"]).split()), xid=xid)
+                remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory)
+
+
+def _check_windows(expr: str, config: Config, where: str) -> None:
+    """A range window shorter than two scrape intervals may hold no sample at all, and then the rule
+    returns nothing for the node: it reads as ok. Refuse such a rule before it can."""
+    scrape = duration_seconds(config.prometheus.scrape_interval)
+    for window in _RANGE.findall(expr):
+        if duration_seconds(window) < 2 * scrape:
+            raise ConfigError(f"{where}: its range window [{window}] is shorter than two scrape intervals "
+                              f"(prometheus.scrape_interval {config.prometheus.scrape_interval}), so it may hold no "
+                              f"sample and read as ok; raise its hold to at least {2 * scrape}s")
 
 
 def load_catalog(config: Config) -> list[Rule]:
@@ -190,6 +225,9 @@ def load_catalog(config: Config) -> list[Rule]:
         if rid not in entries:
             raise ConfigError(f"config key catalog.disable: no such rule {rid!r}")
         del entries[rid]
+    if config.prometheus.node_job is None:
+        # A site without node_exporter (prometheus.jobs.node: null): the rules that read it are off.
+        entries = {rid: entry for rid, entry in entries.items() if entry[0].get("source", "dcgm") != "node"}
     rules = [_build(raw, config, label) for raw, label in entries.values()]
     return rules
 

@@ -1,17 +1,20 @@
 """Turn PromQL answers into one verdict per node: ok, warn, fail or unknown, with evidence.
 
-`evaluate` issues a fixed number of queries (one per rule plus two for presence and staleness),
-however many nodes there are; `judge` is the pure decision over their answers.
+`evaluate` issues a fixed number of queries however many nodes there are: one per rule, plus three
+(presence, scrape age, identity), plus one listing the jobs only when a configured job has no target.
+`judge` is the pure decision over their answers.
 """
 
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import SourceUnavailable
+from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.health.catalog import Rule
-from opsctl.health.mapping import node_name
+from opsctl.health.identity import XID_GAUGE, XID_WINDOW, Identities, Target, TargetInfo, identity_query
 from opsctl.prom.client import PromQuery, Sample
 
 # dcgm-exporter's default XID count window (--xid-count-window-size), used when the label is absent.
@@ -23,7 +26,7 @@ STATUS_ORDER = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 class Check:
     id: str
     severity: str
-    status: str  # fail | warn | handled (an XID opsctl already acted on) | unknown (no data)
+    status: str  # fail | warn | handled (an event opsctl already acted on) | unknown (no usable data)
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
     kind: str = ""  # "gpu", "hca" or ""
     value: float | None = None
@@ -32,6 +35,7 @@ class Check:
     evidence: str = ""
     action: str = "report"
     xid: int | None = None
+    memory: str = "none"  # window | level | none: how long the event counts as handled once acted on
     window_s: float = DEFAULT_XID_WINDOW_S
 
 
@@ -41,13 +45,12 @@ class NodeVerdict:
     status: str = "ok"
     checks: list[Check] = field(default_factory=list)
     in_slurm: bool = True
-    action: str = "none"
 
     def drain_checks(self) -> list[Check]:
         return [c for c in self.checks if c.status == "fail" and c.action == "drain"]
 
     def breaching(self, rule_id: str) -> bool:
-        return any(c.id == rule_id and c.status in ("fail", "warn", "handled") for c in self.checks)
+        return any(c.id == rule_id and c.status in ("fail", "warn", "handled", "unknown") for c in self.checks)
 
 
 @dataclass
@@ -57,117 +60,158 @@ class Report:
     queries: int = 0
     query_seconds: float = 0.0
     time: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # the source said its answers may be partial
+    identities: Identities | None = None
 
 
-@dataclass(frozen=True)
-class HandledXid:
-    node: str
-    gpu: str
-    xid: int
-    time: float
-    count: float
+class Memory(Protocol):
+    """What opsctl already acted on (kept by remediation): a check it covers is `handled`."""
+
+    def covers(self, node: str, check: Check, now: float) -> bool: ...
 
 
 def presence_queries(config: Config) -> tuple[str, str]:
-    jobs = f'job=~"{config.prometheus.dcgm_job}|{config.prometheus.node_job}"'
+    jobs = f'job=~"{"|".join(config.prometheus.jobs.values())}"'
     return f"up{{{jobs}}}", f"time() - timestamp(up{{{jobs}}})"
 
 
 def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
-             handled: Sequence[HandledXid] = (), now: float | None = None) -> Report:
-    """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists."""
+             memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
+    """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists.
+    Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all."""
     started = time.monotonic()
     up_q, age_q = presence_queries(config)
     # Rules run as the exported alert's expression: Prometheus filters by the threshold, so answers
-    # carry only breaching series (small at any cluster size) and alerts and opsctl agree exactly.
-    results = client.query_many([up_q, age_q] + [rule.alert_expr() for rule in rules])
-    up, ages = results[0], results[1]
-    answers = {rule.id: samples for rule, samples in zip(rules, results[2:], strict=True)}
-    elapsed = time.monotonic() - started
-    report = judge(rules, answers, up, ages, set(slurm_nodes), config, handled,
-                   time.time() if now is None else now)
-    report.queries = 2 + len(rules)
-    report.query_seconds = elapsed
+    # carry only breaching (or non-finite) series, small at any cluster size, and alerts and opsctl agree.
+    results = client.query_many([up_q, age_q, identity_query(config)] + [rule.alert_expr() for rule in rules])
+    queries = 3 + len(rules)
+    up, ages, reported = results[0], results[1], results[2]
+    for sample in up:
+        if not sample.labels.get("job") or not sample.labels.get("instance"):
+            raise SourceUnavailable(f"presence query: an `up` series without job and instance labels: "
+                                    f"{sample.labels!r}")
+    _check_jobs(client, config, up)
+    answers = {rule.id: samples for rule, samples in zip(rules, results[3:], strict=True)}
+    report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,
+                   time.time() if now is None else now, set(ignore))
+    report.queries = queries
+    report.query_seconds = time.monotonic() - started
+    report.warnings = list(client.warnings)
     return report
 
 
-def _name(sample: Sample, config: Config, what: str) -> str:
-    name = node_name(sample.labels, config.node_mapping)
-    if name is None:
-        raise SourceUnavailable(f"{what}: a series has no node, Hostname, hostname or instance label: "
-                                f"{sample.labels!r}")
-    return name
+def _check_jobs(client: PromQuery, config: Config, up: list[Sample]) -> None:
+    """A configured job without any target is a config error, not a cluster of unknown nodes."""
+    present = {s.labels.get("job", "") for s in up}
+    missing = [(source, job) for source, job in config.prometheus.jobs.items() if job not in present]
+    if not missing:
+        return
+    jobs = sorted({s.labels.get("job", "") for s in client.query("count by (job) (up)")} - {""})
+    source, job = missing[0]
+    hint = " (or null if the site runs no node_exporter)" if source == "node" else ""
+    raise ConfigError(f"config key prometheus.jobs.{source}: Prometheus has no target of job {job!r}{hint}; "
+                      f"its jobs are: {', '.join(jobs) or 'none'}")
 
 
-def _sources(up: list[Sample], ages: list[Sample], config: Config) -> dict[str, dict[str, str]]:
-    """node -> {"dcgm": "up"|"down"|"stale"|"missing", "node": ...}."""
-    by_job = {config.prometheus.dcgm_job: "dcgm", config.prometheus.node_job: "node"}
+def _sources(identities: Identities, ages: list[Sample], config: Config) -> dict[str, dict[str, Check]]:
+    """node -> source -> a check that says why that source's data cannot be used (absent when it can)."""
     stale_after = duration_seconds(config.prometheus.stale_after)
-    state: dict[str, dict[str, str]] = {}
-    for sample in up:
-        source = by_job.get(sample.labels.get("job", ""))
-        if source is None:
-            raise SourceUnavailable(f"presence query: series without a known job label: {sample.labels!r}")
-        node = state.setdefault(_name(sample, config, "presence query"), {})
-        # Two targets for one node and job: one that is down makes the node's data incomplete.
-        if node.get(source) != "down":
-            node[source] = "up" if sample.value == 1 else "down"
-    for sample in ages:
-        source = by_job.get(sample.labels.get("job", ""))
-        node = state.get(_name(sample, config, "staleness query"), {})
-        if source in node and node[source] == "up" and sample.value > stale_after:
-            node[source] = "stale"
-    return state
+    age_of = {(s.labels.get("job", ""), s.labels.get("instance", "")): s.value for s in ages}
+    problems: dict[str, dict[str, Check]] = {}
+    for node, by_source in identities.by_node().items():
+        for source, targets in by_source.items():
+            conflicts = [info.conflict for _, info in targets if info.conflict]
+            if len(targets) > 1 or conflicts:
+                names = ", ".join(sorted(t.instance for t, _ in targets))
+                why = conflicts[0] if conflicts else f"{source} targets {names} all name {node}"
+                problems.setdefault(node, {})[source] = Check(id="identity-conflict", severity="fail",
+                                                              status="unknown", evidence=why)
+                continue
+            target, _ = targets[0]
+            state = "up" if identities.up.get(target) == 1 else "down"
+            age = age_of.get((target.job, target.instance))
+            if state == "up" and (age is None or not math.isfinite(age) or age > stale_after):
+                state = "stale"
+            if state != "up":
+                problems.setdefault(node, {})[source] = _data_check(source, state)
+    return problems
 
 
-def _suppressed(check: Check, node: str, handled: Sequence[HandledXid], now: float, xid_source: str) -> bool:
-    """True when this XID was already acted on and the data cannot show a repeat of it."""
-    for rec in handled:
-        if (rec.node, rec.gpu, rec.xid) != (node, check.device.removeprefix("gpu"), check.xid):
-            continue
-        if xid_source == "gauge":
-            return True  # the last-XID gauge can never show a repeat
-        # The event happened no later than we acted, so within one window of that it is the same
-        # event unless the windowed count went up.
-        if now - rec.time <= check.window_s and (check.value or 0) <= rec.count:
-            return True
-    return False
+def _data_check(source: str, state: str) -> Check:
+    return Check(id=f"data-{source}", severity="fail", status="unknown", evidence=f"{source} exporter {state}")
 
 
-def judge(rules: list[Rule], answers: dict[str, list[Sample]], up: list[Sample], ages: list[Sample],
-          slurm_nodes: set[str], config: Config, handled: Sequence[HandledXid] = (), now: float = 0.0) -> Report:
-    sources = _sources(up, ages, config)
+def _check_for(rule: Rule, sample: Sample) -> Check:
+    device, kind = "", ""
+    if rule.device_label:
+        raw = sample.labels.get(rule.device_label)
+        if raw is None:
+            raise SourceUnavailable(f"rule {rule.id}: series without the {rule.device_label!r} label: "
+                                    f"{sample.labels!r}")
+        kind = "gpu" if rule.device_label == "gpu" else "hca"
+        device = f"gpu{raw}" if kind == "gpu" else raw
+    memory, window_s = rule.memory, float(duration_seconds(rule.hold))
+    evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \
+        f"{device} value={sample.value}".strip()
+    if rule.xid is not None:
+        window = sample.labels.get("window_size_in_ms", "")
+        if window.isdigit():
+            window_s = int(window) / 1000.0
+        else:
+            # The last-XID gauge: it never shows a repeat, so an XID acted on stays handled until it changes.
+            memory = "level" if memory != "none" else memory
+            if sample.labels.get("xid_source") == "gauge":
+                evidence = f"{device} xid={rule.xid} (last-XID gauge; no windowed count)".strip()
+    status = rule.severity if math.isfinite(sample.value) else "unknown"
+    return Check(id=rule.id, severity=rule.severity, status=status, device=device, kind=kind, value=sample.value,
+                 threshold=rule.threshold, op=rule.op, evidence=evidence, action=rule.action, xid=rule.xid,
+                 memory=memory, window_s=window_s)
+
+
+def judge(rules: list[Rule], answers: dict[str, list[Sample]], identities: Identities, ages: list[Sample],
+          slurm_nodes: set[str], config: Config, memory: Memory | None = None, now: float = 0.0,
+          ignore: set[str] | None = None) -> Report:
+    ignore = ignore or set()
+    problems = _sources(identities, ages, config)
     nodes: dict[str, NodeVerdict] = {name: NodeVerdict(name) for name in slurm_nodes}
-    for name in sources:
-        nodes.setdefault(name, NodeVerdict(name, in_slurm=False))
+    for name in identities.by_node():
+        if name not in ignore:
+            nodes.setdefault(name, NodeVerdict(name, in_slurm=False))
     for rule in rules:
         for sample in answers.get(rule.id, []):
-            name = _name(sample, config, f"rule {rule.id}")
-            if not rule.breaches(sample.value):
+            name = identities.node_of(sample.labels)
+            if not name:
+                raise SourceUnavailable(f"rule {rule.id}: a series names no target (keep job and instance, the "
+                                        f"${{by}} labels, in its by() clause): {sample.labels!r}")
+            if name in ignore or (math.isfinite(sample.value) and not rule.breaches(sample.value)):
                 continue
-            device, kind = "", ""
-            if rule.device_label:
-                raw = sample.labels.get(rule.device_label)
-                if raw is None:
-                    raise SourceUnavailable(f"rule {rule.id}: series without the {rule.device_label!r} label: "
-                                            f"{sample.labels!r}")
-                kind = "gpu" if rule.device_label == "gpu" else "hca"
-                device = f"gpu{raw}" if kind == "gpu" else raw
-            window = sample.labels.get("window_size_in_ms", "")
-            check = Check(id=rule.id, severity=rule.severity, status=rule.severity, device=device, kind=kind,
-                          value=sample.value, threshold=rule.threshold, op=rule.op,
-                          evidence=rule.format_evidence(device, sample.value), action=rule.action, xid=rule.xid,
-                          window_s=int(window) / 1000.0 if window.isdigit() else DEFAULT_XID_WINDOW_S)
-            if rule.xid is not None and _suppressed(check, name, handled, now, config.catalog.xid_source):
+            check = _check_for(rule, sample)
+            if memory is not None and check.memory != "none" and check.status != "unknown" \
+                    and memory.covers(name, check, now):
                 check.status = "handled"
             nodes.setdefault(name, NodeVerdict(name, in_slurm=False)).checks.append(check)
+    xid_rules = any(rule.xid is not None for rule in rules) and config.catalog.xid_source == "auto"
+    by_node = identities.by_node()
     for name, verdict in nodes.items():
-        state = sources.get(name, {})
-        for source in ("dcgm", "node"):
-            if state.get(source, "missing") != "up":
-                verdict.checks.append(Check(id=f"data-{source}", severity="fail", status="unknown",
-                                            evidence=f"{source} exporter {state.get(source, 'missing')}"))
+        found = problems.get(name, {})
+        for source in config.prometheus.jobs:
+            known = source in by_node.get(name, {})
+            if source in found:
+                verdict.checks.append(found[source])
+            elif not known:
+                verdict.checks.append(_data_check(source, "missing"))
+        if xid_rules and "dcgm" not in found:
+            verdict.checks += _xid_data(by_node, name)
         statuses = [c.status for c in verdict.checks if c.status != "handled"]
         verdict.status = max(statuses or ["ok"], key=STATUS_ORDER.__getitem__)
         verdict.checks.sort(key=lambda c: (-STATUS_ORDER.get(c.status, 0), c.id, c.device))
-    return Report(nodes=dict(sorted(nodes.items())), rules=rules, time=now)
+    return Report(nodes=dict(sorted(nodes.items())), rules=rules, time=now, identities=identities)
+
+
+def _xid_data(by_node: dict[str, dict[str, list[tuple[Target, TargetInfo]]]], node: str) -> list[Check]:
+    """A dcgm target that exports neither XID metric is reported: its XIDs would go unseen."""
+    for _, info in by_node.get(node, {}).get("dcgm", []):
+        if not info.metrics & {XID_GAUGE, XID_WINDOW}:
+            return [Check(id="xid-data", severity="warn", status="warn",
+                          evidence=f"dcgm exporter exports neither {XID_WINDOW} nor {XID_GAUGE}: XIDs go unseen")]
+    return []

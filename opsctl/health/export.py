@@ -1,7 +1,8 @@
 """The catalog as a Prometheus rules file, so alerts and `opsctl health` judge with the same PromQL.
 
-Each rule becomes `alert: <CamelCaseId>` with `expr: (<rule expr>) <op> <threshold>` and no `for:`:
-how long a condition must hold is already inside the expression (`${hold}` range selectors).
+Each rule becomes `alert: <CamelCaseId>` with the expression `opsctl health` runs (Rule.alert_expr:
+the breaching series, and those whose value is NaN or infinite) and no `for:`: how long a condition
+must hold is already inside the expression (`${hold}` range selectors).
 """
 
 from typing import Any
@@ -15,7 +16,7 @@ def alert_name(rule_id: str) -> str:
     return "Opsctl" + "".join(part.capitalize() for part in rule_id.split("-"))
 
 
-def render_prometheus_rules(rules: list[Rule], group: str = "opsctl-health",
+def render_prometheus_rules(rules: list[Rule], group: str = "opsctl-health", node_label: str = "node",
                             extra_groups: list[dict[str, Any]] | None = None) -> str:
     alerts = []
     for rule in rules:
@@ -26,7 +27,7 @@ def render_prometheus_rules(rules: list[Rule], group: str = "opsctl-health",
             "annotations": {
                 "summary": rule.description,
                 "description": f"{rule.id}: value {{{{ $value }}}} {rule.op} {rule.threshold:g} "
-                               f"on {{{{ $labels.node }}}}",
+                               f"on {{{{ $labels.{node_label} }}}}",
                 "remediation": rule.remediation,
             },
         })

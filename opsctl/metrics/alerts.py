@@ -33,7 +33,7 @@ def _alert(name: str, rule_id: str, severity: str, expr: str, summary: str, reme
 
 def system_alerts(config: Config) -> dict[str, Any]:
     """The `opsctl-system` rule group, with the thresholds of the `alerts:` config section."""
-    jobs = f"{config.prometheus.dcgm_job}|{config.prometheus.node_job}"
+    jobs = "|".join(config.prometheus.jobs.values())  # a site without node_exporter has only dcgm
     missing = duration_seconds(config.alerts.run_missing_after)
     drained = 'max by (state) (opsctl_slurm_nodes{state=~"drained|draining"})'
     rules = [

@@ -7,9 +7,6 @@ from opsctl.metrics.state import RunFacts
 from opsctl.remediation.run import RunResult
 from opsctl.slurm.base import SlurmNode
 
-# plan_drains words every breaker stop so (opsctl/remediation/plan.py); a unit test holds both to it.
-BREAKER_STOP = "circuit breaker"
-
 
 def slurm_state(node: SlurmNode) -> str:
     """sinfo's wording: a drained node is `drained` once idle (or down), `draining` while jobs still run."""
@@ -26,17 +23,19 @@ def needs_person(node: SlurmNode, rules: dict[str, Rule]) -> list[str]:
 
 
 def after_run(result: RunResult) -> dict[str, SlurmNode]:
-    """Slurm's nodes as the run left them: read before it acted, then its own drains and resumes applied."""
-    slurm = dict(result.slurm_nodes)
+    """Slurm's nodes as the run left them: read before it acted, then its own changes applied."""
+    slurm = dict(result.cluster)
     if result.options.dry_run:
         return slurm
-    for reason, nodes in result.plan.drains.items():
-        for name in nodes:
-            if name in slurm:
-                slurm[name] = replace(slurm[name], flags=(*slurm[name].flags, "DRAIN"), reason=reason)
-    for name in result.plan.resumes:
-        if name in slurm:
-            slurm[name] = replace(slurm[name], flags=tuple(f for f in slurm[name].flags if f != "DRAIN"), reason="")
+    for decision in result.plan.with_action("drain", "escalate"):
+        node = slurm.get(decision.node)
+        if node is not None:
+            flags = node.flags if "DRAIN" in node.flags else (*node.flags, "DRAIN")
+            slurm[decision.node] = replace(node, flags=flags, reason=decision.reason)
+    for decision in result.plan.with_action("resume"):
+        node = slurm.get(decision.node)
+        if node is not None:
+            slurm[decision.node] = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="")
     return slurm
 
 
@@ -45,7 +44,7 @@ def run_facts(result: RunResult) -> RunFacts:
     slurm = after_run(result)
     facts = RunFacts(
         node_status={name: verdict.status for name, verdict in result.report.nodes.items()},
-        breaker_tripped=result.plan.stop.startswith(BREAKER_STOP),
+        breaker_tripped=result.plan.breaker,
         drain_rules=sorted(r.id for r in rules.values() if r.action == "drain"),
         resume_rules=sorted(r.id for r in rules.values() if r.action == "drain" and r.auto_resume),
     )
@@ -58,11 +57,10 @@ def run_facts(result: RunResult) -> RunFacts:
         if person:
             facts.needs_person[name] = person
     if not result.options.dry_run:
-        for nodes in result.plan.drains.values():
-            for name in nodes:
-                facts.drains += list(dict.fromkeys(c.id for c in result.plan.checks.get(name, [])))
-        for name in result.plan.resumes:
-            before = result.slurm_nodes.get(name)
+        for decision in result.plan.with_action("drain"):
+            facts.drains += list(dict.fromkeys(c.id for c in decision.checks))
+        for decision in result.plan.with_action("resume"):
+            before = result.cluster.get(decision.node)
             facts.resumes += before.reason_rules() if before else []
-        facts.refusals = [why for _node, why, _detail in result.plan.refusals]
+        facts.refusals = [d.action.removeprefix("skip:") for d in result.plan.refusals()]
     return facts

@@ -1,5 +1,5 @@
 """Prometheus access: strict instant queries."""
 
-from opsctl.prom.client import PromClientImpl, PromQuery, Sample, parse_vector
+from opsctl.prom.client import PromClientImpl, PromQuery, Sample, answer_warnings, parse_vector, redact
 
-__all__ = ["PromClientImpl", "PromQuery", "Sample", "parse_vector"]
+__all__ = ["PromClientImpl", "PromQuery", "Sample", "answer_warnings", "parse_vector", "redact"]

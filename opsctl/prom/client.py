@@ -2,12 +2,18 @@
 
 An answer looks like (Prometheus HTTP API, /api/v1/query):
   {"status": "success", "data": {"resultType": "vector",
-   "result": [{"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.123, "79"]}]}}
-Anything else (HTTP error, timeout, TLS failure, bad JSON, wrong types, NaN, a non-vector result)
-raises SourceUnavailable with one line that names the query, so no decision is made on it.
+   "result": [{"metric": {"node": "gpu001", "gpu": "3"}, "value": [1732880000.123, "79"]}]},
+   "warnings": ["..."]}
+Anything else (HTTP error, timeout, TLS failure, bad JSON, wrong types, a non-vector result) raises
+SourceUnavailable with one line that names the query, so no decision is made on it. A value of NaN,
++Inf or -Inf is kept as it is: the judge makes that one check unknown.
+
+`warnings` (Thanos, Mimir) and `isPartial: true` (VictoriaMetrics) say that the answer may lack data;
+they are collected in the client's `warnings`, and a run that has any acts on nothing.
 """
 
-import math
+import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +24,7 @@ import requests
 
 from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable
+from opsctl.prom.failure import QUERY_PATH, connect_failure, is_server_trouble, not_the_query_api, tls_failure
 
 
 @dataclass(frozen=True)
@@ -27,9 +34,11 @@ class Sample:
 
 
 class PromQuery(Protocol):
-    """Runs one instant query; raises SourceUnavailable on any failure, never returns partial data."""
+    """Runs instant queries; raises SourceUnavailable on any failure. Answers that the server marks as
+    possibly partial add a line to `warnings`."""
 
     queries: int
+    warnings: list[str]
 
     def query(self, expr: str) -> list[Sample]: ...
 
@@ -40,6 +49,21 @@ def _short(expr: str) -> str:
     return expr if len(expr) <= 60 else expr[:57] + "..."
 
 
+def answer_warnings(payload: object, expr: str) -> list[str]:
+    """The server's own words that an answer may be incomplete (an empty list when it is whole)."""
+    if not isinstance(payload, dict):
+        return []
+    found = [str(w) for w in payload.get("warnings") or [] if w]
+    if payload.get("isPartial") is True:
+        found.append("partial response (isPartial)")
+    return [f"{_short(expr)!r}: {w}" for w in found]
+
+
+def _series(labels: dict[str, str]) -> str:
+    """A label set as PromQL writes it: {node="gpu001", gpu="3"} (a message holds no Python repr)."""
+    return "{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in labels.items()) + "}"
+
+
 def parse_vector(payload: object, expr: str) -> list[Sample]:
     """Check the shape of a query answer strictly and return its samples."""
     where = f"Prometheus answer to {_short(expr)!r}"
@@ -47,29 +71,28 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
         raise SourceUnavailable(f"{where}: not a JSON object")
     if payload.get("status") != "success":
         error = payload.get("error") or payload.get("status")
-        raise SourceUnavailable(f"{where}: status {error!r}")
+        raise SourceUnavailable(f"{where}: status {error}")
     data = payload.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind!r}")
+        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind}")
     samples = []
     for item in data["result"]:
         if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
             raise SourceUnavailable(f"{where}: a result entry has no label set")
         labels = item["metric"]
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise SourceUnavailable(f"{where}: labels must be strings in {labels!r}")
+            raise SourceUnavailable(f"{where}: labels must be strings in {json.dumps(labels)}")
         value = item.get("value")
         # The API sends [unix_time, "value as string"]; a bare number is a broken or foreign server.
         if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str)
                 or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
-            raise SourceUnavailable(f"{where}: malformed value {value!r} for {labels!r}")
+            raise SourceUnavailable(f"{where}: malformed value {json.dumps(value)} for {_series(labels)}")
         try:
-            number = float(value[1])
+            number = float(value[1])  # "NaN", "+Inf" and "-Inf" too: judged unknown, never ok
         except ValueError:
-            raise SourceUnavailable(f"{where}: value {value[1]!r} is not a number for {labels!r}") from None
-        if math.isnan(number):
-            raise SourceUnavailable(f"{where}: NaN for {labels!r}; refusing to judge on it")
+            raise SourceUnavailable(f"{where}: value {json.dumps(value[1])} is not a number for {_series(labels)}") \
+                from None
         samples.append(Sample(labels=dict(labels), value=number))
     return samples
 
@@ -81,9 +104,11 @@ class PromClientImpl:
                  password_file: str | None = None, ca_bundle: str | None = None,
                  connect_timeout: float = 3.0, read_timeout: float = 15.0, parallel: int = 4):
         self.url = url.rstrip("/")
+        self.shown_url = redact(self.url)
         self.timeout = (connect_timeout, read_timeout)
         self.parallel = max(1, parallel)
         self.queries = 0
+        self.warnings: list[str] = []
         self._count = threading.Lock()
         self._local = threading.local()
         self._verify: str | bool = ca_bundle if ca_bundle else True
@@ -125,15 +150,15 @@ class PromClientImpl:
     def query(self, expr: str) -> list[Sample]:
         with self._count:
             self.queries += 1
-        where = f"Prometheus at {self.url}"
+        where = f"Prometheus at {self.shown_url}"
         try:
-            resp = self.session.post(f"{self.url}/api/v1/query", data={"query": expr}, timeout=self.timeout)
+            resp = self.session.post(f"{self.url}{QUERY_PATH}", data={"query": expr}, timeout=self.timeout)
         except requests.exceptions.SSLError as err:
-            raise SourceUnavailable(f"{where}: TLS error ({_reason(err)})") from None
+            raise SourceUnavailable(redact(tls_failure(self.shown_url, err))) from None
         except requests.exceptions.Timeout:
             raise SourceUnavailable(f"{where}: timed out after {self.timeout[1]:g}s") from None
         except requests.exceptions.ConnectionError as err:
-            raise SourceUnavailable(f"{where}: cannot connect ({_reason(err)})") from None
+            raise SourceUnavailable(redact(connect_failure(self.shown_url, err))) from None
         except requests.exceptions.RequestException as err:
             raise SourceUnavailable(f"{where}: request failed ({type(err).__name__})") from None
         if resp.status_code in (401, 403):
@@ -142,13 +167,32 @@ class PromClientImpl:
             payload = resp.json()
         except ValueError:
             payload = None
-        # Prometheus answers 400/422/503 with a JSON error body; pass its message on.
+        # Prometheus answers 400/422/503 with a JSON error body ({"status": "error", "error": ...}); pass its
+        # message on. Without that body, only a server error (5xx but 501) may come from a Prometheus
+        # behind the URL.
         if resp.status_code != 200:
+            prometheus_error = isinstance(payload, dict) and payload.get("status") == "error"
+            if not prometheus_error and not is_server_trouble(resp.status_code):
+                raise SourceUnavailable(not_the_query_api(self.shown_url, resp.status_code))
             detail = payload.get("error") if isinstance(payload, dict) else None
             raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))
         if payload is None:
             raise SourceUnavailable(f"{where}: answer to {_short(expr)!r} is not valid JSON")
-        return parse_vector(payload, expr)
+        samples = parse_vector(payload, expr)
+        partial = answer_warnings(payload, expr)
+        if partial:
+            with self._count:
+                self.warnings.extend(partial)
+        return samples
+
+
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?]*)\?\S*")
+
+
+def redact(text: str) -> str:
+    """Credentials in a URL (https://user:pass@host, ?token=...) never reach a message or the audit log."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1***@", text))
 
 
 def _secret(path: str | None, key: str) -> str:
@@ -158,12 +202,3 @@ def _secret(path: str | None, key: str) -> str:
         return Path(path).read_text().strip()
     except OSError as err:
         raise SourceUnavailable(f"cannot read {key} ({err.strerror})") from None
-
-
-def _reason(err: Exception) -> str:
-    """The innermost cause, without the URL-and-object noise that requests wraps it in."""
-    text = str(err)
-    for marker in ("SSLError(", "Caused by ", "NewConnectionError("):
-        if marker in text:
-            text = text.split(marker, 1)[1]
-    return text.strip("()'\" ")[:160]

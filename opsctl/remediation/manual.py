@@ -8,7 +8,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.state import RunLock
-from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode, make_slurm
+from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 
 def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict[str, SlurmNode]]:
@@ -20,8 +20,8 @@ def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict[str, SlurmNod
     return names, nodes
 
 
-def manual_drain(config: Config, hostlist: str, text: str, max_length: int | None = None,
-                 slurm: Slurm | None = None) -> tuple[ExitCode, list[str]]:
+def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
+                 max_length: int | None = None) -> tuple[ExitCode, list[str]]:
     text = " ".join(text.split())
     if not text:
         raise ConfigError("--reason must not be empty")
@@ -29,15 +29,15 @@ def manual_drain(config: Config, hostlist: str, text: str, max_length: int | Non
     reason = f"{MANUAL_PREFIX} {text}"
     if len(reason) > max_length:
         reason = reason[: max_length - 3] + "..."
-    slurm = slurm or make_slurm(config)
     audit = AuditLog(config.audit_log)
     try:
         with RunLock(config.state_dir):
             names, nodes = _targets(slurm, hostlist)
-            refused = [n for n in names if nodes[n].out_of_service and not nodes[n].owned]
+            refused = [n for n in names if (nodes[n].out_of_service or nodes[n].reason) and not nodes[n].owned]
             for name in refused:
-                audit.write("refuse", node=name, reason=reason,
-                            detail=f"not-owned: already {nodes[name].state} ({nodes[name].reason or 'no reason'})")
+                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
+                            evidence=text, detail=f"not-owned: {nodes[name].state_text} "
+                            + ("with a reason opsctl did not set" if nodes[name].reason else "out of service"))
             todo = [n for n in names if n not in refused]
             if todo:
                 slurm.drain(todo, reason)
@@ -51,16 +51,14 @@ def manual_drain(config: Config, hostlist: str, text: str, max_length: int | Non
     return (ExitCode.SAFETY_STOP if refused else ExitCode.OK), lines
 
 
-def manual_resume(config: Config, hostlist: str, force: bool = False,
-                  slurm: Slurm | None = None) -> tuple[ExitCode, list[str]]:
-    slurm = slurm or make_slurm(config)
+def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> tuple[ExitCode, list[str]]:
     audit = AuditLog(config.audit_log)
     try:
         with RunLock(config.state_dir):
             names, nodes = _targets(slurm, hostlist)
             refused = [n for n in names if nodes[n].reason and not nodes[n].owned and not force]
             for name in refused:
-                audit.write("refuse", node=name, reason=nodes[name].reason,
+                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
                             detail="not-owned: drained by someone else; use --force to resume it anyway")
             todo = [n for n in names if n not in refused]
             if todo:

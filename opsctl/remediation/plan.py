@@ -1,25 +1,65 @@
-"""Pure decisions: which nodes to drain or resume, and when the safety limits say stop.
+"""Pure decisions: which nodes to drain, resume or escalate, and when the safety limits say stop.
 
-Nothing here talks to Slurm or Prometheus; `opsctl.remediation.run` carries the plan out.
+Nothing here talks to Slurm or Prometheus, and nothing here changes a verdict: the plan is a set of
+Decisions, one per node that gets an action; `opsctl.remediation.run` carries it out.
+
+The safety limits count the whole judged cluster (every node in `slurm.partitions`), whatever
+`--nodes` narrows the acting to: two scoped runs never drain what one full run refuses.
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
-from opsctl.health.evaluate import Check, HandledXid, Report
+from opsctl.health.evaluate import Check, NodeVerdict, Report
+from opsctl.health.evidence import Evidence
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str
+    action: str  # drain, would-drain, resume, would-resume, escalate, would-escalate, skip:<why>
+    detail: str = ""  # why, in words, for the audit log
+    checks: tuple[Check, ...] = ()  # the checks behind a drain or an escalation
+    reason: str = ""  # the Slurm reason that a drain or an escalation sets
+    seen: SlurmNode | None = None  # Slurm as planned: the change is made only if it is still so
+    healthy_s: float = 0.0  # a resume: how long the node has been healthy
+    values: tuple[dict[str, object], ...] = ()  # the metric values behind it: {rule, device, value, threshold}
+    eligible_at: float | None = None  # a resume that waits out safety.resume_after: when it may happen (Unix time)
+
+
+def check_values(checks: tuple[Check, ...] | list[Check]) -> tuple[dict[str, object], ...]:
+    return tuple({"rule": c.id, "device": c.device, "value": c.value, "threshold": c.threshold} for c in checks)
 
 
 @dataclass
 class Plan:
-    drains: dict[str, list[str]] = field(default_factory=dict)  # reason -> nodes that share it
-    resumes: list[str] = field(default_factory=list)
-    refusals: list[tuple[str, str, str]] = field(default_factory=list)  # (node, why, detail)
-    stop: str = ""  # set when a safety limit stopped the run (exit 4)
-    handled: list[HandledXid] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    stop: str = ""  # set when a safety limit stopped (some of) the run: exit 4
+    breaker: bool = False  # the circuit breaker tripped: nothing at all is changed
     healthy_since: dict[str, float] = field(default_factory=dict)
-    checks: dict[str, list[Check]] = field(default_factory=dict)  # node -> checks behind its action
+
+    def action(self, node: str) -> str:
+        decision = self.decisions.get(node)
+        return decision.action if decision else "none"
+
+    def with_action(self, *actions: str) -> list[Decision]:
+        return [d for d in self.decisions.values() if d.action in actions]
+
+    def drains(self) -> dict[str, list[Decision]]:
+        """reason -> the drains that share it (one scontrol call each)."""
+        out: dict[str, list[Decision]] = {}
+        for decision in self.with_action("drain"):
+            out.setdefault(decision.reason, []).append(decision)
+        return out
+
+    def refusals(self) -> list[Decision]:
+        return [d for d in self.decisions.values() if d.action.startswith("skip:") and d.detail]
+
+    def set(self, decision: Decision) -> None:
+        self.decisions[decision.node] = decision
 
 
 def drain_reason(checks: list[Check], max_length: int) -> str:
@@ -29,99 +69,190 @@ def drain_reason(checks: list[Check], max_length: int) -> str:
     return text if len(text) <= max_length else text[: max_length - 3] + "..."
 
 
+def escalated_reason(node: SlurmNode, checks: list[Check], max_length: int) -> str:
+    """opsctl's reason with the rules of a new event that needs a person appended to it."""
+    rules = ",".join(dict.fromkeys([*node.reason_rules(), *(c.id for c in checks)]))
+    tail = node.reason.split(" ", 1)[1] if " " in node.reason else ""
+    text = f"{OWNED_PREFIX}{rules} " + "; ".join([t for t in (tail, *(c.evidence for c in checks)) if t])
+    return text if len(text) <= max_length else text[: max_length - 3] + "..."
+
+
 def breaker_limit(safety: SafetyConfig, cluster_nodes: int) -> float:
     return max(float(safety.breaker_min_nodes), safety.breaker_fraction * cluster_nodes)
 
 
-def plan_drains(report: Report, slurm: dict[str, SlurmNode], safety: SafetyConfig, drains_last_hour: int,
-                dry_run: bool, now: float) -> Plan:
+def unknown_stop(report: Report, cluster: dict[str, SlurmNode], safety: SafetyConfig) -> str:
+    """Too many judged nodes without usable data: monitoring looks broken (exit 4, read-only runs too)."""
+    total = len(cluster)
+    unknown = sum(1 for n in cluster if n in report.nodes and report.nodes[n].status == "unknown")
+    if total and unknown > safety.unknown_max_fraction * total:
+        return (f"circuit breaker: {unknown} of {total} nodes have no usable data (more than "
+                f"{safety.unknown_max_fraction:.0%}); monitoring looks broken, acting on none")
+    return ""
+
+
+def _held(node: SlurmNode) -> str:
+    return f"Slurm holds it {node.state_text}"
+
+
+def breaker_detail(stop: str) -> str:
+    """The audit detail of a node the circuit breaker left alone (the stop text names the breaker once)."""
+    return "circuit-breaker: " + stop.removeprefix("circuit breaker: ")
+
+
+def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
+                drains_last_hour: int, dry_run: bool, scope: set[str] | None = None) -> Plan:
+    """Drain decisions for the nodes in scope (all when None); the limits count the whole cluster."""
     plan = Plan()
+    needs_person = {r.id for r in rules if not r.auto_resume}
+    may_resume = {r.id for r in rules if r.auto_resume}
     candidates = []
     for name, verdict in report.nodes.items():
         drain = verdict.drain_checks()
         if not verdict.in_slurm:
-            verdict.action = "skip:not-in-slurm"
-            continue
-        if verdict.status == "unknown":
-            verdict.action = "skip:unknown" if drain else "none"
-            continue
-        if verdict.status != "fail" or not drain:
-            continue
-        node = slurm[name]
-        if node.out_of_service:
-            # Never touch a node that is already out: ours keeps its first reason, others' are theirs.
-            verdict.action = "skip:already-drained" if node.owned else "skip:not-owned"
-            if not node.owned:
-                plan.refusals.append((name, "not-owned", f"already {node.state} ({node.reason or 'no reason'})"))
-            continue
-        candidates.append(name)
-        plan.checks[name] = drain
-
-    total = len(slurm)
-    unknown = sum(1 for v in report.nodes.values() if v.in_slurm and v.status == "unknown")
+            plan.set(Decision(name, "skip:not-in-slurm"))
+        elif verdict.status == "unknown":
+            if drain:
+                plan.set(Decision(name, "skip:unknown"))
+        elif verdict.status == "fail" and drain:
+            node = cluster[name]
+            if node.drained and node.owned:
+                # Ours already. An event that needs a person turns an auto-resumable drain into one that does.
+                new = [c for c in drain if c.id in needs_person and c.id not in node.reason_rules()]
+                if new and not node.manual and set(node.reason_rules()) <= may_resume:
+                    plan.set(Decision(name, "would-escalate" if dry_run else "escalate", checks=tuple(new),
+                                      reason=escalated_reason(node, new, safety.reason_max_length), seen=node,
+                                      values=check_values(new)))
+                else:
+                    plan.set(Decision(name, "skip:already-drained"))
+            elif node.foreign_reason:
+                plan.set(Decision(name, "skip:not-owned", f"not-owned: {node.state_text} with a reason opsctl did "
+                                  "not set", seen=node))
+            elif node.out_of_service or node.held_by_slurm:
+                plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}", seen=node))
+            else:
+                candidates.append(name)
+    total = len(cluster)
     limit = breaker_limit(safety, total)
+    stop = unknown_stop(report, cluster, safety)
     if len(candidates) > limit:
-        plan.stop = (f"circuit breaker: {len(candidates)} nodes newly fail, more than the limit "
-                     f"{limit:g} (max of {safety.breaker_min_nodes} nodes and {safety.breaker_fraction:.0%} "
-                     f"of {total}); acting on none")
-    elif total and unknown > safety.unknown_max_fraction * total:
-        plan.stop = (f"circuit breaker: {unknown} of {total} nodes have no data (more than "
-                     f"{safety.unknown_max_fraction:.0%}); monitoring looks broken, acting on none")
-    if plan.stop:
-        for name in candidates:
-            report.nodes[name].action = "skip:circuit-breaker"
-            plan.refusals.append((name, "circuit-breaker", plan.stop))
-        return plan
-
+        stop = (f"circuit breaker: {len(candidates)} nodes newly fail, more than the limit {limit:g} (max of "
+                f"{safety.breaker_min_nodes} nodes and {safety.breaker_fraction:.0%} of {total}); acting on none")
+    acting = [n for n in sorted(candidates) if scope is None or n in scope]
+    if stop:
+        plan.stop, plan.breaker = stop, True
+        for name in acting:
+            plan.set(Decision(name, "skip:circuit-breaker", breaker_detail(stop), seen=cluster[name]))
+        return _narrow(plan, scope)
     budget = max(0, min(safety.max_drains_per_run, safety.max_drains_per_hour - drains_last_hour))
-    for index, name in enumerate(sorted(candidates)):
-        verdict = report.nodes[name]
-        if index >= budget:
-            verdict.action = "skip:budget"
-            plan.refusals.append((name, "budget", f"drain budget spent ({safety.max_drains_per_run} per run, "
-                                                  f"{safety.max_drains_per_hour} per hour)"))
-            plan.stop = plan.stop or f"drain budget spent: {len(candidates) - budget} failing nodes left as they are"
+    out_now = sum(1 for node in cluster.values() if node.out_of_service)
+    room = max(0, math.floor(safety.max_out_of_service_fraction * total + 1e-9) - out_now)
+    for index, name in enumerate(acting):
+        if index >= min(budget, room):
+            if room < budget:
+                why, detail = "out-of-service-limit", (
+                    f"{out_now} of {total} nodes are out of service; draining more would pass "
+                    f"safety.max_out_of_service_fraction {safety.max_out_of_service_fraction:g}")
+            else:
+                why, detail = "budget", (f"drain budget spent ({safety.max_drains_per_run} per run, "
+                                         f"{safety.max_drains_per_hour} per hour)")
+            plan.set(Decision(name, f"skip:{why}", f"{why}: {detail}", seen=cluster[name]))
+            plan.stop = plan.stop or f"{detail}: {len(acting) - index} failing nodes left as they are"
             continue
-        verdict.action = "would-drain" if dry_run else "drain"
-        checks = plan.checks[name]
-        plan.drains.setdefault(drain_reason(checks, safety.reason_max_length), []).append(name)
-        plan.handled += [HandledXid(node=name, gpu=c.device.removeprefix("gpu"), xid=c.xid, time=now,
-                                    count=c.value or 0.0) for c in checks if c.xid is not None]
+        checks = report.nodes[name].drain_checks()
+        plan.set(Decision(name, "would-drain" if dry_run else "drain", checks=tuple(checks),
+                          reason=drain_reason(checks, safety.reason_max_length), seen=cluster[name],
+                          values=check_values(checks)))
+    return _narrow(plan, scope)
+
+
+def _narrow(plan: Plan, scope: set[str] | None) -> Plan:
+    if scope is not None:
+        plan.decisions = {n: d for n, d in plan.decisions.items() if n in scope}
     return plan
 
 
-def plan_resumes(report: Report, slurm: dict[str, SlurmNode], rules: list[Rule], healthy_since: dict[str, float],
-                 resume_after_s: float, dry_run: bool, now: float, plan: Plan | None = None) -> Plan:
-    """Resume only opsctl's own automatic drains whose rules are all evaluable, resumable and ok again."""
-    plan = plan or Plan()
+def resume_candidates(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule],
+                      scope: set[str] | None = None) -> dict[str, set[str]]:
+    """rule id -> nodes that opsctl drained for it and may resume once it reads ok (they need evidence)."""
     by_id = {rule.id: rule for rule in rules}
-    since = {}
-    for name, node in sorted(slurm.items()):
-        if not (node.drained and node.owned) or node.manual:
-            continue
+    wanted: dict[str, set[str]] = {}
+    for name, node in cluster.items():
         verdict = report.nodes.get(name)
         rule_ids = node.reason_rules()
-        why = ""
-        if verdict is None or verdict.status == "unknown":
-            why = "unknown"
-        elif not rule_ids or any(r not in by_id for r in rule_ids):
-            why = "rule-unknown"
-        elif any(not by_id[r].auto_resume for r in rule_ids):
-            why = "needs-person"
-        elif any(verdict.breaching(r) for r in rule_ids):
-            why = "still-failing"
-        elif verdict.status == "fail":
-            why = "other-failing"
-        if why or verdict is None:
-            if verdict is not None and verdict.action == "none":
-                verdict.action = f"skip:{why}"
+        if (scope is not None and name not in scope) or not node.resumable or verdict is None \
+                or verdict.status in ("unknown", "fail") or not rule_ids:
+            continue
+        if all(r in by_id and by_id[r].auto_resume and not verdict.breaching(r) for r in rule_ids):
+            for rule_id in rule_ids:
+                wanted.setdefault(rule_id, set()).add(name)
+    return wanted
+
+
+def _resume_refusal(node: SlurmNode, verdict: NodeVerdict | None, rule_ids: list[str], by_id: dict[str, Rule],
+                    evidence: dict[tuple[str, str], Evidence]) -> str:
+    if verdict is None or verdict.status == "unknown":
+        return "unknown"
+    if not rule_ids or any(r not in by_id for r in rule_ids):
+        return "rule-unknown"
+    if any(not by_id[r].auto_resume for r in rule_ids):
+        return "needs-person"
+    if not node.resumable:
+        return "slurm-state"
+    if any(verdict.breaching(r) for r in rule_ids):
+        return "still-failing"
+    if verdict.status == "fail":
+        return "other-failing"
+    found = [evidence.get((node.name, r), Evidence()) for r in rule_ids]
+    if any(e.status == "failing" for e in found):
+        return "still-failing"
+    if any(e.status != "ok" for e in found):
+        return "no-data"  # a series that vanished, or NaN: no positive evidence
+    return ""
+
+
+def plan_resumes(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule],
+                 evidence: dict[tuple[str, str], Evidence], healthy_since: dict[str, float], resume_after_s: float,
+                 safety: SafetyConfig, resumes_last_hour: int, dry_run: bool, now: float,
+                 scope: set[str] | None = None, plan: Plan | None = None) -> Plan:
+    """Resume only opsctl's own automatic drains whose rules all read ok, with positive evidence, for
+    safety.resume_after, within the resume budget."""
+    plan = plan or Plan()
+    by_id = {rule.id: rule for rule in rules}
+    since: dict[str, float] = {}
+    ready = []
+    for name, node in sorted(cluster.items()):
+        if (scope is not None and name not in scope) or not (node.drained and node.owned) or node.manual:
+            continue
+        why = _resume_refusal(node, report.nodes.get(name), node.reason_rules(), by_id, evidence)
+        if why:
+            if plan.action(name) == "none":
+                detail = f"slurm-state: {_held(node)}" if why == "slurm-state" else ""
+                plan.set(Decision(name, f"skip:{why}", detail, seen=node))
             continue
         since[name] = healthy_since.get(name, now)
-        waited = now - since[name]
-        if waited < resume_after_s:
-            verdict.action = "skip:healthy-period"
+        if now - since[name] < resume_after_s:
+            plan.set(Decision(name, "skip:healthy-period", seen=node, eligible_at=since[name] + resume_after_s))
             continue
-        verdict.action = "would-resume" if dry_run else "resume"
-        plan.resumes.append(name)
+        ready.append(name)
     plan.healthy_since = since
+    budget = max(0, min(safety.max_resumes_per_run, safety.max_resumes_per_hour - resumes_last_hour))
+    for index, name in enumerate(ready):
+        if plan.breaker:
+            plan.set(Decision(name, "skip:circuit-breaker", breaker_detail(plan.stop), seen=cluster[name]))
+        elif index >= budget:
+            why = (f"budget: resume budget spent ({safety.max_resumes_per_run} per run, "
+                   f"{safety.max_resumes_per_hour} per hour)")
+            plan.set(Decision(name, "skip:budget", why, seen=cluster[name]))
+            plan.stop = plan.stop or f"resume budget spent: {len(ready) - index} healthy nodes left drained"
+        else:
+            values = tuple({"rule": r, "device": device, "value": value, "threshold": by_id[r].threshold}
+                           for r in cluster[name].reason_rules() for device, value in evidence[(name, r)].values)
+            plan.set(Decision(name, "would-resume" if dry_run else "resume", seen=cluster[name],
+                              healthy_s=now - since[name], values=values))
     return plan
+
+
+def without(plan: Plan, node: str, why: str) -> None:
+    """A planned change dropped at the last moment (Slurm changed under it)."""
+    plan.set(replace(plan.decisions[node], action=f"skip:{why.split(':', 1)[0]}", detail=why))

@@ -1,23 +1,60 @@
-"""On-disk state of acting runs: the lock, the drain budget, handled XIDs and healthy-since times.
+"""On-disk state of acting runs: the lock, the budgets, handled events and healthy-since times.
 
-Everything lives in one directory (/var/lib/opsctl, or $OPSCTL_STATE_DIR, or config `state_dir`).
-Files are replaced atomically, so a crash never leaves half a file; only the lock holder writes.
+Everything lives in one directory (/var/lib/opsctl, or $OPSCTL_STATE_DIR, or config `state_dir`),
+created 0700. A directory that others could write to, or that another user owns, is refused (exit 2):
+whoever can write there could make opsctl forget a drain or skip one. Files are opened with
+O_NOFOLLOW (a symlink planted in their place is refused, never followed) and replaced atomically, so
+a crash never leaves half a file; only the lock holder writes.
 """
 
 import errno
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from opsctl.errors import ConfigError, SafetyStop
-from opsctl.health.evaluate import HandledXid
+from opsctl.remediation.memory import HandledMemory
 
 HOUR = 3600.0
-# Records of handled XIDs are kept this long; the last-XID gauge (xid_source: gauge) needs them for
-# as long as the gauge may still show the old code, which is until the GPU's next XID or driver reload.
-HANDLED_KEEP_S = 90 * 86400.0
+
+
+def secure_dir(path: Path, create: bool) -> bool:
+    """Check (and with create, make) the state directory. False when it does not exist and create is off."""
+    try:
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise ConfigError(f"state directory {path}: {err.strerror} (set state_dir or OPSCTL_STATE_DIR)") from None
+    where = f"state directory {path}"
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{where}: not a directory (a symlink is refused); set state_dir or OPSCTL_STATE_DIR")
+    if info.st_uid != os.geteuid():
+        raise ConfigError(f"{where}: owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); "
+                          "use a directory of your own")
+    if info.st_mode & 0o022:
+        raise ConfigError(f"{where}: writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
+                          f"chmod go-w {path}")
+    return True
+
+
+def read_nofollow(path: Path) -> str | None:
+    """The file's text, None when it does not exist. A symlink raises OSError (ELOOP)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "r") as handle:
+        return handle.read()
 
 
 class StateDir:
@@ -25,17 +62,14 @@ class StateDir:
         self.path = Path(path)
 
     def _ensure(self) -> None:
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ConfigError(f"state directory {self.path}: {err.strerror} (set state_dir or OPSCTL_STATE_DIR)") \
-                from None
+        secure_dir(self.path, create=True)
 
     def _load(self, name: str, default: Any) -> Any:
-        try:
-            return json.loads((self.path / name).read_text())
-        except FileNotFoundError:
+        if not secure_dir(self.path, create=False):
             return default
+        try:
+            text = read_nofollow(self.path / name)
+            return default if text is None else json.loads(text)
         except (OSError, ValueError) as err:
             raise ConfigError(f"state file {self.path / name} is unreadable ({err}); move it away to reset") \
                 from None
@@ -43,25 +77,43 @@ class StateDir:
     def _save(self, name: str, data: object) -> None:
         self._ensure()
         tmp = self.path / f".{name}.{os.getpid()}"
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path / name)
+        try:
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(data, indent=1, sort_keys=True))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path / name)
+        except OSError as err:
+            raise ConfigError(f"state file {self.path / name}: {err.strerror}") from None
 
-    # ---- budget: times of past drains ------------------------------------------------------
+    # ---- budgets: times of past drains and resumes -------------------------------------------
+    def recent(self, kind: str, now: float) -> list[float]:
+        """Times of the `kind` ("drains" or "resumes") within the last hour."""
+        return [t for t in self._load("budget.json", {}).get(kind, []) if now - t < HOUR]
+
     def drains_last_hour(self, now: float) -> list[float]:
-        return [t for t in self._load("budget.json", {}).get("drains", []) if now - t < HOUR]
+        return self.recent("drains", now)
 
-    def record_drains(self, count: int, now: float) -> None:
-        self._save("budget.json", {"drains": self.drains_last_hour(now) + [now] * count})
+    def record(self, kind: str, count: int, now: float) -> None:
+        if count:
+            data = {k: self.recent(k, now) for k in ("drains", "resumes")}
+            data[kind] = data[kind] + [now] * count
+            self._save("budget.json", data)
 
-    # ---- handled XIDs ----------------------------------------------------------------------
-    def handled_xids(self) -> list[HandledXid]:
-        return [HandledXid(**rec) for rec in self._load("handled_xids.json", [])]
+    # ---- handled events ----------------------------------------------------------------------
+    def handled(self) -> HandledMemory:
+        try:
+            return HandledMemory.from_json(self._load("handled.json", []))
+        except TypeError as err:
+            raise ConfigError(f"state file {self.path / 'handled.json'} is unreadable ({err}); move it away to "
+                              "reset") from None
 
-    def record_xids(self, records: list[HandledXid], now: float) -> None:
-        keep = [r for r in self.handled_xids() if now - r.time < HANDLED_KEEP_S]
-        self._save("handled_xids.json", [r.__dict__ for r in keep + records])
+    def save_handled(self, memory: HandledMemory) -> None:
+        self._save("handled.json", memory.to_json())
 
-    # ---- healthy-since, for resume ---------------------------------------------------------
+    # ---- healthy-since, for resume -------------------------------------------------------------
     def healthy_since(self) -> dict[str, float]:
         return dict(self._load("healthy_since.json", {}))
 
@@ -77,8 +129,11 @@ class RunLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "RunLock":
-        StateDir(self.path.parent)._ensure()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        secure_dir(self.path.parent, create=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as err:
+            raise ConfigError(f"lock {self.path}: {err.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:

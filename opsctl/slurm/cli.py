@@ -1,40 +1,123 @@
-"""The `cli` Slurm backend: sinfo --json to read, scontrol to change. Works with Slurm 22.05+.
+"""The `cli` Slurm backend: node state from Slurm's JSON, changes through `scontrol update`.
 
-`sinfo --json` (22.05) prints, per node (trimmed):
-  {"nodes": [{"name": "gpu001", "state": "idle", "state_flags": ["DRAIN"],
-              "reason": "opsctl:xid-79 gpu3 xid=79 count=1", "partitions": ["gpu"], ...}], ...}
-Later releases spell `state` as a list (["IDLE", "DRAIN"]); both are read.
-scontrol exits 0 on success and 1 with a message on stderr otherwise.
+Which command prints the nodes depends on the release (`scontrol --version`, read once per run):
+
+- 22.05 has no `scontrol ... --json` (it answers "unrecognized option"); its `sinfo --json` lists
+  one entry per node, the base state as a string and the flags apart:
+    {"nodes": [{"name": "gpu042", "state": "idle", "state_flags": ["DRAIN"], "reason": "...",
+                "partitions": ["gpu"], "gres": "gpu:h200:8"}], ...}
+- 23.02 and later print `sinfo --json` as aggregated records (`{"sinfo": [{"node": {"state": [...]},
+  "nodes": {"nodes": [names]}, ...}]}`), one per group of alike nodes, so it no longer describes each
+  node; `scontrol show nodes --json` (new in 23.02) does, with state and flags in one list:
+    {"nodes": [{"name": "gpu042", "state": ["IDLE", "DRAIN"], "reason": "...", "partitions": ["gpu"],
+                "gres": ""}], "errors": [], ...}
+
+scontrol exits 0 on success and 1 with a message on stderr otherwise. A slurm.conf that SLURM_CONF
+names but that is missing or unreadable makes sinfo and scontrol retry for 60 s ("cannot stat file
+..., retrying in 1sec up to 60sec"), so it is checked before the first call.
 """
 
 import json
+import os
+import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from opsctl.errors import SourceUnavailable
 from opsctl.slurm.base import SlurmNode
 
+# The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
+SCONTROL_JSON_SINCE = (23, 2)
+_VERSION = re.compile(r"\b(\d+)\.(\d+)\.\d+")
 
-def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
+
+def _node(raw: object, where: str) -> SlurmNode:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise SourceUnavailable(f"{where}: a node entry has no name")
+    state = raw.get("state", "")
+    flags = [str(f).upper() for f in raw.get("state_flags") or []]
+    if isinstance(state, list):  # 23.02+: ["IDLE", "DRAIN"]; the first is the base state
+        flags += [str(s).upper() for s in state[1:]]
+        state = state[0] if state else ""
+    if not isinstance(state, str):
+        raise SourceUnavailable(f"{where}: node {raw['name']} has a state of type {type(state).__name__}")
+    partitions = raw.get("partitions") or []
+    return SlurmNode(name=raw["name"], state=state.lower(), flags=tuple(dict.fromkeys(flags)),
+                     reason=str(raw.get("reason") or ""),
+                     partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
+                     gres=str(raw.get("gres") or ""))
+
+
+def _load(text: str, where: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except ValueError:
-        raise SourceUnavailable("sinfo --json: output is not JSON") from None
-    raw_nodes = data.get("nodes") if isinstance(data, dict) else None
+        raise SourceUnavailable(f"{where}: output is not JSON") from None
+    if not isinstance(data, dict):
+        raise SourceUnavailable(f"{where}: output is not a JSON object")
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        said = first.get("error") or first.get("description") if isinstance(first, dict) else first
+        raise SourceUnavailable(f"{where}: Slurm reported an error: {said}")
+    return data
+
+
+def process_nodes_output(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:
+    """Nodes from `sinfo --json` of 22.05 or `scontrol show nodes --json` of 23.02 and later."""
+    data = _load(text, where)
+    raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
-        raise SourceUnavailable("sinfo --json: no `nodes` list in the output")
+        if isinstance(data.get("sinfo"), list):
+            raise SourceUnavailable(f"{where}: this is the aggregated sinfo of Slurm 23.02 or later, which does not "
+                                    "describe each node; read it with scontrol show nodes --json")
+        raise SourceUnavailable(f"{where}: no `nodes` list in the output")
     nodes = {}
     for raw in raw_nodes:
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise SourceUnavailable("sinfo --json: a node entry has no name")
-        state = raw.get("state", "")
-        flags = [str(f).upper() for f in raw.get("state_flags") or []]
-        if isinstance(state, list):  # 23.02+: ["IDLE", "DRAIN"]; the first is the base state
-            flags += [str(s).upper() for s in state[1:]]
-            state = state[0] if state else ""
-        nodes[raw["name"]] = SlurmNode(name=raw["name"], state=str(state).lower(), flags=tuple(dict.fromkeys(flags)),
-                                       reason=str(raw.get("reason") or ""))
+        node = _node(raw, where)
+        nodes[node.name] = node
     return nodes
+
+
+def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
+    return process_nodes_output(text, "sinfo --json")
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """'slurm 23.02.7' or 'slurm-wlm 24.11.5' -> (23, 2)."""
+    match = _VERSION.search(text)
+    if not match:
+        raise SourceUnavailable(f"Slurm: cannot tell the release from `scontrol --version`: {text.strip()[:60]!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+# Where Debian's Slurm reads its config when SLURM_CONF is not set.
+DEFAULT_CONF = "/etc/slurm/slurm.conf"
+
+
+def _first_line(text: str | bytes | None) -> str:
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = (text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def check_conf(environ: Mapping[str, str]) -> None:
+    """Raise at once when the slurm.conf that Slurm's commands would read is missing or unreadable.
+
+    Without SLURM_CONF, a missing default file is fine: a configless client asks slurmd or DNS."""
+    path = environ.get("SLURM_CONF")
+    if not path:
+        if not os.path.exists(DEFAULT_CONF):
+            return
+        path = DEFAULT_CONF
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        named = f"SLURM_CONF={path}" if environ.get("SLURM_CONF") else path
+        raise SourceUnavailable(f"Slurm: cannot read {named}: {err.strerror or type(err).__name__}") from None
 
 
 # subprocess.run's shape, so that tests can pass a fake (the lab tier runs the real commands).
@@ -43,27 +126,41 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 class SlurmCliImpl:
     def __init__(self, sinfo: str = "sinfo", scontrol: str = "scontrol", timeout: float = 30.0,
-                 run: Runner = subprocess.run):
+                 run: Runner = subprocess.run, environ: Mapping[str, str] = os.environ):
         self.sinfo = sinfo
         self.scontrol = scontrol
         self.timeout = timeout
         self._run = run
+        self._version: tuple[int, int] | None = None
+        self._environ = environ
+        self._conf_checked = False
 
     def _call(self, argv: list[str]) -> str:
+        if not self._conf_checked:
+            check_conf(self._environ)
+            self._conf_checked = True
         try:
             proc = self._run(argv, capture_output=True, text=True, timeout=self.timeout)
         except FileNotFoundError:
             raise SourceUnavailable(f"Slurm: {argv[0]} not found (install slurm-client or set slurm.{argv[0]})") \
                 from None
-        except subprocess.TimeoutExpired:
-            raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} timed out after {self.timeout:g}s") from None
+        except subprocess.TimeoutExpired as err:
+            said = _first_line(err.stderr)
+            raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} timed out after {self.timeout:g}s"
+                                    + (f": {said}" if said else "")) from None
         if proc.returncode != 0:
-            lines = (proc.stderr or proc.stdout or "").strip().splitlines()
-            msg = lines[0] if lines else f"exit {proc.returncode}"
+            msg = _first_line(proc.stderr) or _first_line(proc.stdout) or f"exit {proc.returncode}"
             raise SourceUnavailable(f"Slurm: {argv[0]} {argv[1]} failed: {msg}")
         return str(proc.stdout)
 
+    def version(self) -> tuple[int, int]:
+        if self._version is None:
+            self._version = parse_version(self._call([self.scontrol, "--version"]))
+        return self._version
+
     def nodes(self) -> dict[str, SlurmNode]:
+        if self.version() >= SCONTROL_JSON_SINCE:
+            return process_nodes_output(self._call([self.scontrol, "show", "nodes", "--json"]))
         return process_sinfo_output(self._call([self.sinfo, "--json"]))
 
     def drain(self, names: list[str], reason: str) -> None:
@@ -72,6 +169,10 @@ class SlurmCliImpl:
 
     def resume(self, names: list[str]) -> None:
         self._call([self.scontrol, "update", f"nodename={','.join(names)}", "state=resume"])
+
+    def set_reason(self, names: list[str], reason: str) -> None:
+        # Only the reason: the node keeps its state (a drained node stays drained).
+        self._call([self.scontrol, "update", f"nodename={','.join(names)}", f"reason={reason}"])
 
     def expand(self, hostlist: str) -> list[str]:
         return self._call([self.scontrol, "show", "hostnames", hostlist]).split()

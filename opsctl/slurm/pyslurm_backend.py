@@ -28,7 +28,8 @@ class PySlurmImpl:
             states = [s.lower() for s in str(node.state).replace("+", " ").split()]
             flags = tuple(s.upper() for s in states[1:])
             nodes[name] = SlurmNode(name=name, state=states[0] if states else "", flags=flags,
-                                    reason=node.reason or "")
+                                    reason=node.reason or "", partitions=tuple(node.partitions or ()),
+                                    gres=",".join(f"{k}:{v}" for k, v in (node.configured_gres or {}).items()))
         return nodes
 
     def _update(self, names: list[str], **changes: str) -> None:
@@ -43,6 +44,9 @@ class PySlurmImpl:
 
     def resume(self, names: list[str]) -> None:
         self._update(names, state="RESUME")
+
+    def set_reason(self, names: list[str], reason: str) -> None:
+        self._update(names, reason=reason)
 
     def expand(self, hostlist: str) -> list[str]:
         # Hostlist syntax is Slurm's own; scontrol is installed wherever pyslurm can work.

@@ -8,6 +8,14 @@ NodeName= line instead of 64:
 
 The implementation is opsctl's own (opsctl/slurm/hostlist.py), taken from this checkout, so the
 playbooks and opsctl always fold names alike.
+
+slurm_gres_layouts: the hosts of a node group that share one GPU layout, for gres.conf. A layout is each
+GPU's device minor number (the N of /dev/nvidiaN, which the driver does not promise to equal
+nvidia-smi's index) and CPU affinity, from the hosts' opsctl_hw facts (hw_discovery):
+
+    {{ groups['gpu_nodes'] | slurm_gres_layouts(hostvars) }}
+    -> [{'nodes': 'gpu[1,3]', 'first': 'gpu1', 'gpus': [{'index': 0, 'minor': 0, 'cores': '0-55'}, ...]},
+        {'nodes': 'gpu2', 'first': 'gpu2', 'gpus': [{'index': 0, 'minor': 7, 'cores': '0-55'}, ...]}]
 """
 
 import sys
@@ -16,9 +24,39 @@ from pathlib import Path
 # playbooks/filter_plugins/ -> the checkout that holds the opsctl package these playbooks belong to.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ansible.errors import AnsibleFilterError  # noqa: E402
+
 from opsctl.slurm.hostlist import hostlist_expression  # noqa: E402
+
+
+def slurm_gres_layouts(hosts, hostvars) -> list[dict]:
+    layouts: dict[tuple, list[str]] = {}
+    missing = []
+    for host in hosts:
+        hw = hostvars[host].get("opsctl_hw")
+        if not hw:
+            missing.append(host)
+            continue
+        gpus = tuple((int(gpu["index"]), int(gpu.get("minor", gpu["index"])), str(gpu.get("cores") or ""))
+                     for gpu in sorted(hw["gpus"], key=lambda gpu: int(gpu["index"])))
+        layouts.setdefault(gpus, []).append(host)
+    if missing:
+        raise AnsibleFilterError(f"no opsctl_hw facts for {', '.join(missing)}: run hw_discovery on them "
+                                 "(make provision PLAYBOOK_ARGS='--tags facts')")
+    return [{"nodes": ",".join(hostlist_expression(members)), "first": members[0],
+             "gpus": [{"index": index, "minor": minor, "cores": cores} for index, minor, cores in gpus]}
+            for gpus, members in layouts.items()]
+
+
+def hosts_without(hosts, hostvars, name: str) -> list[str]:
+    """The hosts that have no variable `name` (in this run or the fact cache):
+
+    {{ groups['gpu_nodes'] | hosts_without(hostvars, 'opsctl_hw') }}  -> ['gpu7']
+    """
+    return [host for host in hosts if name not in hostvars[host]]
 
 
 class FilterModule:
     def filters(self):
-        return {"hostlist_expression": hostlist_expression}
+        return {"hostlist_expression": hostlist_expression, "slurm_gres_layouts": slurm_gres_layouts,
+                "hosts_without": hosts_without}

@@ -40,7 +40,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_facts:
-  description: C(opsctl_hw) with gpu_model, gpu_count, gpus (index, name, pci_bus_id, cores),
+  description: C(opsctl_hw) with gpu_model, gpu_count, gpus (index, name, pci_bus_id, minor, cores),
     hcas, nvme, sockets, cores_per_socket, threads_per_core, cpus, memory_mb.
   returned: always
   type: dict
@@ -133,6 +133,33 @@ def parse_topo_affinity(text):
     return out
 
 
+def parse_q_minors(text):
+    """PCI bus id -> device minor number (the N of /dev/nvidiaN) from `nvidia-smi -q`, which prints
+    one block per GPU:
+
+    GPU 00000000:18:00.0
+        Product Name                          : NVIDIA H200
+        ...
+        Minor Number                          : 0
+    """
+    minors = {}
+    bus = None
+    for line in text.splitlines():
+        header = re.match(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$", line)
+        if header:
+            bus = header.group(1).upper()
+            continue
+        minor = re.match(r"^\s+Minor Number\s*:\s*(\d+)\s*$", line)
+        if minor and bus:
+            minors[bus] = int(minor.group(1))
+    return minors
+
+
+def _bus_key(bus_id):
+    """nvidia-smi writes the domain with 8 digits in one place and 4 in another: compare without it."""
+    return bus_id.upper().split(":", 1)[-1]
+
+
 def gpus(module, nvidia_smi):
     path = module.get_bin_path(nvidia_smi) if "/" not in nvidia_smi else nvidia_smi
     if not path or not os.access(path, os.X_OK):
@@ -146,7 +173,16 @@ def gpus(module, nvidia_smi):
     for line in out.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 3 and parts[0].isdigit():
-            found.append({"index": int(parts[0]), "name": parts[1], "pci_bus_id": parts[2], "cores": ""})
+            found.append({"index": int(parts[0]), "name": parts[1], "pci_bus_id": parts[2], "minor": None,
+                          "cores": ""})
+    # The minor number is not promised to equal the index; without it gres.conf would name the wrong
+    # device. A GPU whose minor number nvidia-smi -q does not show fails the module.
+    rc, out, _err = module.run_command([path, "-q"])
+    minors = {_bus_key(bus): minor for bus, minor in parse_q_minors(out).items()} if rc == 0 else {}
+    for gpu in found:
+        if _bus_key(gpu["pci_bus_id"]) not in minors:
+            module.fail_json(msg=f"{path} -q shows no minor number for GPU {gpu['index']} ({gpu['pci_bus_id']})")
+        gpu["minor"] = minors[_bus_key(gpu["pci_bus_id"])]
     rc, out, _err = module.run_command([path, "topo", "-m"])
     if rc == 0:
         affinity = parse_topo_affinity(out)

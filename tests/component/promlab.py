@@ -1,9 +1,11 @@
-"""A small real monitoring stack for unit tests: a real Prometheus scraping, every second,
+"""A small real monitoring stack for the component tier: a real Prometheus (and, where installed,
+Debian's VictoriaMetrics beside it, scraping the same targets) scraping, every second,
 dcgm-exporter-format endpoints (rendered by the lab's emulator from a NodeHardware model that a test
 changes in memory) and the real node_exporter reading the lab's emulated InfiniBand sysfs tree.
 """
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -20,26 +22,36 @@ from opsctl_lab.ib_sysfs import write_tree
 
 HAVE_PROMETHEUS = shutil.which("prometheus") is not None
 HAVE_NODE_EXPORTER = shutil.which("prometheus-node-exporter") is not None
+HAVE_VICTORIA = shutil.which("victoria-metrics") is not None
+TSDBS = ["prometheus", "victoria-metrics"]
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def serve(handler_cls) -> QuietHTTPServer:
-    server = QuietHTTPServer(("127.0.0.1", 0), handler_cls)
+def loopback(index: int) -> str:
+    """A loopback address of its own for target `index` (all of 127/8 is loopback), apart per lab slot."""
+    slot = int(os.environ.get("OPSCTL_LAB_SLOT") or 0)
+    return f"127.{180 + slot}.77.{index + 1}"
+
+
+def serve(handler_cls, host: str = "127.0.0.1") -> QuietHTTPServer:
+    server = QuietHTTPServer((host, 0), handler_cls)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
 class DcgmEndpoint:
-    """Serves render(hw) for one node; set .hw or .hw.inject(...) between scrapes."""
+    """Serves render(hw) for one node; set .hw or .hw.inject(...) between scrapes. xid_count=False is a
+    stock dcgm-exporter, whose default counters do not enable DCGM_EXP_XID_ERRORS_COUNT."""
 
-    def __init__(self, node: str):
+    def __init__(self, node: str, host: str = "127.0.0.1", xid_count: bool = True):
         self.hw = NodeHardware(node=node)
         self.down = False
+        self.xid_count = xid_count
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,27 +59,31 @@ class DcgmEndpoint:
                 if endpoint.down:
                     self.send_error(503)
                     return
-                send_body(self, 200, render(endpoint.hw).encode(), METRICS_CONTENT_TYPE)
+                body = render(endpoint.hw, xid_count=endpoint.xid_count).encode()
+                send_body(self, 200, body, METRICS_CONTENT_TYPE)
 
             def log_message(self, *args):
                 pass
 
-        self.server = serve(Handler)
-        self.address = f"127.0.0.1:{self.server.server_port}"
+        self.server = serve(Handler, host)
+        self.address = f"{host}:{self.server.server_port}"
 
 
 class NodeExporter:
-    """The real node_exporter with only the infiniband collector, over an emulated sysfs tree."""
+    """The real node_exporter with the infiniband collector over an emulated sysfs tree. With `uname`,
+    it runs in a UTS namespace of its own whose hostname is `uname`, and reports it in
+    node_uname_info{nodename} (as node_exporter on a real host does)."""
 
-    def __init__(self, node: str, root: Path, hw: NodeHardware):
-        self.root = root / "sysfs" / node
+    def __init__(self, node: str, root: Path, hw: NodeHardware, host: str = "127.0.0.1", uname: str | None = None):
+        self.root = root / "sysfs" / f"{node}-{host}"
         self.hw = hw
         write_tree(self.root, hw)
-        self.address = f"127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen(
-            ["prometheus-node-exporter", f"--path.sysfs={self.root}", "--collector.disable-defaults",
-             "--collector.infiniband", f"--web.listen-address={self.address}", "--log.level=error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.address = f"{host}:{free_port(host)}"
+        argv = ["prometheus-node-exporter", f"--path.sysfs={self.root}", "--collector.disable-defaults",
+                "--collector.infiniband", f"--web.listen-address={self.address}", "--log.level=error"]
+        if uname:
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', uname, *argv, "--collector.uname"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def rewrite(self) -> None:
         write_tree(self.root, self.hw)
@@ -77,36 +93,26 @@ class NodeExporter:
         self.proc.wait(10)
 
 
-class Stack:
-    """Prometheus + per node a dcgm endpoint and a node_exporter. `labelled=False` leaves out the
-    target label `node`, so only the exporter's own Hostname names the node."""
+class Tsdb:
+    """Prometheus or VictoriaMetrics scraping `scrape_configs` every second."""
 
-    def __init__(self, tmp: Path, nodes: list[str], labelled: bool = True, node_exporter: bool = True):
-        self.tmp = tmp
-        self.dcgm = {n: DcgmEndpoint(n) for n in nodes}
-        self.nodeexp = {n: NodeExporter(n, tmp, self.dcgm[n].hw) for n in nodes} if node_exporter else {}
+    def __init__(self, kind: str, tmp: Path, scrape_configs: list[dict]):
+        self.kind = kind
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = {"global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-               "scrape_configs": [
-                   {"job_name": "dcgm", "static_configs": [
-                       {"targets": [e.address], "labels": {"node": n} if labelled else {}}
-                       for n, e in self.dcgm.items()]},
-                   {"job_name": "node", "static_configs": [
-                       {"targets": [e.address], "labels": {"node": n} if labelled else {}}
-                       for n, e in self.nodeexp.items()]},
-               ]}
-        (tmp / "prometheus.yml").write_text(json.dumps(cfg))
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        expected = len(self.dcgm) + len(self.nodeexp)
-        try:
-            self.wait(lambda: len([s for s in self.query("up == 1")]) == expected, what="all targets up")
-        except BaseException:
-            self.stop()
-            raise
+        cfg = {"global": {"scrape_interval": "1s", "scrape_timeout": "900ms"}, "scrape_configs": scrape_configs}
+        path = tmp / f"{kind}.yml"
+        path.write_text(json.dumps(cfg))
+        if kind == "prometheus":
+            argv = ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=error"]
+        else:
+            # Answers see the newest samples at once (the default hides the last 30 s) and are not cached,
+            # so both databases judge the same scrapes.
+            argv = ["victoria-metrics", f"-promscrape.config={path}", f"-storageDataPath={tmp / 'vm-data'}",
+                    f"-httpListenAddr=127.0.0.1:{self.port}", "-search.latencyOffset=0s", "-search.disableCache",
+                    "-loggerLevel=ERROR"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def query(self, expr: str) -> list:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
@@ -116,25 +122,111 @@ class Stack:
         except OSError:
             return []
 
-    def wait(self, predicate, timeout: float = 30.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    def wait_scrapes(self, n: int = 2) -> None:
-        """Let Prometheus take n more scrapes of every target (1 s interval)."""
-        time.sleep(n * 1.0 + 0.5)
-
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+def wait(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Running:
+    """Stops what a stack started: its databases, node_exporters and dcgm endpoints."""
+
+    tsdbs: dict
+    nodeexp: dict
+    dcgm: dict
+
+    def stop(self) -> None:
+        for tsdb in self.tsdbs.values():
+            tsdb.stop()
         for exp in self.nodeexp.values():
             exp.stop()
         for end in self.dcgm.values():
             end.server.shutdown()
+
+
+class Stack(Running):
+    """Prometheus (and VictoriaMetrics, with victoria=True) + per node a dcgm endpoint and a node_exporter.
+    `labelled=False` leaves out the target label `node`, so only the exporter's own Hostname names the node."""
+
+    def __init__(self, tmp: Path, nodes: list[str], labelled: bool = True, node_exporter: bool = True,
+                 victoria: bool = False):
+        self.tmp = tmp
+        self.dcgm = {n: DcgmEndpoint(n) for n in nodes}
+        self.nodeexp = {n: NodeExporter(n, tmp, self.dcgm[n].hw) for n in nodes} if node_exporter else {}
+        scrape = [
+            {"job_name": "dcgm", "static_configs": [
+                {"targets": [e.address], "labels": {"node": n} if labelled else {}} for n, e in self.dcgm.items()]},
+            {"job_name": "node", "static_configs": [
+                {"targets": [e.address], "labels": {"node": n} if labelled else {}} for n, e in self.nodeexp.items()]},
+        ]
+        self.tsdbs = {kind: Tsdb(kind, tmp, scrape) for kind in (TSDBS if victoria else TSDBS[:1])}
+        self.url = self.tsdbs["prometheus"].url
+        expected = len(self.dcgm) + len(self.nodeexp)
+        try:
+            for tsdb in self.tsdbs.values():
+                wait(lambda t=tsdb: len(t.query("up == 1")) == expected, what=f"all targets up in {tsdb.kind}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def query(self, expr: str) -> list:
+        return self.tsdbs["prometheus"].query(expr)
+
+    def wait(self, predicate, timeout: float = 30.0, what: str = "condition") -> None:
+        wait(predicate, timeout, what)
+
+    def wait_scrapes(self, n: int = 2) -> None:
+        """Let the databases take n more scrapes of every target (1 s interval)."""
+        time.sleep(n * 1.0 + 0.5)
+
+
+def verdicts(report) -> dict:
+    return {n: (v.status, v.in_slurm, sorted((c.id, c.device, c.status) for c in v.checks))
+            for n, v in report.nodes.items()}
+
+
+def drain_decisions(report, rules, slurm_nodes) -> dict:
+    from opsctl.config import parse_config
+    from opsctl.remediation.plan import plan_drains
+    from opsctl.slurm import SlurmNode
+
+    cluster = {n: SlurmNode(n, "idle", partitions=("gpu",), gres="gpu:8") for n in slurm_nodes}
+    safety = parse_config({"safety": {"breaker_min_nodes": 4, "max_out_of_service_fraction": 1.0}}, "t", {}).safety
+    return {n: d.action for n, d in plan_drains(report, cluster, rules, safety, 0, True).decisions.items()}
+
+
+def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None):
+    """Evaluate against Prometheus, then against every other database until it has the same scrapes
+    (at most a few seconds): verdicts and drain decisions must be identical. Returns Prometheus' report,
+    its client and the rules."""
+    from opsctl.health.catalog import load_catalog
+    from opsctl.health.evaluate import evaluate
+    from opsctl.prom import PromClientImpl
+
+    rules = load_catalog(config)
+    client = PromClientImpl(tsdbs["prometheus"].url)
+    report = evaluate(client, rules, config, slurm_nodes, memory, now)
+    for kind, tsdb in tsdbs.items():
+        if kind == "prometheus":
+            continue
+        deadline = time.monotonic() + 8
+        while True:
+            other = evaluate(PromClientImpl(tsdb.url), rules, config, slurm_nodes, memory, now)
+            if verdicts(other) == verdicts(report) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert verdicts(other) == verdicts(report), f"{kind} and Prometheus differ"
+        assert drain_decisions(other, rules, slurm_nodes) == drain_decisions(report, rules, slurm_nodes)
+        assert other.queries == report.queries
+    return report, client, rules
 
 
 GOOD = {"status": "success", "data": {"resultType": "vector", "result": [

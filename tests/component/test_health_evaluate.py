@@ -1,5 +1,7 @@
-"""Evaluation against a real Prometheus scraping the lab's dcgm-exporter emulator and the real
-node_exporter (see promlab.py). Faults are injected into the in-memory hardware model."""
+"""Evaluation against a real Prometheus and, beside it, Debian's VictoriaMetrics, both scraping the
+lab's dcgm-exporter emulator and the real node_exporter (see promlab.py). Faults are injected into
+the in-memory hardware model. Every verdict read here comes from both databases, and the two must
+agree, drain decisions included."""
 
 import time
 
@@ -8,13 +10,15 @@ import yaml
 
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog
-from opsctl.health.evaluate import HandledXid, evaluate
+from opsctl.health.evaluate import evaluate
+from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
 from opsctl.prom import PromClientImpl
-from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, Stack
+from opsctl.remediation.memory import Handled, HandledMemory
+from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, HAVE_VICTORIA, Stack, evaluate_everywhere
 
-pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER),
-                                reason="needs prometheus and prometheus-node-exporter")
+pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER and HAVE_VICTORIA),
+                                reason="needs prometheus, prometheus-node-exporter and victoria-metrics")
 NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase()[10m]).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
@@ -23,7 +27,7 @@ FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-tem
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("prom"), NODES)
+    s = Stack(tmp_path_factory.mktemp("prom"), NODES, victoria=True)
     yield s
     s.stop()
 
@@ -43,16 +47,13 @@ def clean(stack):
 
 
 def config_for(stack, **extra):
-    raw = {"prometheus": {"url": stack.url}, "catalog": {"overrides": FAST_HOLDS}}
+    raw = {"prometheus": {"url": stack.url, "scrape_interval": "1s"}, "catalog": {"overrides": FAST_HOLDS}}
     raw.update(extra)
     return parse_config(raw, "test", {})
 
 
-def run(stack, config=None, slurm_nodes=NODES, handled=(), now=None):
-    config = config or config_for(stack)
-    rules = load_catalog(config)
-    client = PromClientImpl.from_config(config.prometheus)
-    return evaluate(client, rules, config, slurm_nodes, handled, now), client, rules
+def run(stack, config=None, slurm_nodes=NODES, memory=None, now=None):
+    return evaluate_everywhere(stack.tsdbs, config or config_for(stack), slurm_nodes, memory, now)
 
 
 def checks(report, node):
@@ -62,7 +63,7 @@ def checks(report, node):
 def test_healthy_cluster_is_ok_with_a_fixed_number_of_queries(clean):
     report, client, rules = run(clean)
     assert {v.status for v in report.nodes.values()} == {"ok"}
-    assert report.queries == client.queries == len(rules) + 2
+    assert report.queries == client.queries == len(rules) + 3
 
 
 def test_xid_79_fails_with_evidence(clean):
@@ -88,13 +89,13 @@ def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
     clean.dcgm["gpu001"].hw.inject("xid:79", gpu=1)
     clean.wait_scrapes()
     now = time.time()
-    handled = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 10, count=1)]
-    report, _, _ = run(clean, handled=handled, now=now)
+    handled = HandledMemory([Handled("gpu001", "xid-79", "gpu1", 1.0, now - 10, "window", 300.0, True)])
+    report, _, _ = run(clean, memory=handled, now=now)
     assert report.nodes["gpu001"].status == "ok"
     assert ("xid-79", "gpu1", "handled") in checks(report, "gpu001")
     # Acted on longer ago than the window: the count must come from a new XID.
-    old = [HandledXid(node="gpu001", gpu="1", xid=79, time=now - 301, count=1)]
-    report, _, _ = run(clean, handled=old, now=now)
+    old = HandledMemory([Handled("gpu001", "xid-79", "gpu1", 1.0, now - 301, "window", 300.0, True)])
+    report, _, _ = run(clean, memory=old, now=now)
     assert report.nodes["gpu001"].status == "fail"
 
 
@@ -105,9 +106,24 @@ def test_gauge_mode_never_repeats_a_handled_xid(clean):
     config = config_for(clean, catalog={"overrides": FAST_HOLDS, "xid_source": "gauge"})
     report, _, _ = run(clean, config)
     assert ("xid-48", "gpu2", "fail") in checks(report, "gpu003")  # the gauge keeps 48 after clear
-    handled = [HandledXid(node="gpu003", gpu="2", xid=48, time=1.0, count=48)]
-    report, _, _ = run(clean, config, handled=handled)
+    handled = HandledMemory([Handled("gpu003", "xid-48", "gpu2", 48.0, 1.0, "level", 0.0, True)])
+    report, _, _ = run(clean, config, memory=handled)
     assert report.nodes["gpu003"].status == "ok"
+
+
+def test_a_stock_exporter_without_the_windowed_count_still_shows_xid_79(clean):
+    """catalog.xid_source auto: where a target exports no DCGM_EXP_XID_ERRORS_COUNT, the last-XID gauge."""
+    clean.dcgm["gpu002"].xid_count = False
+    clean.dcgm["gpu002"].hw.inject("xid:79", gpu=6)
+    clean.wait_scrapes()
+    try:
+        report, _, _ = run(clean)
+        check = next(c for c in report.nodes["gpu002"].checks if c.id == "xid-79")
+        assert (check.status, check.device, check.memory) == ("fail", "gpu6", "level")
+        assert "last-XID gauge" in check.evidence
+        assert report.nodes["gpu001"].status == "ok"  # exporters with the count do not read the gauge
+    finally:
+        clean.dcgm["gpu002"].xid_count = True
 
 
 @pytest.mark.parametrize("fault,rule", [("row-remap-failure", "row-remap-failure"),
@@ -146,6 +162,10 @@ def test_ib_down_and_degraded_on_compute_rails_fail(clean):
     found = checks(report, "gpu003")
     assert ("ib-down", "mlx5_2", "fail") in found
     assert ("ib-degraded", "mlx5_5", "fail") in found
+    # Evidence for people, the raw value beside it (node_exporter's state id and bytes per second).
+    evidence = {(c.id, c.device): (c.evidence, c.value) for c in report.nodes["gpu003"].checks}
+    assert evidence[("ib-down", "mlx5_2")] == ("mlx5_2 DOWN (state_id=1)", 1)
+    assert evidence[("ib-degraded", "mlx5_5")] == ("mlx5_5 200 Gb/s, expected 400 (rate_bytes=25000000000)", 2.5e10)
 
 
 def test_storage_port_is_not_a_compute_rail(clean):
@@ -170,6 +190,12 @@ def test_thermal_warns(clean):
     assert report.nodes["gpu002"].status == "warn"
     assert ("gpu-temp-high", "gpu4", "warn") in found
     assert ("clocks-hw-slowdown", "gpu4", "warn") in found
+    by_id = {c.id: c for c in report.nodes["gpu002"].checks}
+    # The emulator sets HW_SLOWDOWN, SW_THERMAL and HW_THERMAL: the rule's value is the mask of its two bits.
+    assert (by_id["clocks-hw-slowdown"].evidence, by_id["clocks-hw-slowdown"].value) == \
+        ("gpu4 HW_SLOWDOWN,HW_THERMAL (0x48)", 72)
+    temp = by_id["gpu-temp-high"]
+    assert temp.evidence == f"gpu4 {temp.value:g}°C (threshold 87°C)"
 
 
 def test_exporter_down_is_unknown(clean):
@@ -185,18 +211,6 @@ def test_unknown_when_slurm_node_has_no_metrics_and_metrics_without_slurm_node_a
     assert report.nodes["gpu099"].status == "unknown"
     assert report.nodes["gpu003"].in_slurm is False and report.nodes["gpu004"].in_slurm is False
     assert report.nodes["gpu001"].in_slurm is True
-
-
-def test_hostname_label_maps_when_the_target_has_no_node_label(tmp_path):
-    stack = Stack(tmp_path, ["gpu007.cluster.example"], labelled=False, node_exporter=False)
-    try:
-        stack.dcgm["gpu007.cluster.example"].hw.inject("xid:95", gpu=6)
-        stack.wait_scrapes()
-        config = parse_config({"prometheus": {"url": stack.url}}, "test", {})
-        report, _, _ = run(stack, config, slurm_nodes=["gpu007"])
-        assert ("xid-95", "gpu6", "fail") in checks(report, "gpu007")
-    finally:
-        stack.stop()
 
 
 def test_exported_alerts_fire_exactly_where_health_fails(clean):
@@ -224,3 +238,27 @@ def test_exported_alerts_fire_exactly_where_health_fails(clean):
         judged |= {(verdict.node, c.id, c.device) for c in verdict.checks if not c.id.startswith("data-")}
     assert {("gpu001", "xid-79", "gpu3"), ("gpu002", "gpu-temp-high", "gpu1"), ("gpu003", "ib-down", "mlx5_6")} <= fired
     assert fired == judged
+
+
+def test_nan_and_infinite_values_never_read_as_ok(clean, tmp_path):
+    """A rule whose value is NaN or infinite makes the check unknown on Prometheus. VictoriaMetrics
+    (MetricsQL) drops NaN from its answers: there the series is simply absent, so the check cannot
+    show unknown, but positive evidence is missing and a resume waits (docs/health.md)."""
+    probe = {"source": "dcgm", "device_label": "", "op": ">", "threshold": 0, "severity": "fail", "action": "drain",
+             "auto_resume": True, "description": "d", "remediation": "r"}
+    (tmp_path / "probes.yaml").write_text(yaml.safe_dump({"rules": [
+        {**probe, "id": "nan-probe", "expr": 'max by (${by}) (up{job="${dcgm}", node="gpu003"}) * 0 / 0'},
+        {**probe, "id": "inf-probe", "expr": 'max by (${by}) (up{job="${dcgm}", node="gpu004"}) / 0'}]}))
+    shipped = [r.id for r in load_catalog(config_for(clean))]
+    config = config_for(clean, catalog={"files": [str(tmp_path / "probes.yaml")], "disable": shipped})
+    rules = load_catalog(config)
+    for kind, tsdb in clean.tsdbs.items():
+        report = evaluate(PromClientImpl(tsdb.url), rules, config, NODES)
+        assert report.nodes["gpu004"].status == "unknown" and report.nodes["gpu004"].drain_checks() == []
+        evidence = read_evidence(PromClientImpl(tsdb.url), rules, {"nan-probe": {"gpu003"}}, report)
+        if kind == "prometheus":
+            assert [c.status for c in report.nodes["gpu003"].checks] == ["unknown"]
+            assert evidence[("gpu003", "nan-probe")].status == "unknown"
+        else:
+            assert evidence[("gpu003", "nan-probe")].status == "no-data"
+        assert evidence[("gpu003", "nan-probe")].status != "ok"  # never a resume on it

@@ -215,3 +215,27 @@ def test_persistence_mode(node):
     out = smi(env, "-pm", "1")
     assert out.returncode == 0 and out.stdout.splitlines()[-1] == "All done."
     assert out.stdout.count("Persistence mode is already Enabled for GPU") == 8
+
+
+def test_minor_numbers_follow_the_state(node):
+    """The lab machine with reversed minor numbers (hwinstall.py) shows them in -q, where the real tool
+    prints them; the default state numbers them as the indexes."""
+    state, env = node
+    minors = re.findall(r"Minor Number\s+: (\d+)", smi(env, "-q").stdout)
+    assert minors == [str(i) for i in range(8)]
+    hw = NodeHardware.load(state, "gpu7")
+    hw.minors = list(reversed(range(8)))
+    hw.save(state)
+    out = smi(env, "-q").stdout
+    assert re.findall(r"Minor Number\s+: (\d+)", out) == [str(7 - i) for i in range(8)]
+    real = next(line for line in CAPTURE if "Minor Number" in line)
+    assert real.replace(": 0", ": 7") in out.splitlines()  # the real line's layout
+
+
+def test_a_hung_gpu_hangs_every_query_that_reaches_it(node):
+    state, env = node
+    inject(state, "gpu-hang", gpu=2)
+    hung = subprocess.run(["timeout", "2", sys.executable, "-m", "opsctl_lab.hwtools.nvidia_smi", "-q"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert hung.returncode == 124
+    assert smi(env, "--query-gpu=index", "--format=csv,noheader", "-i", "3").stdout == "3\n"

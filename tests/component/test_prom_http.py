@@ -65,8 +65,24 @@ def test_connection_refused():
     url = server.url
     server.close()
     server.server.server_close()
-    with pytest.raises(SourceUnavailable, match="cannot connect"):
+    with pytest.raises(SourceUnavailable) as err:
         PromClientImpl(url, connect_timeout=1).query("up")
+    assert str(err.value) == f"cannot connect to {url}: connection refused"
+
+
+@pytest.mark.parametrize("status", [501, 404, 405])
+def test_a_url_that_is_not_prometheus_says_so(prom, status):
+    answer(prom, b"<html>Unsupported method</html>", status)
+    with pytest.raises(SourceUnavailable) as err:
+        PromClientImpl(prom.url).query("up")
+    assert str(err.value) == f"{prom.url} does not answer the Prometheus query API (HTTP {status} at /api/v1/query)"
+
+
+def test_https_against_plain_http_says_so(prom):
+    url = prom.url.replace("http://", "https://")
+    with pytest.raises(SourceUnavailable) as err:
+        PromClientImpl(url).query("up")
+    assert str(err.value) == f"{url} is https but the server speaks plain HTTP"
 
 
 def test_bearer_token_is_sent_and_never_shown(prom, tmp_path):
@@ -111,15 +127,18 @@ def test_tls_with_the_right_ca_bundle_works(tls):
 
 def test_tls_with_an_unknown_certificate_is_refused(tls):
     server, _ = tls
-    with pytest.raises(SourceUnavailable, match="TLS error") as err:
+    with pytest.raises(SourceUnavailable) as err:
         PromClientImpl(server.url).query("up")
-    assert "\n" not in str(err.value)
+    assert str(err.value) == (f"TLS: the certificate of {server.url} is not trusted: self-signed certificate "
+                              "(set prometheus.ca_bundle to its CA)")
 
 
 def test_plain_http_to_a_tls_port_is_refused(tls):
     server, _ = tls
-    with pytest.raises(SourceUnavailable):
-        PromClientImpl(server.url.replace("https", "http"), read_timeout=2).query("up")
+    url = server.url.replace("https", "http")
+    with pytest.raises(SourceUnavailable) as err:
+        PromClientImpl(url, read_timeout=2).query("up")
+    assert str(err.value) == f"{url} closed the connection without answering (if it speaks TLS, use https://)"
 
 
 def test_query_many_keeps_order_and_fails_as_a_whole(prom):
@@ -130,3 +149,18 @@ def test_query_many_keeps_order_and_fails_as_a_whole(prom):
     answer(prom, b"oops", 500)
     with pytest.raises(SourceUnavailable, match="HTTP 500"):
         client.query_many(["a", "b", "c"])
+
+
+def test_warnings_of_a_partial_answer_are_collected(prom):
+    answer(prom, {**GOOD, "warnings": ["store 10.0.0.7:10901 is down: partial data"]})
+    client = PromClientImpl(prom.url)
+    assert client.query("up") and client.warnings == ["'up': store 10.0.0.7:10901 is down: partial data"]
+
+
+def test_credentials_in_the_url_never_reach_the_message():
+    from tests.component.promlab import free_port
+
+    with pytest.raises(SourceUnavailable) as err:
+        PromClientImpl(f"http://ops:hunter2@127.0.0.1:{free_port()}/?token=s3cret").query("up")
+    assert "hunter2" not in str(err.value) and "s3cret" not in str(err.value)
+    assert "http://***@127.0.0.1" in str(err.value)

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("debootstrap")
 def test_a_chroot_cluster_of_that_release_drains_and_resumes(tmp_path, index, suite):
     chroot = SlurmChroot.ensure(suite)
     assert chroot.version.startswith(SUITES[suite] + ".")
-    cluster = ChrootCluster(chroot, f"test-{suite}", ["gpu1", "gpu2"], index=index + 5)
+    # Ports apart from every other lab slot's clusters (index = 10 * slot + n).
+    cluster = ChrootCluster(chroot, f"test-{suite}", ["gpu1", "gpu2"],
+                            index=10 * int(os.environ.get("OPSCTL_LAB_SLOT") or 0) + 5 + index)
     try:
         cluster.up()
         subprocess.run([cluster.scontrol, "update", "nodename=gpu2", "state=drain", "reason=bad dimm"], check=True)

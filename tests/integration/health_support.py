@@ -3,6 +3,7 @@ test its own state directory and config, and clear and resume every node they to
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from opsctl.slurm import process_sinfo_output
+from tests.component.promlab import free_port
 
 FAST = {"catalog": {"overrides": {
     "ib-down": {"hold": "10s"}, "ib-degraded": {"hold": "10s"}, "gpu-temp-high": {"hold": "15s"},
@@ -23,7 +25,8 @@ class HealthLab:
         self.lab = lab
         self.tmp = tmp
         self.config = tmp / "opsctl.yaml"
-        raw = {"prometheus": {"url": prometheus or lab.prometheus_url}, "slurm": {"backend": "cli"}, **FAST}
+        raw = {"prometheus": {"url": prometheus or lab.prometheus_url, "scrape_interval": f"{lab.scrape_interval}s"},
+               "slurm": {"backend": "cli"}, **FAST}
         if safety:
             raw["safety"] = safety
         self.config.write_text(yaml.safe_dump(raw))
@@ -89,3 +92,26 @@ class HealthLab:
         drained = [n for n in sorted(self.touched) if nodes[n].drained]
         if drained:
             self.scontrol("update", f"nodename={','.join(drained)}", "state=resume")
+
+
+class LabVictoria:
+    """Debian's VictoriaMetrics scraping the lab's own exporters with the lab's own prometheus.yml, beside
+    the lab's Prometheus. Newest samples are visible at once and answers are not cached, so both judge
+    the same scrapes."""
+
+    def __init__(self, lab, tmp: Path):
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen(
+            ["victoria-metrics", f"-promscrape.config={lab.lab_dir / 'prometheus' / 'prometheus.yml'}",
+             # Prometheus' own keys (evaluation_interval, refresh_interval) that VictoriaMetrics does not use.
+             "-promscrape.config.strictParse=false", f"-storageDataPath={tmp / 'vm-data'}",
+             f"-httpListenAddr={self.url.removeprefix('http://')}", "-search.latencyOffset=0s",
+             "-search.disableCache", "-loggerLevel=ERROR"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("victoria-metrics") is not None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(20)

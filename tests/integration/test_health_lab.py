@@ -1,10 +1,14 @@
-"""`opsctl health --drain` on the simulated cluster: the issue's verdict table and acceptance list.
+"""`opsctl health --drain` on the simulated cluster: the verdict table of every shipped rule, judged
+from the lab's Prometheus and from VictoriaMetrics scraping the same exporters (the two must decide
+alike), then drained for real.
 
 All faults are injected on gpu033..gpu064 (gpu001..gpu032 belong to other tests of the lab)."""
 
+import time
+
 import pytest
 
-from tests.integration.health_support import HealthLab
+from tests.integration.health_support import HealthLab, LabVictoria
 
 pytestmark = pytest.mark.lab
 
@@ -35,9 +39,11 @@ SCOPE = "gpu[033-052]"
 
 @pytest.fixture(scope="module")
 def table(lab, tmp_path_factory):
-    """Inject every row at once on its own node, wait for the verdicts, then run one --drain."""
-    h = HealthLab(lab, tmp_path_factory.mktemp("table"),
-                  safety={"breaker_min_nodes": 12, "max_drains_per_run": 20, "max_drains_per_hour": 100})
+    """Inject every row at once on its own node, wait for the verdicts, compare the dry-run plans of
+    Prometheus and VictoriaMetrics, then run one --drain."""
+    tmp = tmp_path_factory.mktemp("table")
+    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 12, "max_drains_per_run": 20, "max_drains_per_hour": 100})
+    victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     try:
         for fault, node, gpu, hca, _ in DRAIN_ROWS + WARN_ROWS:
             h.inject(node, fault, gpu=gpu, hca=hca)
@@ -47,16 +53,39 @@ def table(lab, tmp_path_factory):
         expected = {row[1]: "fail" for row in DRAIN_ROWS} | {row[1]: "warn" for row in WARN_ROWS}
         expected |= {"gpu050": "unknown"} | {row[1]: "ok" for row in STORAGE_ROWS}
         h.wait_statuses(SCOPE, expected, rules={row[1]: row[4] for row in DRAIN_ROWS + WARN_ROWS})
+        plans = _plans(h, victoria)
         before = h.slurm()
         code, nodes = h.health_json("--drain", "--nodes", SCOPE)
-        yield h, code, nodes, before, h.slurm()
+        yield h, code, nodes, before, h.slurm(), plans
     finally:
+        if victoria is not None:
+            victoria.stop()
         h.cleanup()
+
+
+def _plans(h, victoria):
+    """node -> (status, action, checks) of a dry run against Prometheus and against VictoriaMetrics,
+    once VictoriaMetrics has the same scrapes (it started with the faults, so give it their holds)."""
+    def plan(*args):
+        _, nodes = h.health_json("--drain", "--dry-run", "--nodes", SCOPE, *args)
+        return {n: (v["status"], v["action"], sorted(c["id"] for c in v["checks"]))
+                for n, v in nodes.items() if n != "_summary"}
+
+    prometheus = plan()
+    if victoria is None:
+        return prometheus, None
+    deadline = time.monotonic() + 60
+    while True:
+        other = plan("--prometheus", victoria.url)
+        if other == prometheus or time.monotonic() > deadline:
+            return prometheus, other
+        time.sleep(3)
+        prometheus = plan()
 
 
 @pytest.mark.parametrize("fault,node,gpu,hca,rule", DRAIN_ROWS, ids=[r[0] for r in DRAIN_ROWS])
 def test_drain_rows_fail_and_are_drained_by_their_rule(table, fault, node, gpu, hca, rule):
-    _, code, nodes, before, after = table
+    _, code, nodes, before, after, _ = table
     assert code == 1
     entry = nodes[node]
     assert (entry["status"], entry["action"]) == ("fail", "drain")
@@ -70,26 +99,26 @@ def test_drain_rows_fail_and_are_drained_by_their_rule(table, fault, node, gpu, 
 
 @pytest.mark.parametrize("fault,node,gpu,hca,rule", WARN_ROWS, ids=[r[0] for r in WARN_ROWS])
 def test_warn_rows_warn_and_are_not_drained(table, fault, node, gpu, hca, rule):
-    _, _, nodes, _, after = table
+    _, _, nodes, _, after, _ = table
     assert (nodes[node]["status"], nodes[node]["action"]) == ("warn", "none")
     assert any(c["id"] == rule and c["status"] == "warn" for c in nodes[node]["checks"])
     assert not after[node].drained
 
 
 def test_exporter_down_is_unknown_and_not_drained(table):
-    _, _, nodes, _, after = table
+    _, _, nodes, _, after, _ = table
     assert nodes["gpu050"]["status"] == "unknown" and not after["gpu050"].drained
     assert {c["id"] for c in nodes["gpu050"]["checks"]} >= {"data-dcgm", "data-node"}
 
 
 @pytest.mark.parametrize("fault,node,gpu,hca", STORAGE_ROWS, ids=[r[0] for r in STORAGE_ROWS])
 def test_drain_fault_on_the_storage_port_only_is_ok(table, fault, node, gpu, hca):
-    _, _, nodes, _, after = table
+    _, _, nodes, _, after, _ = table
     assert (nodes[node]["status"], nodes[node]["action"]) == ("ok", "none") and not after[node].drained
 
 
 def test_the_faulty_nodes_and_no_other_are_drained(table):
-    h, _, nodes, before, after = table
+    h, _, nodes, before, after, _ = table
     newly = {n for n in after if after[n].drained and not before[n].drained}
     assert newly == {row[1] for row in DRAIN_ROWS}
     assert all(after[n].reason.startswith("opsctl:") for n in newly)
@@ -98,3 +127,11 @@ def test_the_faulty_nodes_and_no_other_are_drained(table):
     assert all(r["dry_run"] is False and r["user"] and r["checks"] and r["evidence"] for r in drains)
     summary = nodes["_summary"]
     assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (9, 9, 8, 1)
+
+
+def test_victoria_metrics_scraping_the_same_exporters_decides_exactly_alike(table):
+    *_, (prometheus, victoria) = table
+    if victoria is None:
+        pytest.skip("victoria-metrics is not installed (make deps-test)")
+    assert {n: a for n, (_, a, _) in prometheus.items()}["gpu033"] == "would-drain"
+    assert victoria == prometheus

@@ -42,6 +42,8 @@ def test_second_up_changes_nothing(lab):
     proc = opsctl("lab", "up", env=lab.env)
     assert "lab ready" in proc.stdout
     assert (_pids(lab.lab_dir), [c.read_text() for c in configs]) == before
+    # Everything the tier runs is running: exit 0 (1 once it is down, below).
+    assert opsctl("lab", "status", env=lab.env, check=False).returncode == 0
 
 
 def test_up_with_other_size_is_refused_while_running(lab):
@@ -49,7 +51,10 @@ def test_up_with_other_size_is_refused_while_running(lab):
     assert proc.returncode == 2 and "lab down" in proc.stderr
 
 
-def test_down_leaves_no_process_then_up_works(lab):
+def test_down_leaves_no_process_then_up_reports_what_it_kept_and_reset_cleans(lab):
+    # A fault and a person's drain survive `down` and `up`: `up` says so; `reset` clears both.
+    opsctl("lab", "inject", "gpu012", "xid:79", "--gpu", "3", env=lab.env)
+    lab.run("scontrol", "update", "nodename=gpu013", "state=drain", "reason=ticket-123 bad dimm")
     pids = _pids(lab.lab_dir)
     assert len(pids) >= 4 + 2 * lab.nodes
     opsctl("lab", "down", env=lab.env)
@@ -58,5 +63,10 @@ def test_down_leaves_no_process_then_up_works(lab):
     assert _lab_processes(lab.lab_dir) == []
     status = opsctl("lab", "status", env=lab.env, check=False)
     assert status.returncode == 1 and "not running" in status.stdout
-    opsctl("lab", "up", env=lab.env, timeout=300)
+    up = opsctl("lab", "up", env=lab.env, timeout=300).stdout
+    assert f"lab ready: {lab.nodes} nodes ({lab.nodes - 1} idle, 1 drain)" in up, up
+    assert "  drain    gpu013" in up and "  faults gpu012: xid:79 gpu3" in up
+    reset = opsctl("lab", "reset", env=lab.env).stdout
+    assert "cleared gpu012: xid:79 gpu3" in reset and "resumed gpu013 (drain)" in reset, reset
     assert set(lab.sinfo_states().values()) == {"idle"}
+    assert opsctl("lab", "reset", env=lab.env).stdout == "the lab was clean\n"

@@ -66,6 +66,7 @@ def test_up_is_idempotent_and_quick():
     out = opsctl("up")
     assert out.returncode == 0 and "already up" in out.stdout
     assert time.monotonic() - began < 15
+    assert opsctl("status").returncode == 0  # every machine and the apt cache run
 
 
 def test_ansible_ping_with_host_key_checking():
@@ -87,7 +88,7 @@ def test_inventory_is_connection_data_and_groups_only():
     assert list(groups["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2", "gpu3"]
     for name, host in {**groups["controller"]["hosts"], **groups["gpu_nodes"]["hosts"]}.items():
         assert host == {
-            "ansible_host": SETTINGS.addr(name), "ansible_user": "root",
+            "ansible_host": SETTINGS.addr(name), "ansible_user": "opsadmin", "ansible_become": True,
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(SETTINGS.ssh_key),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={SETTINGS.known_hosts} -o StrictHostKeyChecking=yes"}
@@ -203,6 +204,7 @@ def _lab_processes():
 def test_down_leaves_nothing_and_up_again_works():
     out = opsctl("down")
     assert out.returncode == 0, out.stderr
+    assert opsctl("status").returncode == 1  # machines stopped: not what the tier should run
     assert _lab_processes() == []  # nspawn machines and apt-cacher-ng (zombies have no cmdline)
     names = ("head", "gpu1", "gpu2", "gpu3")
     assert net.lab_netns(SETTINGS) == []

@@ -34,8 +34,9 @@ NEEDS_MACHINES = pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reas
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "inventory" / "lab"
 BIN = Path(sys.executable).parent
+# The fact cache `make provision` keeps for this inventory, so that runs here with --limit find it too.
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "playbooks" / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-       "ANSIBLE_FORCE_COLOR": "0"}
+       "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(INVENTORY / ".facts")}
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -56,6 +57,11 @@ def changed_tasks(output: str) -> set[tuple[str, str]]:
         if change and title:
             found.add((title, change[1]))
     return found
+
+
+def make_provision(*playbook_args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "provision", f"PLAYBOOK_ARGS={' '.join(playbook_args)}"],
+                          capture_output=True, text=True, timeout=1800, cwd=REPO, env=ENV)
 
 
 def playbook(*args, timeout=1200) -> subprocess.CompletedProcess:
@@ -83,6 +89,10 @@ class Machines:
 
     def addr(self, host: str) -> str:
         return self.hosts[host]["ansible_host"]
+
+    @property
+    def provisioning_user(self) -> str:
+        return self.hosts[self.head]["ansible_user"]
 
     def ssh(self, host: str, command: str, user: str = "root", check=True, timeout=120):
         hv = self.hosts[host]
@@ -135,8 +145,7 @@ def provisioned():
     runs = []
     for run in ("first", "second"):
         start = time.monotonic()
-        proc = subprocess.run(["make", "--no-print-directory", "provision"], capture_output=True, text=True,
-                              timeout=1800, cwd=REPO, env=ENV)
+        proc = make_provision()
         times[run] = time.monotonic() - start
         sys.stderr.write("".join(line + "\n" for line in proc.stdout.splitlines() if line.startswith("== provision")))
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -165,6 +174,10 @@ def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
     assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
     assert "== provision: playbooks/site.yml on inventory/lab:" in first
     assert "== provision: lab machines" in first
+    # The time per role, from ansible-core's junit callback, after the recap: one line per role that ran.
+    summary = first.split("== provision: time per role", 1)[1].split("\n== provision:", 1)[0].splitlines()[1:]
+    timed = {line.split()[0]: float(line.split()[-2]) for line in summary}
+    assert {"common", "slurm", "total"} <= set(timed) and timed["total"] > 0, summary
 
 
 @pytest.mark.provision
@@ -318,6 +331,153 @@ def test_ssh_needs_a_job_on_the_node(machines):
         assert allowed.returncode == 0 and allowed.stdout.strip() == "labuser", allowed.stderr
     finally:
         machines.on_head(f"scancel {job}", check=False)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_provisioning_user_logs_in_without_a_job(machines):
+    """pam_access lets the provisioning account (and root, and the admin groups) in ahead of
+    pam_slurm_adopt, so the next provisioning run is never locked out; labuser without a job is refused
+    (test_ssh_needs_a_job_on_the_node)."""
+    node = machines.gpu_nodes[2]
+    assert machines.provisioning_user != "root"
+    assert not machines.on_head(f"squeue -h -w {node}").strip()
+    out = machines.ssh(node, "id -un && sudo -n true && echo sudo-ok", user=machines.provisioning_user)
+    assert out.stdout.split() == [machines.provisioning_user, "sudo-ok"]
+    pam = machines.ssh(node, "grep -B1 pam_slurm_adopt /etc/pam.d/sshd").stdout
+    assert "account    sufficient   pam_access.so" in pam
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_provisioning_one_node_with_limit_changes_nothing(machines):
+    """The most common run of all: one replaced node. The other nodes' facts come from the fact cache,
+    so gres.conf, slurm.conf and /etc/hosts render exactly as for the whole cluster."""
+    node = machines.gpu_nodes[1]
+    proc = make_provision("--limit", node)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    hosts = recap(proc.stdout)
+    assert set(hosts) == {node}, hosts
+    assert hosts[node] == {"changed": 0, "unreachable": 0, "failed": 0}, sorted(changed_tasks(proc.stdout))
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_munge_key_rotation_keeps_slurm_working(machines):
+    """A rotated key reaches every host before any munged restarts; the controller's munged restarts
+    first, then the nodes'. Afterwards every host has the new key and jobs run across nodes."""
+    def key_sums():
+        return {h: machines.ssh(h, "sha256sum /etc/munge/munge.key").stdout.split()[0] for h in machines.hosts}
+
+    before = key_sums()
+    proc = playbook("--tags", "munge", "-e", "munge_rotate_key=true")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    after = key_sums()
+    assert len(set(after.values())) == 1 and set(after.values()) != set(before.values())
+    controller = proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the controller]")
+    assert proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the nodes]") > controller
+    assert ("handler munge : Restart munge on the controller", machines.head) in changed_tasks(proc.stdout)
+    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in machines.gpu_nodes), 90,
+               "all GPU nodes idle after the rotation")
+    assert sorted(machines.on_head("timeout 60 srun -N3 hostname").split()) == machines.gpu_nodes
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_gres_and_epilog_use_minor_numbers(machines):
+    """gpu2's GPUs have minor numbers 7..0 for indexes 0..7 (the lab's hwinstall). gres.conf names their
+    device files with the right affinity, and a job's GPU (SLURM_JOB_GPUS holds the minor number) is
+    the one the epilog checks: leftover memory on that GPU's index drains the node, with its PID."""
+    node = "gpu2"
+    gres = machines.on_head("cat /etc/slurm/gres.conf")
+    assert f"NodeName={node} Name=gpu Type=h200 File=/dev/nvidia7 Cores=0\n" in gres
+    assert f"NodeName={node} Name=gpu Type=h200 File=/dev/nvidia0 Cores=1\n" in gres
+    wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
+    job = machines.on_head(f"sbatch --parsable -D /tmp -o /tmp/minor-%j.out -w {node} --gres=gpu:1 "
+                           "--wrap 'echo $SLURM_JOB_GPUS; sleep 8'").strip()
+    try:
+        minor = int(wait_until(lambda: machines.ssh(node, f"cat /tmp/minor-{job}.out", check=False).stdout.strip(),
+                               60, "the job's GPU"))
+        index = 7 - minor
+        lab_cli("inject", node, "gpu-leftover-memory", "--gpu", str(index))
+        state, reason = wait_until(lambda: machines.drained(node), 90, f"{node} drained by the epilog")
+        assert reason.startswith(f"opsctl:epilog job {job} left GPU memory in use: GPU{index}="), reason
+        assert f"pids={41000 + 97 * index}(python3)" in reason, reason
+    finally:
+        lab_cli("clear", node)
+        machines.resume(node)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_epilog_drains_a_node_whose_gpu_hangs_nvidia_smi(machines):
+    node = machines.gpu_nodes[0]
+    wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 90, f"{node} idle")
+    lab_cli("inject", node, "gpu-hang", "--gpu", "2")
+    try:
+        machines.on_head(f"timeout 90 srun -w {node} --gres=gpu:8 true")
+        state, reason = wait_until(lambda: machines.drained(node), 90, f"{node} drained by the epilog")
+        assert reason.endswith("nvidia-smi did not answer within 5s"), reason
+    finally:
+        lab_cli("clear", node)
+        machines.resume(node)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_nvidia_role_reports_the_skipped_reboot_and_checks_the_driver(machines):
+    """A changed boot file needs a reboot: the lab's GPU nodes say so and skip it. The check afterwards
+    compares the loaded driver with the pin: a pin the node does not run stops the play with one line."""
+    node = machines.gpu_nodes[0]
+    machines.ssh(node, "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+    proc = playbook("--tags", "nvidia", "--limit", node, "-e", "nvidia_driver_version=570.999.99")
+    assert proc.returncode != 0
+    assert (f"{node}: the NVIDIA driver or its kernel modules changed, which needs a reboot; skipped: this node's "
+            "GPUs are emulated (nvidia_emulated)") in " ".join(proc.stdout.split())
+    assert (f"{node}: the loaded NVIDIA driver is 570.133.20, nvidia_driver_version is 570.999.99 "
+            "(a reboot may be pending)") in " ".join(proc.stdout.split())
+    machines.ssh(node, "grep -x 'blacklist nouveau' /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+
+
+# Debian 12's own archive key (debian-archive-keyring), armored: a key the lab machines have, for a
+# repository they can reach. The fingerprint is the primary key's, B8B8...; 4CB5... is its subkey.
+DEBIAN_KEY = {"name": "opsctl-test-debian", "uris": "http://deb.debian.org/debian", "suites": "bookworm-updates",
+              "components": "main", "key_url": "file:///etc/apt/trusted.gpg.d/debian-archive-bookworm-automatic.asc",
+              "key_fingerprint": "B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8"}
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_a_repository_is_added_only_with_the_expected_key(machines, tmp_path):
+    """The common role's apt_repository (CUDA, DOCA, a site's Slurm): a key whose fingerprint is not the
+    expected one stops the run with one line and installs nothing; the right one is installed, named
+    in Signed-By, and apt reads the repository with it."""
+    node = machines.gpu_nodes[2]
+    sources = f"/etc/apt/sources.list.d/{DEBIAN_KEY['name']}.sources"
+
+    def add(fingerprint: str) -> subprocess.CompletedProcess:
+        play = [{"name": "One repository", "hosts": node, "gather_facts": False, "tasks": [{
+            "name": "Add it", "ansible.builtin.include_role": {"name": "common", "tasks_from": "apt_repository"},
+            "vars": {"common_apt_repository": {**DEBIAN_KEY, "key_fingerprint": fingerprint}}}]}]
+        (tmp_path / "repository.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+        return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(tmp_path / "repository.yml")],
+                              capture_output=True, text=True, timeout=600, env=ENV, cwd=REPO)
+
+    try:
+        refused = add("0123456789ABCDEF0123456789ABCDEF01234567")
+        assert refused.returncode != 0
+        assert ("apt repository opsctl-test-debian: the key at file:///etc/apt/trusted.gpg.d/debian-archive-bookworm-"
+                "automatic.asc has fingerprints B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8, "
+                "4CB50190207B4758A3F73A796ED0E7B82643E131, expected 0123456789ABCDEF0123456789ABCDEF01234567; "
+                "not trusted") in " ".join(refused.stdout.split())
+        assert machines.ssh(node, f"test -e {sources}", check=False).returncode == 1
+        added = add(DEBIAN_KEY["key_fingerprint"])
+        assert added.returncode == 0, added.stdout[-4000:]
+        assert "Signed-By: /etc/apt/keyrings/opsctl-test-debian.asc" in machines.ssh(node, f"cat {sources}").stdout
+        policy = machines.ssh(node, "apt-cache policy").stdout
+        assert "http://deb.debian.org/debian bookworm-updates/main amd64 Packages" in policy
+    finally:
+        machines.ssh(node, f"rm -f {sources} /etc/apt/keyrings/opsctl-test-debian.asc", check=False)
 
 
 @pytest.fixture(scope="module")

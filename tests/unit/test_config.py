@@ -56,7 +56,16 @@ def test_missing_explicit_file_is_an_error(tmp_path):
     ("slurm: {backend: rest}", "slurm.backend"),
     ("catalog: {xid_source: both}", "catalog.xid_source"),
     ("catalog: {files: [/nonexistent.yaml]}", "catalog.files[0]"),
-    ("node_mapping: {labels: []}", "node_mapping.labels"),
+    ("node_mapping: {labels: [node]}", "node_mapping.labels"),
+    ("node_mapping: {target_label: 'a b'}", "node_mapping.target_label"),
+    ("node_mapping: {exporter_labels: [1]}", "node_mapping.exporter_labels"),
+    ("prometheus: {scrape_interval: 0s}", "prometheus.scrape_interval"),
+    ("prometheus: {jobs: {dcgm: null}}", "prometheus.jobs.dcgm"),
+    ("slurm: {partitions: []}", "slurm.partitions"),
+    ("slurm: {partitions: gpu}", "slurm.partitions"),
+    ("safety: {max_out_of_service_fraction: 2}", "safety.max_out_of_service_fraction"),
+    ("safety: {max_resumes_per_run: -1}", "safety.max_resumes_per_run"),
+    ("safety: {max_resumes_per_hour: x}", "safety.max_resumes_per_hour"),
     ("node_mapping: {names: {a: 1}}", "node_mapping.names"),
     ("hardware: {gpus_per_node: 0}", "hardware.gpus_per_node"),
     ("hardware: {ib_devices: 'mlx5_[0-7'}", "hardware.ib_devices"),
@@ -72,6 +81,17 @@ def test_bad_values_name_their_key(tmp_path, text, key):
         load_config(write(tmp_path, text), env={})
     assert f"config key {key}:" in str(err.value)
     assert err.value.exit_code == ExitCode.USAGE and "\n" not in str(err.value)
+
+
+def test_new_keys_and_their_defaults():
+    config = parse_config({}, "t", {})
+    assert (config.prometheus.scrape_interval, config.slurm.partitions, config.catalog.xid_source) == ("30s", None,
+                                                                                                      "auto")
+    assert (config.node_mapping.target_label, config.node_mapping.exporter_labels) == ("node", ("Hostname", "hostname"))
+    safety = config.safety
+    assert (safety.max_resumes_per_run, safety.max_resumes_per_hour, safety.max_out_of_service_fraction) == (4, 8, 0.2)
+    config = parse_config({"prometheus": {"jobs": {"node": None}}, "slurm": {"partitions": ["gpu", "h200"]}}, "t", {})
+    assert config.prometheus.jobs == {"dcgm": "dcgm"} and config.slurm.partitions == ("gpu", "h200")
 
 
 def test_invalid_yaml_names_the_line(tmp_path):

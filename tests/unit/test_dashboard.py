@@ -109,18 +109,25 @@ def test_one_site_threshold_moves_opsctls_verdict_its_alert_rule_and_its_dashboa
     from opsctl.health.catalog import load_catalog
     from opsctl.health.evaluate import judge
     from opsctl.health.export import render_prometheus_rules
+    from opsctl.health.identity import Identities
     from opsctl.prom.client import Sample
 
     def everywhere(config):
         rules = load_catalog(config)
-        presence = [Sample({"job": job, "node": "gpu001"}, 1.0) for job in ("dcgm", "node")]
-        ages = [Sample({"job": job, "node": "gpu001"}, 5.0) for job in ("dcgm", "node")]
-        answers = {"gpu-temp-high": [Sample({"node": "gpu001", "gpu": "0"}, 85.0)]}
-        verdict = judge(rules, answers, presence, ages, {"gpu001"}, config, (), 1_800_000_000.0).nodes["gpu001"]
+        targets = [{"job": job, "node": "gpu001", "instance": f"gpu001:{port}"} for job, port in (("dcgm", 9400),
+                                                                                                ("node", 9100))]
+        presence = [Sample(labels, 1.0) for labels in targets]
+        ages = [Sample(labels, 5.0) for labels in targets]
+        reported = [Sample({**targets[0], "__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": "gpu001"}, 0.0)]
+        answers = {"gpu-temp-high": [Sample({**targets[0], "gpu": "0"}, 85.0)]}
+        verdict = judge(rules, answers, Identities(presence, reported, config), ages, {"gpu001"}, config, None,
+                        1_800_000_000.0).nodes["gpu001"]
         exported = yaml.safe_load(render_prometheus_rules(rules))["groups"][0]["rules"]
         alert = next(r["expr"] for r in exported if r["alert"] == "OpsctlGpuTempHigh")
         dashboard = json.loads(render(config, "opsctl-gpu"))
-        return verdict.status, alert.rsplit(" ", 1)[1], thresholds(by_title(dashboard, "gpu-temp-high"))[1][0]
+        # The NaN-safe alert keeps what is not within "<= threshold" (opsctl/health/catalog.py, alert_expr).
+        return (verdict.status, re.search(r" <= (\S+) > -Inf", alert).group(1),
+                thresholds(by_title(dashboard, "gpu-temp-high"))[1][0])
 
     site = parse_config({"catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}}}, "t", {})
     assert everywhere(DEFAULT) == ("ok", "87", 87)
@@ -136,7 +143,7 @@ def test_health_panels_plot_the_rules_promql_with_the_rate_interval_for_the_hold
 
 def test_job_names_and_node_label_come_from_the_config():
     site = parse_config({"prometheus": {"jobs": {"dcgm": "gpu-metrics", "node": "hosts"}},
-                         "node_mapping": {"labels": ["instance_name", "node"]}}, "t", {})
+                         "node_mapping": {"target_label": "instance_name"}}, "t", {})
     overview = json.loads(render(site, "opsctl-overview"))
     exprs = " ".join(t["expr"] for p in panels(overview) for t in p.get("targets", []))
     assert 'job="gpu-metrics"' in exprs and 'job=~"gpu-metrics|hosts"' in exprs and 'job="dcgm"' not in exprs

@@ -104,11 +104,16 @@ def test_xid_sets_gauge_err_labels_and_windowed_count():
     xid = next(s for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "3")
     assert xid.value == 79 and xid.labels["err_code"] == "79" and xid.labels["err_msg"] == "GPU has fallen off the bus"
     count = fams["DCGM_EXP_XID_ERRORS_COUNT"].samples
-    assert [(s.labels["xid"], s.labels["window_size_in_ms"], s.value) for s in count] == [("79", "300000", 1)]
+    assert [(s.labels["xid"], s.labels["window_size_in_ms"], s.value) for s in count if s.labels["gpu"] == "3"] \
+        == [("79", "300000", 1)]
+    # As dcgm-exporter's expCollector: a GPU without XIDs in the window has one series of value 0, no xid.
+    assert sorted((s.labels["gpu"], s.value) for s in count if "xid" not in s.labels) == \
+        [(str(g), 0) for g in range(8) if g != 3]
     hw.clear(now=1020.0)
     fams = _families(render(hw, now=1030.0))
-    assert "DCGM_EXP_XID_ERRORS_COUNT" not in fams or not fams["DCGM_EXP_XID_ERRORS_COUNT"].samples
+    assert {(s.labels.get("xid"), s.value) for s in fams["DCGM_EXP_XID_ERRORS_COUNT"].samples} == {(None, 0)}
     assert next(s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "3") == 79
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in _families(render(hw, now=1030.0, xid_count=False))
 
 
 def test_thermal_sets_temperature_and_clock_event_bits():

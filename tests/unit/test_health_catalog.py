@@ -49,13 +49,57 @@ def test_ib_rules_use_the_hardware_allowlist_and_rate():
 
 def test_hold_is_in_the_promql():
     rules = rules_of({"catalog": {"overrides": {"gpu-temp-high": {"hold": "90s", "threshold": 80}}}})
-    assert rules["gpu-temp-high"].expr == 'min_over_time(DCGM_FI_DEV_GPU_TEMP{job="dcgm"}[90s])'
-    assert rules["gpu-temp-high"].alert_expr().endswith(") > 80")
+    expr = 'min_over_time(DCGM_FI_DEV_GPU_TEMP{job="dcgm"}[90s])'
+    assert rules["gpu-temp-high"].expr == expr
+    # Everything but the certainly-ok series: a NaN or infinite value is returned, never read as ok.
+    assert rules["gpu-temp-high"].alert_expr() == f"({expr}) unless (({expr}) <= 80 > -Inf < +Inf)"
 
 
-def test_gauge_variant_for_exporters_without_the_windowed_count():
-    rule = rules_of({"catalog": {"xid_source": "gauge"}})["xid-79"]
-    assert rule.alert_expr() == '(DCGM_FI_DEV_XID_ERRORS{job="dcgm"}) == 79'
+@pytest.mark.parametrize("hold,interval", [("30s", None), ("50s", "30s"), ("10s", "6s")])
+def test_a_window_shorter_than_two_scrape_intervals_is_refused_naming_the_rule(hold, interval):
+    raw = {"catalog": {"overrides": {"ib-down": {"hold": hold}}}}
+    if interval:
+        raw["prometheus"] = {"scrape_interval": interval}
+    with pytest.raises(ConfigError, match="rule 'ib-down': its range window .* shorter than two scrape intervals") \
+            as err:
+        rules_of(raw)
+    assert err.value.exit_code == 2
+
+
+def test_shipped_holds_fit_the_default_scrape_interval():
+    rules = rules_of()  # loads: every window is at least two default (30s) scrape intervals
+    assert rules["ib-down"].hold == rules["ib-degraded"].hold == "1m"
+    assert rules_of({"prometheus": {"scrape_interval": "5s"}, "catalog": {"overrides": {"ib-down": {"hold": "10s"}}}})
+
+
+def test_every_rule_keeps_the_target_labels_and_gpu_count_uses_them_too():
+    rules = rules_of({"node_mapping": {"target_label": None}})
+    assert "on(job, instance) (max by (job, instance) (up{" in rules["gpu-count"].expr
+    assert "node" not in rules["gpu-count"].expr.replace("node_", "")
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("auto", ["DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_XID_ERRORS", 'xid_source", "gauge"']),
+    ("window", ["DCGM_EXP_XID_ERRORS_COUNT"]),
+    ("gauge", ["DCGM_FI_DEV_XID_ERRORS"]),
+])
+def test_xid_sources(source, expected):
+    rule = rules_of({"catalog": {"xid_source": source}})["xid-79"]
+    assert all(text in rule.expr for text in expected)
+    assert (rule.op, rule.threshold) == (("==", 79) if source == "gauge" else (">", 0))
+
+
+def test_a_site_without_node_exporter_loses_the_rules_that_need_it():
+    rules = rules_of({"prometheus": {"jobs": {"node": None}}})
+    assert not {"ib-down", "ib-degraded", "ib-errors"} & set(rules) and "xid-79" in rules
+
+
+def test_sticky_rules_have_memory():
+    rules = rules_of()
+    assert {rid: rules[rid].memory for rid in ("xid-79", "ecc-dbe-new", "remapped-rows-high", "row-remap-failure",
+                                               "row-remap-pending", "ib-down")} == {
+        "xid-79": "window", "ecc-dbe-new": "window", "remapped-rows-high": "level", "row-remap-failure": "level",
+        "row-remap-pending": "none", "ib-down": "none"}
 
 
 def test_user_file_adds_and_replaces_rules(tmp_path):
@@ -99,7 +143,7 @@ def test_bad_user_file_is_a_config_error(tmp_path):
 
 
 def test_export_matches_the_evaluated_promql():
-    config = parse_config({"catalog": {"overrides": {"ib-down": {"hold": "45s"}}}}, "t", {})
+    config = parse_config({"catalog": {"overrides": {"ib-down": {"hold": "75s"}}}}, "t", {})
     rules = load_catalog(config)
     doc = yaml.safe_load(render_prometheus_rules(rules))
     alerts = {a["labels"]["rule_id"]: a for a in doc["groups"][0]["rules"]}
@@ -110,4 +154,4 @@ def test_export_matches_the_evaluated_promql():
         assert alert["alert"] == alert_name(rule.id)
         assert alert["labels"] == {"severity": rule.severity, "action": rule.action, "rule_id": rule.id}
         assert "for" not in alert  # the hold is inside the PromQL, so alerts and opsctl agree
-    assert "[45s]" in alerts["ib-down"]["expr"]
+    assert "[75s]" in alerts["ib-down"]["expr"]

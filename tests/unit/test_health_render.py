@@ -8,23 +8,24 @@ from opsctl.cli import main
 from opsctl.commands.render import render_history, render_json, render_table
 from opsctl.errors import ExitCode
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.remediation.plan import Plan
+from opsctl.remediation.plan import Decision, Plan
 from opsctl.remediation.run import RunOptions, RunResult
 
 
 def result():
     nodes = {
         "gpu001": NodeVerdict("gpu001"),
-        "gpu002": NodeVerdict("gpu002", status="fail", action="drain", checks=[
+        "gpu002": NodeVerdict("gpu002", status="fail", checks=[
             Check(id="xid-79", severity="fail", status="fail", device="gpu3", kind="gpu", value=1.0, threshold=0.0,
                   op=">", evidence="gpu3 xid=79 count=1", action="drain", xid=79)]),
         "gpu003": NodeVerdict("gpu003", status="warn", checks=[
             Check(id="ib-errors", severity="warn", status="warn", device="mlx5_1", kind="hca", value=0.5,
                   threshold=0.1, evidence="mlx5_1 ib_errors_per_s=0.5")]),
-        "stray": NodeVerdict("stray", status="unknown", in_slurm=False, action="skip:not-in-slurm"),
+        "stray": NodeVerdict("stray", status="unknown", in_slurm=False),
     }
+    plan = Plan(decisions={"gpu002": Decision("gpu002", "drain"), "stray": Decision("stray", "skip:not-in-slurm")})
     return RunResult(report=Report(nodes=nodes, rules=[], queries=37, query_seconds=0.2), exit_code=ExitCode.FAILING,
-                     plan=Plan(), seconds=0.3, options=RunOptions(drain=True))
+                     plan=plan, seconds=0.3, options=RunOptions(drain=True))
 
 
 def test_json_contract():
@@ -49,6 +50,21 @@ def test_table_lists_only_what_needs_attention():
     assert "stray (not in Slurm)" in text
     assert lines[-1].startswith("4 nodes: 1 ok, 1 warn, 1 fail, 1 unknown; 37 queries")
     assert any(line.startswith("gpu001") for line in render_table(result(), all_nodes=True).splitlines())
+
+
+def test_nan_and_infinite_values_stay_valid_json():
+    res = result()
+    res.report.nodes["gpu003"].checks[0].value = float("nan")
+    res.report.nodes["gpu003"].checks[0].threshold = float("-inf")
+    check = json.loads(render_json(res))["nodes"][2]["checks"][0]
+    assert (check["value"], check["threshold"]) == ("NaN", "-Inf")
+
+
+def test_warnings_are_shown_in_the_table_and_the_json():
+    res = result()
+    res.report.warnings = ["'up': partial response (isPartial)"]
+    assert json.loads(render_json(res))["summary"]["warnings"] == ["'up': partial response (isPartial)"]
+    assert "warning: the source may have answered partially, nothing was changed: 'up'" in render_table(res)
 
 
 def test_history_table():
@@ -79,4 +95,4 @@ def test_rules_export_prints_the_rules_file(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("hardware:\n  gpus_per_node: 4\n")
     res = CliRunner().invoke(main, ["rules", "export", "--config", str(cfg)])
-    assert res.exit_code == 0 and "alert: OpsctlGpuCount" in res.output and ") < 4" in res.output
+    assert res.exit_code == 0 and "alert: OpsctlGpuCount" in res.output and ") >= 4 > -Inf < +Inf" in res.output

@@ -12,6 +12,7 @@ from opsctl.config import parse_config
 from opsctl.errors import ExitCode, SafetyStop, SourceUnavailable
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Check, NodeVerdict, Report
+from opsctl.health.evidence import Evidence
 from opsctl.metrics import FAMILIES, MetricsState, RunRecorder
 from opsctl.metrics.observe import run_facts
 from opsctl.remediation.plan import plan_drains, plan_resumes
@@ -34,11 +35,14 @@ def result(failing=(), slurm_over=None, n=20, unknown=(), dry_run=False, resume=
                                checks=[row_remap()] if name in failing else []) for name in names}
     slurm = {name: SlurmNode(name, "idle") for name in names} | (slurm_over or {})
     report = Report(nodes=nodes, rules=RULES)
-    plan = plan_drains(report, slurm, CONFIG.safety, 0, dry_run=dry_run, now=NOW)
-    if resume:
-        plan = plan_resumes(report, slurm, RULES, {n: NOW - 3600 for n in slurm}, 600, dry_run, NOW, plan)
+    plan = plan_drains(report, slurm, RULES, CONFIG.safety, 0, dry_run)
+    if resume:  # every rule of an opsctl drain reads ok on its node: the positive evidence a resume needs
+        evidence = {(n, rule): Evidence("ok", [("mlx5_2", 4.0)]) for n, node in slurm.items()
+                    for rule in node.reason_rules()}
+        plan = plan_resumes(report, slurm, RULES, evidence, {n: NOW - 3600 for n in slurm}, 600, CONFIG.safety, 0,
+                            dry_run, NOW, plan=plan)
     return RunResult(report=report, exit_code=ExitCode.FAILING if failing else ExitCode.OK, plan=plan,
-                     options=RunOptions(drain=True, resume=resume, dry_run=dry_run), slurm_nodes=slurm)
+                     options=RunOptions(drain=True, resume=resume, dry_run=dry_run), cluster=slurm)
 
 
 def samples(state: MetricsState) -> dict:

@@ -149,15 +149,14 @@ def test_fqcn_check_catches_short_names(tmp_path):
 
 
 def test_restarts_only_in_handlers():
-    """A task outside handlers/ never restarts or reloads a service (state: restarted/reloaded), except
-    munge's key-driven restart, which the role documents (restart only when the key changed)."""
+    """A task outside handlers/ never restarts or reloads a service (state: restarted/reloaded)."""
     offenders = []
     for role in ROLES.iterdir():
         for path in (role / "tasks").glob("*.yml"):
             for task in iter_tasks(load_yaml(path)):
                 args = task.get("ansible.builtin.systemd_service") or task.get("ansible.builtin.service") or {}
                 state = str(args.get("state", "")) if isinstance(args, dict) else ""
-                if ("restarted" in state or "reloaded" in state) and role.name != "munge":
+                if "restarted" in state or "reloaded" in state:
                     offenders.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert offenders == []
 
@@ -184,6 +183,15 @@ def test_hostlist_expression():
 
 # Loaded at import: Ansible's module_utils ask ldconfig for libraries once, which a unit test may not run.
 HW_FACTS = load_module(PLAYBOOKS / "library" / "opsctl_hw_facts.py", "opsctl_hw_facts")
+
+
+def test_hw_facts_reads_minor_numbers_of_the_real_capture():
+    """`nvidia-smi -q` of a real H200 (tests/fixtures/SOURCES.md): one GPU, bus 00000000:83:00.0, minor 0."""
+    text = (REPO / "tests" / "fixtures" / "gpu" / "nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt").read_text()
+    assert HW_FACTS.parse_q_minors(text) == {"00000000:83:00.0": 0}
+    two = "GPU 00000000:18:00.0\n    Minor Number              : 7\nGPU 00000000:2A:00.0\n    Minor Number   : 6\n"
+    assert HW_FACTS.parse_q_minors(two) == {"00000000:18:00.0": 7, "00000000:2A:00.0": 6}
+    assert HW_FACTS._bus_key("0000:18:00.0") == HW_FACTS._bus_key("00000000:18:00.0")
 
 
 def test_hw_facts_parsers():

@@ -1,6 +1,7 @@
-"""The cli backend's parser on real `sinfo --json` output of Slurm 22.05.8 (captured from the lab:
-gpu063 drained by a person, gpu064 drained by opsctl), ownership rules, and how the backend reports
-a command that cannot run or fails (through its `run` seam; the lab tier runs the real commands)."""
+"""The cli backend on real Slurm JSON of each release (tests/fixtures/slurm/, sources in SOURCES.md):
+which command each release is read with, every node state opsctl must leave alone, ownership, the
+partitions it judges, and how a command that cannot run or fails is reported (through its `run`
+seam; the lab tier runs the real commands of 22.05, 24.11 and 26.05)."""
 
 import json
 import subprocess
@@ -8,53 +9,140 @@ import subprocess
 import pytest
 
 from opsctl.errors import ConfigError, SourceUnavailable
-from opsctl.slurm import SlurmCliImpl, SlurmNode, process_sinfo_output
+from opsctl.slurm import SlurmCliImpl, SlurmNode, process_nodes_output, process_sinfo_output
+from opsctl.slurm.cli import parse_version
+from opsctl.slurm.partitions import select_partitions
 from opsctl.slurm.pyslurm_backend import PySlurmImpl
 from tests.conftest import FIXTURES
 
-SINFO = (FIXTURES / "slurm" / "sinfo-22.05.8.json").read_text()
+SLURM = FIXTURES / "slurm"
+SINFO = (SLURM / "sinfo-22.05.8.json").read_text()
+# The same states set by hand on each release (tests/fixtures/SOURCES.md): gpu041 idle, gpu042 drained by
+# opsctl (reason then extended with `scontrol update reason=`), gpu043 drained by a person, gpu044 DOWN,
+# gpu045 FAIL, gpu046 in a MAINT reservation, gpu047 in a plain reservation; 24.11 and 26.05 also
+# gpu048 REBOOT_REQUESTED (while a job ran) and gpu049 POWERED_DOWN.
+STATES = {
+    "22.05.8": process_sinfo_output((SLURM / "sinfo-22.05.8-states.json").read_text()),
+    "24.11.5": process_nodes_output((SLURM / "scontrol-show-nodes-24.11.5.json").read_text()),
+    "26.05.5": process_nodes_output((SLURM / "scontrol-show-nodes-26.05.5.json").read_text()),
+}
+RELEASES = list(STATES)
 
 
-def test_sinfo_22_05_parses():
-    nodes = process_sinfo_output(SINFO)
-    assert set(nodes) == {"gpu001", "gpu063", "gpu064"}
-    assert nodes["gpu001"] == SlurmNode("gpu001", "idle", (), "")
-    assert nodes["gpu063"].drained and nodes["gpu063"].owner == "other"
-    assert nodes["gpu064"].drained and nodes["gpu064"].owned and nodes["gpu064"].reason_rules() == ["xid-79"]
+@pytest.fixture(autouse=True)
+def _no_slurm_conf_of_the_caller(monkeypatch):
+    """The backend checks the slurm.conf that SLURM_CONF names; the tests here set their own."""
+    monkeypatch.delenv("SLURM_CONF", raising=False)
 
 
-def test_sinfo_23_list_state_parses():
-    raw = {"nodes": [{"name": "gpu001", "state": ["IDLE", "DRAIN"], "reason": "opsctl:ib-down,xid-79 x"}]}
-    node = process_sinfo_output(json.dumps(raw))["gpu001"]
-    assert node.state == "idle" and node.drained and node.reason_rules() == ["ib-down", "xid-79"]
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_reads_the_same_states(release):
+    nodes = STATES[release]
+    assert nodes["gpu041"] == SlurmNode("gpu041", "idle", (), "", ("gpu",), nodes["gpu041"].gres)
+    assert nodes["gpu042"].drained and nodes["gpu042"].reason_rules() == ["ib-down", "xid-79"]
+    assert nodes["gpu043"].drained and nodes["gpu043"].owner == "other"
+    assert nodes["gpu044"].state == "down" and nodes["gpu044"].reason == "bad psu"
+    assert "FAIL" in nodes["gpu045"].flags and nodes["gpu045"].reason == "failing dimm"
+    assert {"MAINTENANCE", "RESERVED"} <= set(nodes["gpu046"].flags) and "RESERVED" in nodes["gpu047"].flags
 
 
-@pytest.mark.parametrize("text", ["not json", "{}", '{"nodes": [{"state": "idle"}]}'])
-def test_bad_sinfo_output_is_a_source_error(text):
+@pytest.mark.parametrize("release", RELEASES)
+def test_fail_down_maint_and_a_reservation_are_held_by_slurm(release):
+    nodes = STATES[release]
+    assert nodes["gpu041"].held_by_slurm == () and not nodes["gpu041"].out_of_service
+    for name in ("gpu044", "gpu045", "gpu046", "gpu047"):
+        assert nodes[name].held_by_slurm, name
+    assert all(nodes[n].out_of_service for n in ("gpu042", "gpu043", "gpu044", "gpu045", "gpu046"))
+    assert not nodes["gpu047"].out_of_service  # reserved: in service, but not opsctl's to touch
+    assert nodes["gpu042"].resumable and not nodes["gpu043"].resumable
+
+
+@pytest.mark.parametrize("release", ["24.11.5", "26.05.5"])
+def test_reboot_requested_and_powered_down_are_held_by_slurm(release):
+    nodes = STATES[release]
+    assert nodes["gpu048"].held_by_slurm == ("REBOOT_REQUESTED",) and nodes["gpu048"].foreign_reason
+    assert nodes["gpu049"].held_by_slurm == ("POWERED_DOWN",) and nodes["gpu049"].out_of_service
+
+
+def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
+    # The data_parser that `scontrol show nodes --json` prints, as slurmrestd serves it (public outputs).
+    node = process_nodes_output((SLURM / "slurmrestd-node-23.02.3.json").read_text())["node01"]
+    assert (node.state, node.flags, node.partitions, node.has_gpus) == ("idle", (), ("debug",), True)
+    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
+    assert nodes["n0164"].drained and nodes["n0164"].reason == "Kill task failed" and nodes["n0164"].foreign_reason
+    assert nodes["dtn1"].held_by_slurm == ("DOWN", "NOT_RESPONDING") and not nodes["dtn1"].has_gpus
+    assert nodes["n0999"].partitions == ("preempt", "cisds") and nodes["n0999"].has_gpus
+
+
+def test_slurmrestd_node_json_of_24_05_and_25_05_parse_too():
+    # Public captures of real clusters (SOURCES.md): 24.05's data_parser v0.0.41 and 25.05's v0.0.43, the
+    # ones their `scontrol show nodes --json` prints.
+    drained = process_nodes_output((SLURM / "slurmrestd-node-drain-24.05.3.json").read_text())["cn146"]
+    assert drained.drained and drained.reason == "ECC memory error" and drained.foreign_reason
+    down = process_nodes_output((SLURM / "slurmrestd-node-down-24.05.3.json").read_text())["cn026"]
+    assert down.held_by_slurm == ("DOWN",) and down.out_of_service and down.reason == "CPU dead"
+    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-25.05.4.json").read_text())
+    assert nodes["cn3"].drained and nodes["cn3"].reason == "ECC memory error" and nodes["cn3"].foreign_reason
+    assert nodes["cn4"].held_by_slurm == ("DOWN",) and nodes["cn4"].out_of_service
+    assert nodes["gpu1"].has_gpus and nodes["gpu1"].partitions == ("gpu",) and not nodes["cn1"].has_gpus
+    assert not nodes["gpu2"].out_of_service and not nodes["gpu2"].drained
+
+
+@pytest.mark.parametrize("name", ["sinfo-23.02.5.json", "sinfo-24.11.5.json", "sinfo-26.05.5.json"])
+def test_the_aggregated_sinfo_of_23_02_and_later_is_refused_with_the_reason(name):
+    with pytest.raises(SourceUnavailable, match="aggregated sinfo of Slurm 23.02 or later"):
+        process_sinfo_output((SLURM / name).read_text())
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", '{"nodes": [{"state": "idle"}]}', "[1]",
+                                  '{"nodes": [], "errors": [{"error": "Unable to contact slurm controller"}]}'])
+def test_bad_output_is_a_source_error(text):
     with pytest.raises(SourceUnavailable):
-        process_sinfo_output(text)
+        process_nodes_output(text)
+
+
+@pytest.mark.parametrize("text,version", [("slurm 22.05.8\n", (22, 5)), ("slurm-wlm 24.11.5\n", (24, 11)),
+                                          ("slurm 23.02.7-1\n", (23, 2)), ("slurm 26.05.0rc1", (26, 5))])
+def test_versions(text, version):
+    assert parse_version(text) == version
 
 
 def test_manual_drains_are_owned_but_not_rules():
     node = SlurmNode("gpu001", "idle", ("DRAIN",), "opsctl:manual bad fan")
-    assert node.owned and node.manual and node.reason_rules() == []
+    assert node.owned and node.manual and node.reason_rules() == [] and not node.resumable
 
 
 @pytest.mark.parametrize("state,flags,out", [("idle", (), False), ("down", (), True), ("idle", ("DRAIN",), True),
-                                             ("mixed", ("NOT_RESPONDING",), True), ("unknown", (), True)])
+                                             ("mixed", ("NOT_RESPONDING",), True), ("unknown", (), True),
+                                             ("idle", ("POWERED_DOWN",), True), ("idle", ("RESERVED",), False)])
 def test_out_of_service(state, flags, out):
     assert SlurmNode("n", state, flags, "").out_of_service is out
 
 
-class FakeRun:
-    """Stands in for subprocess.run: records argv, answers with `result` or raises it."""
+def test_default_partitions_are_those_with_gpu_nodes():
+    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
+    chosen = select_partitions(nodes, None)
+    assert "dtn1" not in chosen and "n0160" in chosen and "n0397" in chosen  # preempt has GPU nodes
+    assert set(select_partitions(nodes, ("kerngpu",))) == {"n1000"}
+    with pytest.raises(ConfigError, match="config key slurm.partitions: no Slurm partition nope"):
+        select_partitions(nodes, ("nope",))
+    cpu_only = {"c1": SlurmNode("c1", "idle", partitions=("cpu",))}
+    with pytest.raises(ConfigError, match="no Slurm partition has GPU nodes"):
+        select_partitions(cpu_only, None)
 
-    def __init__(self, result):
+
+class FakeRun:
+    """Stands in for subprocess.run: records argv, answers by the command or raises."""
+
+    def __init__(self, result, version="slurm 22.05.8\n"):
         self.result = result
+        self.version = version
         self.calls = []
 
     def __call__(self, argv, **kwargs):
         self.calls.append(argv)
+        if argv[1:] == ["--version"] and self.version is not None:
+            return done(stdout=self.version)
         if isinstance(self.result, BaseException):
             raise self.result
         return self.result
@@ -64,31 +152,59 @@ def done(rc=0, stdout="", stderr=""):
     return subprocess.CompletedProcess(args=[], returncode=rc, stdout=stdout, stderr=stderr)
 
 
-def test_nodes_reads_sinfo_json():
+def test_22_05_is_read_with_sinfo_json():
     run = FakeRun(done(stdout=SINFO))
     assert set(SlurmCliImpl(run=run).nodes()) == {"gpu001", "gpu063", "gpu064"}
-    assert run.calls == [["sinfo", "--json"]]
+    assert run.calls == [["scontrol", "--version"], ["sinfo", "--json"]]
 
 
-def test_drain_and_resume_are_one_scontrol_call_each_without_a_shell():
+@pytest.mark.parametrize("version", ["slurm 23.02.7\n", "slurm-wlm 24.11.5\n", "slurm-wlm 26.05.5\n"])
+def test_23_02_and_later_are_read_with_scontrol_show_nodes_json(version):
+    run = FakeRun(done(stdout=(SLURM / "scontrol-show-nodes-26.05.5.json").read_text()), version)
+    slurm = SlurmCliImpl(run=run)
+    assert "gpu049" in slurm.nodes() and "gpu049" in slurm.nodes()
+    assert run.calls == [["scontrol", "--version"], ["scontrol", "show", "nodes", "--json"],
+                         ["scontrol", "show", "nodes", "--json"]]  # the release is asked once
+
+
+def test_drain_resume_and_reason_are_one_scontrol_call_each_without_a_shell():
     run = FakeRun(done())
     slurm = SlurmCliImpl(scontrol="/usr/bin/scontrol", run=run)
     slurm.drain(["gpu001", "gpu002"], "opsctl:xid-79 gpu3 xid=79; it's \"quoted\"")
     slurm.resume(["gpu001"])
+    slurm.set_reason(["gpu002"], "opsctl:ib-down,xid-79 x")
     assert run.calls == [
         ["/usr/bin/scontrol", "update", "nodename=gpu001,gpu002", "state=drain",
          "reason=opsctl:xid-79 gpu3 xid=79; it's \"quoted\""],
-        ["/usr/bin/scontrol", "update", "nodename=gpu001", "state=resume"]]
+        ["/usr/bin/scontrol", "update", "nodename=gpu001", "state=resume"],
+        ["/usr/bin/scontrol", "update", "nodename=gpu002", "reason=opsctl:ib-down,xid-79 x"]]
 
 
 def test_missing_binary_is_a_clear_source_error():
-    with pytest.raises(SourceUnavailable, match="sinfo-does-not-exist not found"):
-        SlurmCliImpl(sinfo="sinfo-does-not-exist", run=FakeRun(FileNotFoundError())).nodes()
+    with pytest.raises(SourceUnavailable, match="scontrol-does-not-exist not found"):
+        SlurmCliImpl(scontrol="scontrol-does-not-exist", run=FakeRun(FileNotFoundError(), version=None)).nodes()
 
 
-def test_timeout_is_a_source_error():
-    with pytest.raises(SourceUnavailable, match="sinfo --json timed out after 5s"):
+def test_timeout_is_a_source_error_with_slurms_first_line():
+    with pytest.raises(SourceUnavailable, match="sinfo --json timed out after 5s$"):
         SlurmCliImpl(timeout=5, run=FakeRun(subprocess.TimeoutExpired(["sinfo"], 5))).nodes()
+    said = b"sinfo: error: Unable to contact slurm controller (connect failure)\nmore\n"
+    with pytest.raises(SourceUnavailable, match="timed out after 5s: sinfo: error: Unable to contact slurm "
+                                                r"controller \(connect failure\)$"):
+        SlurmCliImpl(timeout=5, run=FakeRun(subprocess.TimeoutExpired(["sinfo"], 5, stderr=said))).nodes()
+
+
+@pytest.mark.parametrize("make,strerror", [(lambda p: None, "No such file or directory"),
+                                           (lambda p: p.mkdir(), "Is a directory")])
+def test_a_missing_or_unreadable_slurm_conf_is_found_before_any_call(tmp_path, make, strerror):
+    conf = tmp_path / "slurm.conf"
+    make(conf)
+    run = FakeRun(done(stdout=SINFO))
+    with pytest.raises(SourceUnavailable) as err:
+        SlurmCliImpl(run=run, environ={"SLURM_CONF": str(conf)}).nodes()
+    assert str(err.value) == f"Slurm: cannot read SLURM_CONF={conf}: {strerror}" and run.calls == []
+    conf.parent.joinpath("ok.conf").write_text("ClusterName=c\n")
+    assert SlurmCliImpl(run=run, environ={"SLURM_CONF": str(tmp_path / "ok.conf")}).nodes()
 
 
 @pytest.mark.parametrize("stderr,stdout,message", [
@@ -101,6 +217,11 @@ def test_failing_command_reports_its_first_line(stderr, stdout, message):
         SlurmCliImpl(run=FakeRun(done(1, stdout, stderr))).nodes()
 
 
+def test_an_unreadable_version_is_a_source_error():
+    with pytest.raises(SourceUnavailable, match="cannot tell the release"):
+        SlurmCliImpl(run=FakeRun(done(), version="hello")).nodes()
+
+
 def test_pyslurm_backend_without_pyslurm_names_the_key():
     try:
         import pyslurm  # noqa: F401
@@ -109,3 +230,11 @@ def test_pyslurm_backend_without_pyslurm_names_the_key():
         pass
     with pytest.raises(ConfigError, match="config key slurm.backend: pyslurm is not installed"):
         PySlurmImpl()
+
+
+@pytest.mark.parametrize("name,release", [("slurmrestd-node-drain-24.05.3.json", "24.05.3"),
+                                          ("slurmrestd-nodes-25.05.4.json", "25.05.4"),
+                                          ("scontrol-show-nodes-24.11.5.json", "24.11.5"),
+                                          ("scontrol-show-nodes-26.05.5.json", "26.05.5")])
+def test_the_captures_are_of_the_release_their_name_says(name, release):
+    assert json.loads((SLURM / name).read_text())["meta"]["slurm"]["release"] == release

@@ -10,7 +10,9 @@ Forms (layouts copied from a real H200, tests/fixtures/gpu/nvidia-smi_q_and_quer
   nvidia-smi -pm 0|1                           persistence mode (always on in the lab)
 
 Values come from the hardware state through the dcgm-exporter emulator's GpuView, so nvidia-smi and
-DCGM report the same temperature, power, memory and error counters. Return codes as documented in
+DCGM report the same temperature, power, memory and error counters. A GPU with the gpu-hang fault makes
+every query that reaches it hang, as NVML does with a GPU that stopped answering. The minor numbers
+of -q are the state's (NodeHardware.minor), not always the index. Return codes as documented in
 nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus.
 """
 
@@ -29,6 +31,7 @@ RC_INVALID = 2
 RC_FELL_OFF_BUS = 15
 CUDA_VERSION = "12.8"  # the CUDA version driver 570 reports
 LEFTOVER_PID_BASE = 41000
+HANG_SECONDS = 3600
 KEY_WIDTH = 55  # column of the ':' in -q output
 
 _FIELDS = json.loads(resources.files("opsctl_lab.hwtools").joinpath("nvidia_smi_fields.json").read_text())
@@ -60,7 +63,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict:
     power = min(hwm.POWER_LIMIT_W, view.power() + view.jitter("mw", 1000) / 1000.0)
     active = "Active"
     return {
-        "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": gpu, "module_id": gpu + 1,
+        "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
         "serial": f"{1650924000000 + stable_int(hw.node, gpu, 'serial', modulo=10**6)}",
         "uuid": gpu_uuid(hw.node, gpu), "pdi": f"0x{stable_int(hw.node, gpu, 'pdi', modulo=1 << 64):016x}",
         "board_id": f"0x{int(PCI_BUS_IDS[gpu], 16) << 8:x}",
@@ -295,6 +298,9 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(f"{err}\n\n")
         return RC_INVALID
     hw, now, gpus = load(), time.time(), opts["gpus"]
+    # A GPU that stopped answering hangs NVML, and nvidia-smi with it, until something kills it.
+    if any(hw.has("gpu-hang", gpu=g) for g in gpus):
+        time.sleep(HANG_SECONDS)
     sys.stdout.write(_missing_lines(hw, gpus))
     if opts["mode"] == "table":
         text = render_table(hw, now, gpus)

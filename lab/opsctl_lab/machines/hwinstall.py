@@ -7,8 +7,8 @@ from pathlib import Path
 
 import opsctl
 import opsctl_lab
-from opsctl_lab.hardware import NodeHardware
-from opsctl_lab.machines.settings import DCGM_PORT, HW_CODE, HW_STATE, HW_SYSFS_ROOT
+from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
+from opsctl_lab.machines.settings import DCGM_PORT, HW_CODE, HW_STATE, HW_SYSFS_ROOT, REVERSED_MINORS_MACHINE
 
 # Real install paths: nvidia-smi from the NVIDIA driver, ibstat from infiniband-diags, ibv_devinfo
 # from ibverbs-utils, ib_write_bw from perftest.
@@ -21,6 +21,18 @@ TOOLS = {
 }
 DCGM_UNIT = "dcgm-exporter.service"
 SYSFS_UNIT = "opsctl-hw-sysfs.service"
+# The NVIDIA role checks that fabric manager runs. These machines have no NVSwitch to train: the lab's
+# unit of that name only runs, so that the check has something real to look at (nvidia_services).
+FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
+FABRICMANAGER_UNIT_TEXT = """[Unit]
+Description=NVIDIA fabric manager (opsctl lab emulation: no NVSwitch to train)
+
+[Service]
+ExecStart=/bin/sleep infinity
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def wrapper(module: str) -> str:
@@ -72,13 +84,18 @@ def install(upper: Path, name: str, address: str) -> None:
         target.write_text(wrapper(module))
         target.chmod(0o755)
     state = upper / HW_STATE.lstrip("/")
-    if not state.exists():  # keep injected faults across a restart, as hardware would
-        NodeHardware(node=name).save(state)
+    # Keep injected faults across a restart, as hardware would; the minor numbers are the machine's own.
+    hw = NodeHardware.load(state, name)
+    minors = list(reversed(range(GPUS_PER_NODE))) if name == REVERSED_MINORS_MACHINE else None
+    if not state.exists() or hw.minors != minors:
+        hw.minors = minors
+        hw.save(state)
     units = upper / "etc/systemd/system"
     wants = units / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
     mine = [SYSFS_UNIT]
     (units / SYSFS_UNIT).write_text(SYSFS_UNIT_TEXT)
+    (units / FABRICMANAGER_UNIT).write_text(FABRICMANAGER_UNIT_TEXT)  # enabled by provisioning, as a package's
     # Once provisioning has written its own dcgm-exporter unit, keep it: restarting a machine must not
     # undo what the playbooks did (their next run would report a change).
     if not (units / DCGM_UNIT).exists():

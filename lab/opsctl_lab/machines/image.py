@@ -12,21 +12,24 @@ import os
 import shutil
 from pathlib import Path
 
-from opsctl_lab.machines.settings import SUITE, Settings
+from opsctl_lab.machines.settings import PROVISIONING_UID, PROVISIONING_USER, SUITE, Settings
 from opsctl_lab.processes import run
 
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "iproute2",
-            "ca-certificates", "procps", "iputils-ping"]
+            "ca-certificates", "procps", "iputils-ping", "sudo"]
 STAMP = ".opsctl-image-recipe"
-RECIPE_VERSION = "3"
+RECIPE_VERSION = "4"
 
 # Debian's ssh.service has no key generation step; sshd refuses to start without host keys. Each
 # machine gets its own keys from the lab (so known_hosts is exact); this covers any key type missing.
 SSH_KEYGEN_DROPIN = "[Service]\nExecStartPre=\nExecStartPre=/usr/bin/ssh-keygen -A\nExecStartPre=/usr/sbin/sshd -t\n"
+# The provisioning account may run anything as root without a password, as Ansible's become needs.
+SUDOERS = f"{PROVISIONING_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
 
 
 def recipe(settings: Settings) -> str:
-    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, SSH_KEYGEN_DROPIN])
+    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, SSH_KEYGEN_DROPIN, SUDOERS,
+                      f"{PROVISIONING_USER}:{PROVISIONING_UID}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -112,4 +115,9 @@ def _configure(root: Path, settings: Settings) -> None:
     # minbase has no locales; pam_env logs an error at every login without this file.
     (root / "etc/default/locale").write_text("LANG=C.UTF-8\n")
     (root / "etc/apt/apt.conf.d/99opsctl-no-recommends").write_text('APT::Install-Recommends "false";\n')
+    run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--uid", str(PROVISIONING_UID),
+         "--user-group", PROVISIONING_USER])
+    sudoers = root / "etc/sudoers.d" / PROVISIONING_USER
+    sudoers.write_text(SUDOERS)
+    sudoers.chmod(0o440)
     run(["chroot", str(root), "apt-get", "clean"], check=False)

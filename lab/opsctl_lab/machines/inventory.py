@@ -1,16 +1,18 @@
 """inventory/lab/hosts.yml: connection data and group membership only. The variables that point the
-roles at the emulated hardware are committed separately in inventory/lab/group_vars/."""
+roles at the emulated hardware are committed separately in inventory/lab/group_vars/. Provisioning logs
+in as the lab's provisioning account and becomes root with sudo, as on a real site."""
 
 import yaml
 
-from opsctl_lab.machines.settings import Settings
+from opsctl_lab.machines.settings import PROVISIONING_USER, Settings
 
 
 def render(settings: Settings, names: list[str]) -> str:
     def host(name: str) -> dict:
         return {
             "ansible_host": settings.addr(name),
-            "ansible_user": "root",
+            "ansible_user": PROVISIONING_USER,
+            "ansible_become": True,
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_private_key_file": str(settings.ssh_key),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={settings.known_hosts} -o StrictHostKeyChecking=yes",

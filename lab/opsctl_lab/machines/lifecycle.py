@@ -144,15 +144,19 @@ def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Setting
 
 
 def status(echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    """Exit 0 when everything the tier runs is running (every machine and the apt cache), else 1, as
+    `opsctl lab status` does for the simulated cluster."""
     settings = settings or Settings()
     names = _known(settings)
     if not names:
-        echo("no lab machines")
-        return ExitCode.OK
-    for name in names:
-        pid = nspawn.running_pid(settings, name)
+        echo("no lab machines: `opsctl lab machines up`")
+        return ExitCode.FAILING
+    pids = {name: nspawn.running_pid(settings, name) for name in names}
+    for name, pid in pids.items():
         echo(f"{name:6} {settings.addr(name):12} {'running pid ' + str(pid) if pid else 'stopped'}")
-    return ExitCode.OK
+    cache = aptcache.running_pid(settings)
+    echo(f"{'apt':6} {settings.bridge_addr:12} {'running pid ' + str(cache) if cache else 'stopped'}")
+    return ExitCode.OK if cache and all(pids.values()) else ExitCode.FAILING
 
 
 def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from opsctl_lab.errors import LabError
 from opsctl_lab.machines import image as img
 from opsctl_lab.machines import keys
-from opsctl_lab.machines.settings import Settings
+from opsctl_lab.machines.settings import PROVISIONING_UID, PROVISIONING_USER, Settings
 from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
 
 
@@ -28,7 +28,8 @@ def running_pid(settings: Settings, name: str) -> int | None:
 
 
 def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str) -> Path:
-    """What makes this machine itself: hostname, machine-id, hosts, root's authorized key, host key."""
+    """What makes this machine itself: hostname, machine-id, hosts, the authorized key of root and of the
+    provisioning account, host key."""
     top = upper(settings, name)
     (top / "etc").mkdir(parents=True, exist_ok=True)
     (top / "etc/hostname").write_text(f"{name}\n")
@@ -43,6 +44,7 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     ssh_dir.chmod(0o700)
     (ssh_dir / "authorized_keys").write_text(client_pubkey + "\n")
     (ssh_dir / "authorized_keys").chmod(0o600)
+    _authorize_provisioning_user(top, client_pubkey)
     # Machines have no route off the lab subnet: apt goes through the cache on the bridge, as on a
     # cluster whose nodes use a site proxy.
     proxy = top / "etc/apt/apt.conf.d/01opsctl-proxy"
@@ -50,6 +52,18 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
     keys.ensure_host_key(top, name)
     return top
+
+
+def _authorize_provisioning_user(top: Path, client_pubkey: str) -> None:
+    """The lab's key for the provisioning account (made in the image), owned by it as sshd requires."""
+    home = top / "home" / PROVISIONING_USER
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    keys_file = ssh_dir / "authorized_keys"
+    keys_file.write_text(client_pubkey + "\n")
+    for path, mode in ((home, 0o750), (ssh_dir, 0o700), (keys_file, 0o600)):
+        os.chown(path, PROVISIONING_UID, PROVISIONING_UID)
+        path.chmod(mode)
 
 
 def start(settings: Settings, name: str) -> int:

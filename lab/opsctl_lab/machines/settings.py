@@ -25,6 +25,15 @@ SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 MAX_GPU_NODES = 32
 
+# The account provisioning logs in as (inventory ansible_user), with sudo, as on a real site; made in
+# the image with this uid. The lab's own commands (inject, clear) still use root.
+PROVISIONING_USER = "opsadmin"
+PROVISIONING_UID = 1100
+
+# One machine whose GPUs' device minor numbers differ from their nvidia-smi index, as the NVIDIA
+# driver allows: the roles must key gres.conf and the epilog by minor number (docs/lab-machines.md).
+REVERSED_MINORS_MACHINE = "gpu2"
+
 # Paths inside every GPU machine; the provisioning roles point here (docs/lab-machines.md).
 HW_ROOT = "/var/lib/opsctl-hw"
 HW_STATE = f"{HW_ROOT}/hardware.json"

@@ -1,0 +1,113 @@
+"""Jinja filters for the platforms the roles support (Debian 12, Ubuntu 22.04, Ubuntu 24.04).
+
+platform_name: the name every role's vars/ files and the preflight use for a host's platform:
+
+    {{ ansible_facts | platform_name }}                 -> 'ubuntu-24.04' (or 'debian-12')
+
+platform_vars_files: the files a role's platform.yml hands to the first_found lookup, most specific
+first (distribution and version, then distribution and major version, then the family floor):
+
+    {{ ansible_facts | platform_vars_files(role_path) }}
+    -> ['<role>/vars/ubuntu-24.04.yml', '<role>/vars/ubuntu-24.yml', '<role>/vars/debian.yml']
+
+version_misfit: why a pinned distribution package version cannot be installed on this platform
+(a Debian build on Ubuntu, a build for another release), or '' when nothing speaks against it:
+
+    {{ '0.5.15-2+deb12u1' | version_misfit('ubuntu-24.04') }}
+    -> 'a Debian 12 build (+deb12), not for ubuntu-24.04'
+
+pin_misfits: version_misfit for a dict of pinned versions, as one message per pin that does not fit:
+
+    {{ {'munge_version': '0.5.15-2+deb12u1'} | pin_misfits('ubuntu-24.04') }}
+    -> ['munge_version 0.5.15-2+deb12u1 is a Debian 12 build (+deb12), not for ubuntu-24.04']
+
+packages_matching: the package names that match any of the glob patterns (the common role holds them):
+
+    {{ ['nvidia-fabricmanager-570', 'chrony'] | packages_matching(['nvidia-*', 'munge']) }}
+    -> ['nvidia-fabricmanager-570']
+
+host_addresses: the address each host gets in /etc/hosts: cluster_address, else ansible_host when it
+is an IP address, else the default IPv4 address of its facts (this run's or the fact cache's); None
+when none is known. A host name in ansible_host is never written as an address:
+
+    {{ ['gpu001'] | host_addresses(hostvars) }}  -> [{'name': 'gpu001', 'address': '10.20.1.1'}]
+"""
+
+import fnmatch
+import ipaddress
+import re
+
+# Debian point releases are "12.8"; the platform is the major release. Ubuntu's is "24.04".
+_MAJOR_ONLY = {"debian"}
+
+
+def platform_name(facts: dict) -> str:
+    distribution = str(facts.get("distribution", "")).lower()
+    version = str(facts.get("distribution_version", ""))
+    if distribution in _MAJOR_ONLY:
+        version = str(facts.get("distribution_major_version", version.split(".")[0]))
+    return f"{distribution}-{version}"
+
+
+def platform_vars_files(facts: dict, role_path: str) -> list[str]:
+    distribution = str(facts.get("distribution", "")).lower()
+    return [
+        f"{role_path}/vars/{platform_name(facts)}.yml",
+        f"{role_path}/vars/{distribution}-{facts.get('distribution_major_version', '')}.yml",
+        f"{role_path}/vars/{str(facts.get('os_family', '')).lower()}.yml",
+    ]
+
+
+def version_misfit(version: str, platform: str) -> str:
+    """Debian spells its builds +debNNuM / ~debNNuM; Ubuntu's stable updates spell the release
+    (0ubuntu0.22.04.3, 1ubuntu1.22.04.3). A version naming another platform cannot be installed."""
+    text = str(version)
+    debian = re.search(r"[+~]deb(\d+)", text)
+    if debian and platform != f"debian-{debian.group(1)}":
+        return f"a Debian {debian.group(1)} build (+deb{debian.group(1)}), not for {platform}"
+    if "ubuntu" in text and not platform.startswith("ubuntu-"):
+        return f"an Ubuntu build, not for {platform}"
+    release = re.search(r"ubuntu\d+(?:\.\d+)?\.(\d\d\.\d\d)(?:\.\d+)?$", text)
+    if release and platform != f"ubuntu-{release.group(1)}":
+        return f"a build for Ubuntu {release.group(1)}, not for {platform}"
+    return ""
+
+
+def pin_misfits(pins: dict, platform: str) -> list[str]:
+    return [f"{name} {value} is {version_misfit(value, platform)}"
+            for name, value in sorted(pins.items()) if value and version_misfit(value, platform)]
+
+
+def packages_matching(names, patterns) -> list[str]:
+    return sorted(name for name in names if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+
+
+def _ip_or_none(text) -> str | None:
+    try:
+        return str(ipaddress.ip_address(str(text)))
+    except ValueError:
+        return None
+
+
+def host_addresses(hosts, hostvars) -> list[dict]:
+    entries = []
+    for host in hosts:
+        hv = hostvars[host]
+        address = hv.get("cluster_address") or _ip_or_none(hv.get("ansible_host", ""))
+        if not address:
+            facts = hv.get("ansible_facts") or {}
+            address = (facts.get("default_ipv4") or {}).get("address")
+        entries.append({"name": host, "address": address or None})
+    return entries
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "platform_name": platform_name,
+            "platform_vars_files": platform_vars_files,
+            "version_misfit": version_misfit,
+            "pin_misfits": pin_misfits,
+            "packages_matching": packages_matching,
+            "host_addresses": host_addresses,
+        }

@@ -1,0 +1,168 @@
+"""Fakes of opsctl's own Protocols (PromQuery, Slurm) for the unit tier. The component and lab tiers
+prove the same behaviour against a real Prometheus, VictoriaMetrics and three Slurm releases.
+
+FakeProm answers each query the way Prometheus would for a described cluster: every node has a dcgm
+and a node target labelled node=<name>; `breach(rule, node, device, value)` makes a rule's alert
+expression return that series; `value(...)` sets what the rule's own expression (positive evidence)
+returns for a node, which by default is a healthy value for every node.
+"""
+
+import re
+import signal
+from dataclasses import replace
+
+from opsctl.errors import SourceUnavailable
+from opsctl.health.catalog import Rule, load_catalog
+from opsctl.health.identity import SELF_METRICS
+from opsctl.prom.client import Sample
+from opsctl.slurm.base import SlurmNode
+
+DEVICE = {"gpu": "0", "device": "mlx5_0", "": ""}
+
+
+def ok_value(rule: Rule) -> float:
+    """A value the rule does not breach."""
+    return {">": rule.threshold, ">=": rule.threshold - 1, "<": rule.threshold, "<=": rule.threshold + 1,
+            "==": rule.threshold + 1, "!=": rule.threshold}[rule.op]
+
+
+class FakeProm:
+    def __init__(self, config, nodes):
+        self.config = config
+        self.rules = load_catalog(config)
+        self.nodes = list(nodes)
+        self.up = {(n, s): 1.0 for n in self.nodes for s in config.prometheus.jobs}
+        self.age = {}
+        self.breaching: dict[str, list[tuple[str, str, float]]] = {}
+        self.raw: dict[str, dict[str, list[tuple[str, float]]]] = {}  # rule -> node -> [(device, value)]
+        self.reported: dict[str, str] = {}  # node -> name its dcgm target reports (Hostname)
+        self.xid_metrics = set(SELF_METRICS)
+        self.partial: list[str] = []
+        self.fail_with: Exception | None = None
+        self.queries = 0
+        self.warnings: list[str] = []
+        self.asked: list[str] = []
+
+    def breach(self, rule_id, node, device=None, value=1.0):
+        rule = self.rule(rule_id)
+        device = DEVICE[rule.device_label] if device is None else device
+        self.breaching.setdefault(rule_id, []).append((node, device, value))
+        self.value(rule_id, node, value, device)
+
+    def value(self, rule_id, node, value, device=None):
+        rule = self.rule(rule_id)
+        device = DEVICE[rule.device_label] if device is None else device
+        self.raw.setdefault(rule_id, {})[node] = [(device, value)]
+
+    def vanish(self, rule_id, node):
+        self.raw.setdefault(rule_id, {})[node] = []
+
+    def rule(self, rule_id) -> Rule:
+        return next(r for r in self.rules if r.id == rule_id)
+
+    def _labels(self, node, source, extra=None):
+        job = self.config.prometheus.jobs[source]
+        return {"node": node, "job": job, "instance": f"{node}:{9400 if source == 'dcgm' else 9100}", **(extra or {})}
+
+    def _series(self, rule, node, device, value):
+        extra = {rule.device_label: device} if rule.device_label else {}
+        if rule.xid is not None:
+            extra["window_size_in_ms"] = "300000"
+        return Sample(self._labels(node, rule.source, extra), value)
+
+    def query_many(self, exprs):
+        return [self.query(e) for e in exprs]
+
+    def query(self, expr):
+        self.queries += 1
+        self.asked.append(expr)
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.warnings.extend(f"{expr[:20]!r}: {w}" for w in self.partial)
+        if expr.startswith("up{"):
+            return [Sample(self._labels(n, s), v) for (n, s), v in self.up.items()]
+        if expr.startswith("time() - timestamp("):
+            return [Sample(self._labels(n, s), self.age.get((n, s), 3.0)) for (n, s) in self.up]
+        if expr.startswith("group by (job, instance"):
+            return [Sample(self._labels(n, "dcgm", {"__name__": m, "Hostname": self.reported.get(n, n)}), 1.0)
+                    for n in self.nodes if (n, "dcgm") in self.up for m in sorted(self.xid_metrics)]
+        if expr == "count by (job) (up)":
+            return [Sample({"job": job}, 1.0) for job in ("dcgm", "node", "other")]
+        for rule in self.rules:
+            if expr == rule.alert_expr():
+                return [self._series(rule, n, d, v) for n, d, v in self.breaching.get(rule.id, [])]
+            if expr == rule.expr:
+                raw = self.raw.get(rule.id, {})
+                return [self._series(rule, n, d, v) for n in self.nodes
+                        for d, v in raw.get(n, [(DEVICE[rule.device_label], ok_value(rule))])]
+        raise AssertionError(f"FakeProm: unexpected query {expr!r}")
+
+
+def expand(hostlist: str) -> list[str]:
+    """gpu[001-003,007],gpu010 -> names (Slurm's own syntax, enough of it for the tests)."""
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", hostlist):
+        match = re.match(r"^(.*)\[(.*)\]$", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges = match.groups()
+        for item in ranges.split(","):
+            lo, _, hi = item.partition("-")
+            names += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return names
+
+
+class FakeSlurm:
+    """Slurm state in memory; records every change. `fail_change` makes the n-th change fail as scontrol
+    would, `raise_on_change` makes the second and later changes raise it (a bug, a full disk), and
+    `sigterm_on_read` sends SIGTERM on that read of the nodes (as systemd stops a --watch unit)."""
+
+    def __init__(self, nodes: dict[str, SlurmNode]):
+        self.state = dict(nodes)
+        self.calls: list[tuple] = []
+        self.reads = 0
+        self.fail_change: int | None = None
+        self.raise_on_change: Exception | None = None
+        self.sigterm_on_read: int | None = None
+
+    def nodes(self):
+        self.reads += 1
+        if self.sigterm_on_read == self.reads:
+            signal.raise_signal(signal.SIGTERM)
+        return dict(self.state)
+
+    def _change(self, call, names, fields):
+        self.calls.append(call)
+        if self.fail_change is not None and len(self.calls) == self.fail_change:
+            raise SourceUnavailable("Slurm: scontrol update failed: Invalid node state specified")
+        if self.raise_on_change is not None and len(self.calls) >= 2:
+            raise self.raise_on_change
+        for name in names:
+            self.state[name] = replace(self.state[name], **fields(self.state[name]))
+
+    def drain(self, names, reason):
+        self._change(("drain", tuple(names), reason), names,
+                     fields=lambda n: {"flags": tuple(dict.fromkeys((*n.flags, "DRAIN"))), "reason": reason})
+
+    def resume(self, names):
+        self._change(("resume", tuple(names)), names,
+                     fields=lambda n: {"flags": tuple(f for f in n.flags if f != "DRAIN"), "reason": ""})
+
+    def set_reason(self, names, reason):
+        self._change(("reason", tuple(names), reason), names, fields=lambda n: {"reason": reason})
+
+    def expand(self, hostlist):
+        return expand(hostlist)
+
+
+def gpu_nodes(n=64, **over):
+    """n idle GPU nodes gpu001..; over: {name: SlurmNode} replaces some."""
+    nodes = {f"gpu{i:03d}": SlurmNode(f"gpu{i:03d}", "idle", partitions=("gpu",), gres="gpu:h200:8")
+             for i in range(1, n + 1)}
+    nodes.update(over)
+    return nodes
+
+
+def node(name, state="idle", flags=(), reason="", partitions=("gpu",)):
+    return SlurmNode(name, state, tuple(flags), reason, partitions=partitions, gres="gpu:h200:8")
