@@ -46,7 +46,7 @@ def xid_cases() -> list[dict]:
         fires = {"series": XID_SERIES.format(xid=rule.xid), "values": "0 1x4"}
         other = {"series": XID_SERIES.format(xid=999), "values": "1x5"}
         labels = {"severity": rule.severity, "action": rule.action, "rule_id": f"xid-{rule.xid}", "node": "gpu020",
-                  "Hostname": "gpu020", "gpu": "3", "window_size_in_ms": "300000"}
+                  "job": "dcgm", "gpu": "3", "window_size_in_ms": "300000"}  # kept by the rule's ${by} and xid
         cases.append({"name": f"{name} fires on a new XID {rule.xid} in the window", "interval": "15s",
                       "input_series": [fires], "alert_rule_test": [
                           {"eval_time": "1m", "alertname": name, "exp_alerts": [{"exp_labels": labels}]}]})

@@ -71,7 +71,10 @@ def run_check_mode(tmp: Path, hosts: dict[str, tuple[str, str]], variables: dict
         subprocess.run([str(BIN / "ansible"), "-i", str(inventory), name, "-m", "ansible.builtin.set_fact",
                         "-a", json.dumps({"opsctl_hw": hw, "cacheable": True})],
                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO, check=True)
-    extra = {"ansible_become": False, "opsctl_wheel_dir": str(wheels), **variables}
+    # The example's secrets come from a site's vault; stand-ins here (check mode sends nothing anywhere).
+    secrets = {"vault_alertmanager_email_password": "check-mode-stand-in",
+               "vault_grafana_admin_password": "check-mode-stand-in"}
+    extra = {"ansible_become": False, "opsctl_wheel_dir": str(wheels), **secrets, **variables}
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "site.yml"),
                            "--check", "--diff", "-e", json.dumps(extra)],
                           capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
