@@ -94,7 +94,9 @@ def judged(site, cfg, slurm_nodes):
 def with_xid(site, job, name):
     site.dcgm[(job, name)].hw.inject("xid:79", gpu=2)
     selector = f'DCGM_EXP_XID_ERRORS_COUNT{{xid="79", instance="{site.address(job, name)}"}}'
-    wait(lambda: site.tsdbs["prometheus"].query(selector), what="the XID scraped")
+    # Both databases hold the scrape before anything is judged: VictoriaMetrics makes new samples
+    # searchable a few seconds after Prometheus does.
+    wait(lambda: all(tsdb.query(selector) for tsdb in site.tsdbs.values()), what="the XID scraped by both")
 
 
 @pytest.fixture(autouse=True)
