@@ -84,6 +84,9 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
     _write_opsctl_config(paths, scrape_interval)
+    # opsctl refuses a Prometheus without targets of its jobs (a config error, exit 2): its --watch
+    # starts once every exporter is scraped.
+    phase("targets", wait_ready, paths, nodes, READY_TIMEOUT_S, False)
     phase("opsctl --watch", prometheus_lab.start_opsctl_watch, paths, 2 * scrape_interval)
     phase("ready", wait_ready, paths, nodes)
     for name, seconds in phases:
@@ -116,20 +119,22 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
 
 
-def wait_ready(paths: lp.LabPaths, nodes: int, timeout: float = READY_TIMEOUT_S) -> None:
-    """Every node idle (or as its drains leave it) in sinfo, every target that should answer up."""
+def wait_ready(paths: lp.LabPaths, nodes: int, timeout: float = READY_TIMEOUT_S, watch: bool = True) -> None:
+    """Every node idle (or as its drains leave it) in sinfo, every target that should answer up; with
+    `watch`, also opsctl's --watch running and scraped."""
     deadline = time.monotonic() + timeout
     problem = "not started"
     while time.monotonic() < deadline:
-        problem = _not_ready(paths, nodes)
+        problem = _not_ready(paths, nodes, watch)
         if problem is None:
             return
         time.sleep(0.25)
     raise LabError(f"lab not ready after {timeout:.0f} s: {problem} (logs in {paths.logs})")
 
 
-def _not_ready(paths: lp.LabPaths, nodes: int) -> str | None:
-    dead = [name for name in _expected_daemons(nodes, paths) if name not in processes.running(paths.run)]
+def _not_ready(paths: lp.LabPaths, nodes: int, watch: bool = True) -> str | None:
+    expected = [name for name in _expected_daemons(nodes, paths) if watch or name != "opsctl-watch"]
+    dead = [name for name in expected if name not in processes.running(paths.run)]
     if dead:
         return f"not running: {', '.join(dead[:5])}"
     states = slurm_lab.node_states(paths)
@@ -145,7 +150,7 @@ def _not_ready(paths: lp.LabPaths, nodes: int) -> str | None:
     up_count = sum(1 for t in exporters if t.get("health") == "up")
     if len(exporters) < 2 * nodes or up_count < want:
         return f"{up_count}/{want} Prometheus targets up"
-    if not any(t.get("labels", {}).get("job") == "opsctl" and t.get("health") == "up" for t in targets):
+    if watch and not any(t.get("labels", {}).get("job") == "opsctl" and t.get("health") == "up" for t in targets):
         return "opsctl --watch not scraped yet"
     return None
 

@@ -72,7 +72,13 @@ class HealthLab:
         deadline = time.monotonic() + timeout
         rules = rules or {}
         while True:
-            _, nodes = self.health_json("--nodes", scope)
+            try:
+                _, nodes = self.health_json("--nodes", scope)
+            except AssertionError as err:  # a Prometheus that has just started knows no target yet (exit 2)
+                if "has no target of job" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+                continue
             got = {n: nodes[n]["status"] for n in expected}
             seen = all(any(c["id"] == rule for c in nodes[n]["checks"]) for n, rule in rules.items())
             if got == expected and seen:
