@@ -609,7 +609,11 @@ def _threshold_everywhere(machines) -> dict:
     panel = next(p for p in dashboard["panels"] if p.get("title", "").startswith("gpu-temp-high"))
     listed = next(line for line in machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
                   if line.startswith("gpu-temp-high"))
-    return {"opsctl": listed.rsplit(" ", 1)[1], "alert rule": alert["expr"].rsplit(" ", 1)[1],
+    # Both print the NaN-safe alert expression: `X unless (X <= <threshold> > -Inf < +Inf)`.
+    def threshold(expr: str) -> str:
+        return re.search(r" <= (\S+) > -Inf", expr).group(1)
+
+    return {"opsctl": threshold(listed), "alert rule": threshold(alert["expr"]),
             "dashboard": panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]}
 
 
@@ -619,8 +623,9 @@ def test_an_inventory_override_changes_opsctl_the_installed_alert_rule_and_the_d
     """A threshold set in the inventory (opsctl_config) reaches /etc/opsctl/config.yaml, the alert rule
     Prometheus loads and the dashboard Grafana provisions; then the plain inventory puts 87 back."""
     override = tmp_path / "override.yml"
+    lab_config = yaml.safe_load((INVENTORY / "group_vars" / "controller.yml").read_text()).get("opsctl_config", {})
     override.write_text(yaml.safe_dump({"controller": {"vars": {"opsctl_config": {
-        "catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}}}}}}))
+        **lab_config, "catalog": {"overrides": {"gpu-temp-high": {"threshold": 83}}}}}}}))
     tags = ["--tags", "opsctl_configure,prometheus_configure,grafana_configure", "--limit", "controller"]
     try:
         proc = playbook("-i", str(override), *tags)
