@@ -619,7 +619,7 @@ def _threshold_everywhere(machines) -> dict:
 
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_an_inventory_override_changes_opsctl_the_installed_alert_rule_and_the_dashboard(machines, tmp_path):
+def test_an_inventory_override_changes_opsctl_the_installed_alert_rule_and_the_dashboard(machines):
     """A threshold set in the site's opsctl_config reaches /etc/opsctl/config.yaml, the alert rule
     Prometheus loads and the dashboard Grafana provisions; then the plain inventory puts 87 back."""
     # The site's value as extra vars: the lab's group_vars set opsctl_config too, and an inventory's
