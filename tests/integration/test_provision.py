@@ -1,8 +1,8 @@
 """`make provision` against the lab machines, and what the provisioned cluster must then do.
 
-The module runs `make provision` (it starts the machines when they are not running), then again
-to prove it changes nothing, then with one slurm.conf setting changed to prove that exactly the
-files that depend on it change and exactly their handlers fire. The other tests use the result:
+The module runs `make provision` (it starts the machines when they are not running), restarts the
+machines, then provisions again to prove it changes nothing, then changes one slurm.conf setting to
+prove that exactly the files that depend on it change and exactly their handlers fire. The other tests use the result:
 Slurm across the machines, the epilog, Prometheus' targets, and the opsctl timer draining a node
 whose emulated GPU fails.
 
@@ -132,32 +132,47 @@ def wait_until(check, timeout: float, what: str, interval: float = 2.0):
 
 def lab_cli(*args):
     out = subprocess.run([sys.executable, "-m", "opsctl", "lab", "machines", *args], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+                         timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
+def timed_provision(what: str, times: dict) -> str:
+    start = time.monotonic()
+    proc = make_provision()
+    times[what] = time.monotonic() - start
+    sys.stderr.write("".join(line + "\n" for line in proc.stdout.splitlines() if line.startswith("== provision")))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def restart_keeping_a_fault_and_a_drain(machines: "Machines", times: dict) -> dict:
+    """A fault on gpu1 and a person's drain of gpu2 outlive a restart of the machines, as on real
+    hardware: `lab machines up` reports both, and `lab machines reset` clears them and says so."""
+    # A warning, so that the timer on the head drains nothing while it lasts.
+    lab_cli("inject", "gpu1", "pcie-replays", "--gpu", "3")
+    machines.on_head("scontrol update nodename=gpu2 state=drain reason='ticket-123 bad dimm'")
+    start = time.monotonic()
+    lab_cli("down")
+    up = lab_cli("up")
+    times["restart"] = time.monotonic() - start
+    # slurmctld and the slurmds come back with the machines; gpu2's drain is in slurmctld's saved state.
+    wait_until(lambda: machines.node_state("gpu2")[0].startswith("drain"), 90, "gpu2 drained after the restart")
+    return {"up": up, "reset": lab_cli("reset")}
+
+
 @pytest.fixture(scope="module")
 def provisioned():
-    """`make provision` twice: the first brings the machines up when needed and provisions them, the
-    second must change nothing. Wall times go to the test log."""
-    times = {}
-    runs = []
-    for run in ("first", "second"):
-        start = time.monotonic()
-        proc = make_provision()
-        times[run] = time.monotonic() - start
-        sys.stderr.write("".join(line + "\n" for line in proc.stdout.splitlines() if line.startswith("== provision")))
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        runs.append(proc.stdout)
-    sys.stderr.write(f"make provision wall time: first {times['first']:.0f} s, second {times['second']:.0f} s\n")
+    """`make provision` (it brings the machines up when needed), then a restart of the machines with a
+    fault and a drain kept, then `lab machines reset`, then `make provision` again: that run must
+    change nothing. Wall times go to the test log."""
+    times: dict[str, float] = {}
+    first = timed_provision("first", times)
     machines = Machines()
-    # Start from healthy hardware: faults injected earlier on these machines would keep nodes drained.
-    for node in machines.gpu_nodes:
-        lab_cli("clear", node)
-        if machines.drained(node):
-            machines.resume(node)
-    return {"runs": runs, "times": times, "machines": machines}
+    restart = restart_keeping_a_fault_and_a_drain(machines, times)
+    after_restart = timed_provision("after the restart", times)
+    sys.stderr.write("wall time: " + ", ".join(f"{what} {secs:.0f} s" for what, secs in times.items()) + "\n")
+    return {"runs": [first, after_restart], "times": times, "machines": machines, "restart": restart}
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +197,23 @@ def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
 
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_second_provision_changes_nothing(provisioned):
+def test_machines_up_reports_the_fault_and_drain_it_finds_and_reset_clears_them(provisioned):
+    up, reset = provisioned["restart"]["up"], provisioned["restart"]["reset"]
+    assert "  faults gpu1: pcie-replays gpu3" in up, up
+    drained = [line.split() for line in up.splitlines() if line.split()[1:2] == ["gpu2"]]
+    assert drained and drained[0][0] == "drain" and "ticket-123 bad dimm" in " ".join(drained[0]), up
+    assert not any(line.split()[:1] == ["idle"] and "gpu2" in line for line in up.splitlines()), up
+    assert "cleared gpu1: pcie-replays gpu3" in reset and "resumed gpu2 (drain)" in reset, reset
+    machines = provisioned["machines"]
+    assert all(machines.drained(node) is None for node in machines.gpu_nodes)
+    assert lab_cli("reset").strip() == "the lab machines were clean"
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_provision_after_a_restart_changes_nothing(provisioned):
+    """The second run of the module, after the machines restarted: the lab and the roles agree on
+    every file the lab writes at a machine's start (/etc/hosts among them)."""
     hosts = recap(provisioned["runs"][1])
     assert hosts and all(h == {"changed": 0, "unreachable": 0, "failed": 0} for h in hosts.values()), \
         (hosts, sorted(changed_tasks(provisioned["runs"][1])))
@@ -192,10 +223,12 @@ def test_second_provision_changes_nothing(provisioned):
 @NEEDS_MACHINES
 def test_one_variable_changes_exactly_its_files_and_handlers(machines):
     """SlurmdTimeout lives in slurm.conf only: slurm.conf changes on every Slurm host, slurmctld restarts
-    on the controller and slurmd on the compute nodes; nothing else changes. Then it is put back."""
+    on the controller and slurmd on the compute nodes; nothing else changes. Then it is put back.
+    Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a `--tags slurm`
+    run shows all that changes, in less than half a full run's time."""
     lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
     changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": 299}}
-    proc = playbook("-e", json.dumps(changed))
+    proc = playbook("--tags", "slurm", "-e", json.dumps(changed))
     assert proc.returncode == 0, proc.stdout[-6000:]
     head, gpus = machines.head, machines.gpu_nodes
     expected = {("slurm : Template slurm.conf", host) for host in [head, *gpus]}

@@ -4,7 +4,8 @@
 - every task and handler names its module by FQCN (or is a module of playbooks/library);
 - services restart only in handlers;
 - the hostlist filter and the hardware module's parsers;
-- both inventories use the same groups.
+- both inventories use the same groups;
+- only the plays tagged `slurm` read slurm_config (so a `--tags slurm` run shows all it changes).
 Rendering the Slurm files and checking them with slurmd: tests/component/test_slurm_render.py.
 """
 
@@ -229,3 +230,15 @@ def test_inventories_differ_only_in_variables():
     for inv in ("example", "lab"):
         for path in (REPO / "inventory" / inv / "group_vars").glob("*.yml"):
             assert path.stem in {"all", "cluster", "controller", "gpu_nodes", "storage"}, path
+
+
+def test_only_the_slurm_plays_read_slurm_config():
+    """test_provision.py changes one slurm_config setting with `--tags slurm` and asserts every file and
+    handler that changes: that is the whole effect only while no role outside the slurm plays of
+    site.yml reads slurm_config."""
+    plays = load_yaml(PLAYBOOKS / "site.yml")
+    slurm_roles = {role["role"] for play in plays if "slurm" in play.get("tags", []) for role in play.get("roles", [])}
+    slurm_roles.add("slurm")  # the internal role the slurm_* roles import
+    readers = {path.relative_to(ROLES).parts[0] for path in ROLES.rglob("*")
+               if path.is_file() and "slurm_config" in path.read_text(errors="replace")}
+    assert readers and readers <= slurm_roles, sorted(readers - slurm_roles)
