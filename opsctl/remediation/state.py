@@ -127,11 +127,14 @@ class StateDir:
     # ---- the verdicts of the last complete run of each kind, for `health --changes-only` --------
     def last_run(self, kind: str) -> dict[str, Any] | None:
         """The record saved by save_last_run for this kind of run; None before the first."""
-        runs = self._last_runs()
-        record = runs.get(kind)
-        if record is not None and not (isinstance(record, dict) and isinstance(record.get("nodes"), dict)):
-            raise ConfigError(f"state file {self.path / LAST_RUNS} is unreadable (no nodes for {kind!r}); move it "
-                              "away to reset")
+        record = self._last_runs().get(kind)
+        if record is None:
+            return None
+        nodes = record.get("nodes") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not isinstance(nodes, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("status"), str) for v in nodes.values()):
+            raise ConfigError(f"state file {self.path / LAST_RUNS} is unreadable (no nodes with a status for "
+                              f"{kind!r}); move it away to reset")
         return record
 
     def save_last_run(self, kind: str, record: dict[str, Any]) -> None:

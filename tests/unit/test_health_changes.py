@@ -145,6 +145,7 @@ def test_changes_only_does_not_mix_with_json_or_all(world):
 def test_an_unreadable_record_stops_the_run_before_it_acts(world):
     world.prom.breach("xid-79", "gpu040", "3")
     (world.tmp / "state").mkdir(mode=0o700)
-    (world.tmp / "state" / "last_runs.json").write_text('{"drain": []}')
-    assert world.run("health", "--changes-only", "--drain") == 2
-    assert "last_runs.json is unreadable" in world.stderr and world.slurm.calls == []
+    for torn in ('{"drain": []}', '{"drain": {"nodes": {"gpu040": {}}}}', "[]"):
+        (world.tmp / "state" / "last_runs.json").write_text(torn)
+        assert world.run("health", "--changes-only", "--drain") == 2
+        assert "last_runs.json is unreadable" in world.stderr and world.slurm.calls == []
