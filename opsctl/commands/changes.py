@@ -6,7 +6,7 @@ one line that matters. With --changes-only a run prints, each line starting with
 
     2026-12-01T04:31:00Z gpu007 ok -> fail: xid-79 gpu3 xid=79 count=1
     2026-12-01T04:31:00Z drain gpu007: opsctl:xid-79 gpu3 xid=79 count=1
-    2026-12-01T04:31:00Z 64 nodes: 63 ok, 0 warn, 1 fail, 0 unknown; 27 queries in 0.04s; 1 drained
+    2026-12-01T04:31:00Z 64 nodes: 63 ok, 0 warn, 1 fail, 0 unknown; 38 queries in 0.04s; 1 drained
 
 - a line per node whose verdict changed: its status, or the rules (and devices) that are not ok. A
   node whose event opsctl acted on reads ok again, with `(handled: ...)`. The first run of a kind
@@ -28,7 +28,7 @@ from typing import Any
 from opsctl.commands.render import evidence_text, iso_time, node_name, summary_lines
 from opsctl.errors import ExitCode
 from opsctl.health.evaluate import NodeVerdict
-from opsctl.remediation.plan import Plan
+from opsctl.remediation.plan import Decision, Plan
 from opsctl.remediation.state import StateDir
 
 RECORD_SCHEMA = 1
@@ -81,8 +81,16 @@ def node_changes(result, previous: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _action_line(decision: Decision) -> str:
+    """'drain gpu007: <the reason it sets>', 'resume gpu040: was <the reason it lifts>, ok for 600s'."""
+    if decision.reason:
+        return f"{decision.action} {decision.node}: {decision.reason}"
+    lifted = decision.seen.reason if decision.seen else ""
+    return f"{decision.action} {decision.node}: was {lifted}, ok for {decision.healthy_s:.0f}s"
+
+
 def action_lines(plan: Plan) -> list[str]:
-    lines = [f"{d.action} {d.node}" + (f": {d.reason}" if d.reason else "") for d in plan.with_action(*ACTIONS)]
+    lines = [_action_line(d) for d in plan.with_action(*ACTIONS)]
     refused: dict[str, list[str]] = {}
     for decision in plan.refusals():
         refused.setdefault(decision.detail, []).append(decision.node)

@@ -9,7 +9,7 @@ import pytest
 from opsctl.errors import SourceUnavailable
 from opsctl.remediation.state import StateDir
 from tests.unit.fakes import node
-from tests.unit.test_health_commands import ISO, World
+from tests.unit.test_health_commands import IB_REASON, ISO, World
 
 XID = "xid-79 gpu3 xid=79 count=1"
 SUMMARY = r"64 nodes: (\d+) ok, 0 warn, (\d+) fail, 0 unknown(; out of service: [^;]+)?; \d+ queries in \d+\.\d\ds"
@@ -77,6 +77,13 @@ def test_every_action_prints_and_a_drained_node_reads_ok_as_handled(world):
     assert out[:-1] == [f"gpu040 fail: {XID}", f"drain gpu040: opsctl:{XID}"] and out[-1].endswith("; 1 drained")
     assert changes(world, "--drain")[:-1] == [f"gpu040 fail -> ok (handled: {XID})"]
     assert changes(world, "--drain")[:-1] == []
+
+
+def test_a_resume_says_which_reason_it_lifted(tmp_path):
+    w = World(tmp_path, raw={"safety": {"resume_after": "0s"}},
+              gpu040=node("gpu040", flags=("DRAIN",), reason=IB_REASON))
+    assert changes(w, "--resume")[:-1] == [f"resume gpu040: was {IB_REASON}, ok for 0s"]
+    assert changes(w, "--resume")[:-1] == [] and w.code == 0
 
 
 def test_a_refusal_prints_on_every_run_even_when_no_verdict_changed(tmp_path):
