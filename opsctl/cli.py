@@ -85,10 +85,14 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
 @click.option("--prometheus", callback=_http_url, default=None, metavar="URL", help="Override prometheus.url.")
 @click.option("--all", "all_nodes", is_flag=True, help="List ok nodes in the table too.")
 @click.option("--nodes", "scope", default=None, metavar="HOSTLIST", help="Judge and act on these nodes only.")
+@click.option("--changes-only", is_flag=True,
+              help="Print only the verdicts that changed since the last run of the same kind, each action and "
+                   "refusal, and one summary line (the timer's journal).")
 @config_option
 @click.pass_obj
 @one_line_errors
-def health_cmd(clients, drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope, config_path):
+def health_cmd(clients, drain, dry_run, resume, as_json, watch, prometheus, all_nodes, scope, changes_only,
+               config_path):
     """Judge every node by the health rules; with --drain/--resume, act on the verdicts.
 
     Exit codes: 0 no failing node, 1 failing nodes, 2 usage/config error, 3 Prometheus or Slurm
@@ -97,7 +101,8 @@ def health_cmd(clients, drain, dry_run, resume, as_json, watch, prometheus, all_
     """
     from opsctl.commands.health import health
 
-    return health(clients.use(config_path, prometheus), drain, dry_run, resume, as_json, watch, all_nodes, scope)
+    return health(clients.use(config_path, prometheus), drain, dry_run, resume, as_json, watch, all_nodes, scope,
+                  changes_only)
 
 
 @main.command("nodes")

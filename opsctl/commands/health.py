@@ -8,12 +8,13 @@ import json
 
 import click
 
+from opsctl.commands.changes import ChangeLog, run_kind
 from opsctl.commands.context import Clients
 from opsctl.commands.dashboards import gpu_dashboard
 from opsctl.commands.exit import error_json
 from opsctl.commands.render import iso_time, render_history, render_json, render_nodes, render_table
 from opsctl.commands.watch import PASSING, watch
-from opsctl.errors import ExitCode, OpsctlError
+from opsctl.errors import ConfigError, ExitCode, OpsctlError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.export import render_prometheus_rules
 from opsctl.metrics import RunRecorder
@@ -22,19 +23,30 @@ from opsctl.prom.client import redact
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.manual import manual_drain, manual_resume
 from opsctl.remediation.run import RunOptions, RunResult, run_health
+from opsctl.remediation.state import StateDir
 
 
 def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: bool, watch_s: float | None,
-           all_nodes: bool, scope: str | None = None) -> ExitCode:
+           all_nodes: bool, scope: str | None = None, changes_only: bool = False) -> ExitCode:
+    if changes_only and (as_json or all_nodes):
+        raise ConfigError("--changes-only prints what changed since the last run, not every node: "
+                          "leave out --json and --all")
     config = clients.config()
     recorder = RunRecorder(config.metrics, serve=watch_s is not None, warn=lambda line: click.echo(line, err=True))
+    changes = ChangeLog(StateDir(config.state_dir), run_kind(drain, resume, dry_run, scope)) if changes_only else None
 
     @recorder.wrap
     def once() -> RunResult:
+        if changes is not None:
+            changes.read()
         options = RunOptions(drain=drain, resume=resume, dry_run=dry_run, scope=scope)
         return run_health(config, options, clients.fresh_prom(), clients.slurm())
 
     def show(result: RunResult) -> None:
+        if changes is not None:
+            click.echo(changes.render(result))  # first what happened, then the record: a full disk loses no line
+            changes.keep(result)
+            return
         click.echo(render_json(result) if as_json else render_table(result, all_nodes))
 
     if watch_s is None:
@@ -45,8 +57,8 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
     # Every --watch line starts with the time of its round (the JSON carries it in summary.time), so a
     # journal or a terminal scrollback tells the rounds apart.
     def show_round(result: RunResult) -> None:
-        if as_json:
-            click.echo(render_json(result))
+        if as_json or changes is not None:
+            show(result)
             return
         stamp = iso_time(result.started)
         click.echo("\n".join(f"{stamp} {line}" for line in render_table(result, all_nodes).splitlines()))

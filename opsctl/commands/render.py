@@ -111,15 +111,32 @@ def render_table(result, all_nodes: bool = False) -> str:
         action = result.plan.action(verdict.node)
         if not all_nodes and verdict.status == "ok" and action == "none" and verdict.in_slurm:
             continue
-        shown = [c for c in verdict.checks if c.status != "handled"] or verdict.checks
-        evidence = "; ".join([w for w in [_waiting(result, verdict.node)] if w]
-                             + [f"{c.id} {c.evidence}" for c in shown[:3]])
-        if len(shown) > 3:
-            evidence += f"; +{len(shown) - 3} more"
-        name = verdict.node if verdict.in_slurm else f"{verdict.node} (not in Slurm)"
-        rows.append((name, verdict.status, action, evidence))
+        evidence = "; ".join([w for w in [_waiting(result, verdict.node), evidence_text(verdict)] if w])
+        rows.append((node_name(verdict), verdict.status, action, evidence))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}".rstrip() for r in rows]
+    tail = "\n".join(summary_lines(result))
+    if len(rows) == 1:
+        return tail
+    return "\n".join(lines) + "\n" + tail
+
+
+def node_name(verdict: NodeVerdict) -> str:
+    return verdict.node if verdict.in_slurm else f"{verdict.node} (not in Slurm)"
+
+
+def evidence_text(verdict: NodeVerdict) -> str:
+    """'xid-79 gpu3 xid=79 count=1; ib-down ...': the first three checks that are not handled (or the
+    handled ones when there is nothing else), then how many more."""
+    shown = [c for c in verdict.checks if c.status != "handled"] or verdict.checks
+    text = "; ".join(f"{c.id} {c.evidence}" for c in shown[:3])
+    if len(shown) > 3:
+        text += f"; +{len(shown) - 3} more"
+    return text
+
+
+def summary_lines(result) -> list[str]:
+    """The summary line of a run, then a line for a safety stop and one per warning."""
     s = summary(result)
     tail = (f"{s['nodes']} nodes: {s['ok']} ok, {s['warn']} warn, {s['fail']} fail, {s['unknown']} unknown"
             + _out_of_service_text(s["out_of_service"]) + f"; {s['queries']} queries in {s['query_seconds']:.2f}s")
@@ -127,13 +144,11 @@ def render_table(result, all_nodes: bool = False) -> str:
                                                        "escalated", "would_escalate") if s[k]]
     if acted:
         tail += "; " + ", ".join(acted)
+    lines = [tail]
     if s["safety_stop"]:
-        tail += f"\nsafety stop: {s['safety_stop']}"
-    for warning in s["warnings"]:
-        tail += f"\nwarning: the source may have answered partially, nothing was changed: {warning}"
-    if len(rows) == 1:
-        return tail
-    return "\n".join(lines) + "\n" + tail
+        lines.append(f"safety stop: {s['safety_stop']}")
+    lines += [f"warning: the source may have answered partially, nothing was changed: {w}" for w in s["warnings"]]
+    return lines
 
 
 def _out_of_service_text(counts: dict) -> str:

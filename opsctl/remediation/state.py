@@ -1,10 +1,13 @@
-"""On-disk state of acting runs: the lock, the budgets, handled events and healthy-since times.
+"""On-disk state of acting runs: the lock, the budgets, handled events and healthy-since times; and the
+verdicts of the last run of each kind, which `opsctl health --changes-only` compares against.
 
 Everything lives in one directory (/var/lib/opsctl, or $OPSCTL_STATE_DIR, or config `state_dir`),
 created 0700. A directory that others could write to, or that another user owns, is refused (exit 2):
 whoever can write there could make opsctl forget a drain or skip one. Files are opened with
 O_NOFOLLOW (a symlink planted in their place is refused, never followed) and replaced atomically, so
-a crash never leaves half a file; only the lock holder writes.
+a crash never leaves half a file. Only the lock holder writes, except the --changes-only record,
+which read-only runs write too: two runs at once may lose one record, and the next run of that kind
+then logs its non-ok nodes once more.
 """
 
 import errno
@@ -19,6 +22,7 @@ from opsctl.errors import ConfigError, SafetyStop
 from opsctl.remediation.memory import HandledMemory
 
 HOUR = 3600.0
+LAST_RUNS = "last_runs.json"
 
 
 def secure_dir(path: Path, create: bool) -> bool:
@@ -119,6 +123,30 @@ class StateDir:
 
     def save_healthy_since(self, data: dict[str, float]) -> None:
         self._save("healthy_since.json", data)
+
+    # ---- the verdicts of the last complete run of each kind, for `health --changes-only` --------
+    def last_run(self, kind: str) -> dict[str, Any] | None:
+        """The record saved by save_last_run for this kind of run; None before the first."""
+        record = self._last_runs().get(kind)
+        if record is None:
+            return None
+        nodes = record.get("nodes") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not isinstance(nodes, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("status"), str) for v in nodes.values()):
+            raise ConfigError(f"state file {self.path / LAST_RUNS} is unreadable (no nodes with a status for "
+                              f"{kind!r}); move it away to reset")
+        return record
+
+    def save_last_run(self, kind: str, record: dict[str, Any]) -> None:
+        """Replace the record of one kind, keeping the others (a read-only run never hides the timer's)."""
+        self._save(LAST_RUNS, {**self._last_runs(), kind: record})
+
+    def _last_runs(self) -> dict[str, Any]:
+        runs = self._load(LAST_RUNS, {})
+        if not isinstance(runs, dict):
+            raise ConfigError(f"state file {self.path / LAST_RUNS} is unreadable (not an object); move it away to "
+                              "reset")
+        return runs
 
 
 class RunLock:

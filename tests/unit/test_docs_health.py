@@ -3,8 +3,10 @@ rule: these tests keep it true to the code."""
 
 import re
 
+import click
 import yaml
 
+from opsctl.cli import main
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog
 from tests.conftest import REPO
@@ -31,3 +33,11 @@ def test_every_shipped_rule_is_in_the_catalog_table():
             assert f"{rule.severity} / {rule.action}" in row, rule.id
             resume = "auto" if rule.auto_resume else "person"
             assert re.search(rf"\| ({resume}|-) / ({rule.memory if rule.memory != 'none' else '-'}) \|", row), rule.id
+
+
+def test_the_synopsis_names_every_option_of_opsctl_health():
+    synopsis = DOC.split("## Commands", 1)[1].split("```", 2)[1]
+    health = main.get_command(click.Context(main), "health")
+    options = [opt for param in health.params for opt in param.opts if opt.startswith("--") and opt != "--help"]
+    assert "--changes-only" in options
+    assert [opt for opt in options if f"[{opt}" not in synopsis] == []

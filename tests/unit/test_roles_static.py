@@ -5,18 +5,21 @@
 - services restart only in handlers;
 - the hostlist filter and the hardware module's parsers;
 - both inventories use the same groups;
-- only the plays tagged `slurm` read slurm_config (so a `--tags slurm` run shows all it changes).
+- only the plays tagged `slurm` read slurm_config (so a `--tags slurm` run shows all it changes);
+- the opsctl timer's service runs `opsctl health` with options the CLI has (--changes-only among them).
 Rendering the Slurm files and checking them with slurmd: tests/component/test_slurm_render.py.
 """
 
 import importlib.util
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from ansible.playbook.block import Block
 from ansible.playbook.task import Task
 
+from opsctl.cli import main
 from opsctl.slurm.hostlist import hostlist_expression
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,6 +163,19 @@ def test_restarts_only_in_handlers():
                 if "restarted" in state or "reloaded" in state:
                     offenders.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert offenders == []
+
+
+# ---- the opsctl timer's service ----------------------------------------------------------------
+def test_the_timer_service_runs_health_with_options_that_exist_and_logs_changes_only():
+    """The unit's ExecStart names `opsctl health` options that the CLI has, --changes-only among them, so
+    the journal gets one summary line a run and the changes, not the table every minute."""
+    unit = (ROLES / "opsctl" / "templates" / "opsctl-health.service.j2").read_text()
+    [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    command, *args = exec_start.split("/bin/opsctl ", 1)[1].split()
+    health = main.get_command(click.Context(main), command)
+    assert command == "health" and health is not None
+    known = {opt for param in health.params for opt in param.opts}
+    assert "--changes-only" in args and "--drain" in args and set(args) <= known
 
 
 # ---- filters and the hardware module -----------------------------------------------------------
