@@ -52,24 +52,32 @@ deps-test:
 	@# The package enables a service on :8428 that nothing here uses; the tests run their own.
 	@systemctl disable --now victoria-metrics >/dev/null 2>&1 || true
 
-# Every tier (README, "Tests"), after the linters; pytest prints each tier's wall time at the end,
-# the linters' time included.
+# Every tier (README, "Tests") and the linters; pytest prints each tier's wall time at the end, the
+# linters' time included.
 # The tiers run as two streams at once, because most of their wall time is waiting (scrapes, SSH,
 # systemd), not CPU: the provisioning of the lab machines in one, with a lab directory of their own
-# so that neither stream sees the other's processes, and everything else in the other (the machines
-# tier too: its machines live in a directory and network of their own, see test_machines.py). The
-# provisioning stream is the longer one; its output follows the other's. PYTEST_ARGS, when set, runs
-# one plain pytest instead.
+# so that neither stream sees the other's processes, and the linters then everything else in the
+# other (the machines tier too: its machines live in a directory and network of their own, see
+# test_machines.py). The provisioning stream is the longer one, so the other runs at a lower priority
+# (nice 5): it waits where both want the CPU, and still ends first. A linter's failure stops both.
+# The provisioning stream's output follows the other's. PYTEST_ARGS, when set, runs the linters and
+# then one plain pytest instead.
 MACHINES_TIERS := provision
 MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
 test: deps-test venv
-	@start=$$(date +%s); $(MAKE) --no-print-directory lint || exit 1; \
-	export OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )); \
-	if [ -n "$(PYTEST_ARGS)" ]; then exec $(BIN)/pytest $(PYTEST_ARGS); fi; \
+	@start=$$(date +%s); \
+	if [ -n "$(PYTEST_ARGS)" ]; then \
+	  $(MAKE) --no-print-directory lint || exit 1; \
+	  OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) exec $(BIN)/pytest $(PYTEST_ARGS); \
+	fi; \
 	log=$$(mktemp); \
-	OPSCTL_LINT_SECONDS= OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
+	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
 	  $(BIN)/pytest -p no:cacheprovider -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
-	$(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS))"; rest=$$?; \
+	if ! nice -n 5 $(MAKE) --no-print-directory lint; then \
+	  kill $$machines; wait $$machines; rm -f $$log; exit 1; \
+	fi; \
+	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
+	  nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS))"; rest=$$?; \
 	wait $$machines; machines_rc=$$?; \
 	echo "==== the provisioning stream ($(MACHINES_TIERS)) ===="; cat $$log; rm -f $$log; \
 	echo "== make test: $$(( $$(date +%s) - start )) s in all"; \
