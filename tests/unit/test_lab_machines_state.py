@@ -31,7 +31,7 @@ def role_block(settings: Settings, names: list[str]) -> tuple[str, str]:
     hostvars: dict[str, dict] = {}
 
     def walk(name: str, group: dict) -> list[str]:
-        members = list((group.get("hosts") or {}))
+        members = list(group.get("hosts") or {})
         hostvars.update(group.get("hosts") or {})
         for child, sub in (group.get("children") or {}).items():
             members += walk(child, sub or {})
