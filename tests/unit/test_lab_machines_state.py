@@ -7,12 +7,18 @@ for the inventory the lab writes, and applied the way blockinfile applies it. Th
 then provision with changed=0) is proven by the provision tier against the real machines.
 """
 
+import os
+import subprocess
+from pathlib import Path
+
 import jinja2
 import yaml
+from click.testing import CliRunner
 
-from opsctl_lab.hardware import ActiveFault, fault_label
-from opsctl_lab.machines import inventory, labstate, nspawn
-from opsctl_lab.machines.settings import Settings, machine_names
+from opsctl.cli import main
+from opsctl_lab.hardware import ActiveFault, NodeHardware, fault_label
+from opsctl_lab.machines import inventory, labstate, lifecycle, nspawn
+from opsctl_lab.machines.settings import HW_STATE, Settings, machine_names
 from tests.unit.test_platforms import PLATFORM
 from tests.unit.test_roles_static import ROLES, load_yaml
 
@@ -168,3 +174,65 @@ def test_the_lab_reads_the_opsctl_roles_default_config_path():
     defaults = load_yaml(ROLES / "opsctl" / "defaults" / "main.yml")
     assert labstate.opsctl_config_path(labstate.ROLE_DEFAULTS.parent / "none", labstate.ROLE_DEFAULTS) == \
         defaults["opsctl_config_path"]
+
+
+REAL_SINFO = Path(__file__).parents[1] / "fixtures" / "slurm" / "sinfo-N-t-E-22.05.8.txt"
+
+
+def test_the_real_sinfo_of_the_lab_machines():
+    nodes = labstate.parse_sinfo(REAL_SINFO.read_text())
+    assert labstate.found_lines(nodes, {"gpu1": ["xid:79 gpu3"]}) == [
+        "slurm: 3 nodes (2 idle, 1 drain)", "  drain    gpu2  ticket-123 bad dimm", "  faults gpu1: xid:79 gpu3"]
+
+
+class FakeMachines:
+    """What the machines answer over SSH; the provision tier runs the same commands on the real ones."""
+
+    def __init__(self, sinfo: str):
+        self.sinfo, self.commands = sinfo, []
+
+    def __call__(self, settings, machine, command, stdin=None, timeout=30):
+        self.commands.append((machine, command))
+        out = {"sinfo": self.sinfo, "sh -s": "handled.json\naudit.jsonl\n"}
+        stdout = next((text for key, text in out.items() if key in command), "")
+        return subprocess.CompletedProcess([], 0, stdout, "")
+
+
+def running_machines(tmp_path, monkeypatch, names=("head", "gpu1", "gpu2", "gpu3")) -> Settings:
+    monkeypatch.setenv("OPSCTL_LAB_DIR", str(tmp_path))
+    monkeypatch.setenv("OPSCTL_LAB_NET", "7")
+    monkeypatch.setenv("OPSCTL_LAB_INVENTORY", str(tmp_path / "inv"))
+    monkeypatch.setattr(lifecycle, "_preflight", lambda: None)
+    lab = Settings()
+    for name in names:
+        nspawn.upper(lab, name).mkdir(parents=True)
+        nspawn._pid_file(lab, name).write_text(f"{os.getpid()}\n")
+    return lab
+
+
+def test_reset_clears_faults_resumes_nodes_and_empties_opsctls_state(tmp_path, monkeypatch):
+    lab = running_machines(tmp_path, monkeypatch)
+    hw = NodeHardware(node="gpu1")
+    hw.inject("xid:79", gpu=3)
+    hw.save(nspawn.upper(lab, "gpu1") / HW_STATE.lstrip("/"))
+    fake = FakeMachines(REAL_SINFO.read_text())
+    monkeypatch.setattr(labstate, "_ssh", fake)
+    result = CliRunner().invoke(main, ["lab", "machines", "reset"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        "cleared gpu1: xid:79 gpu3", "resumed gpu2 (drain)",
+        "emptied the opsctl state and audit log on head (/var/lib/opsctl, /var/log/opsctl/audit.jsonl): "
+        "handled.json, audit.jsonl"]
+    assert ("gpu1", "/usr/local/sbin/opsctl-hw clear") in fake.commands
+    assert ("head", "scontrol update nodename=gpu2 state=resume") in fake.commands
+    assert ("head", "cat /etc/opsctl/config.yaml 2>/dev/null || true") in fake.commands
+    assert not any(m in ("gpu2", "gpu3") for m, _ in fake.commands)  # nothing to clear there
+
+
+def test_reset_of_stopped_machines_is_one_line_exit_2(tmp_path, monkeypatch):
+    lab = running_machines(tmp_path, monkeypatch)
+    nspawn._pid_file(lab, "head").unlink()
+    result = CliRunner().invoke(main, ["lab", "machines", "reset"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "opsctl: error: the lab machines are not running; start them with `opsctl lab machines up`"]
