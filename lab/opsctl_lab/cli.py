@@ -128,6 +128,15 @@ def lab_machines_status() -> ExitCode:
     return status(echo=click.echo)
 
 
+@lab_machines.command("reset")
+@one_line_errors
+def lab_machines_reset() -> ExitCode:
+    """Clear every fault, resume every drained or down node, empty opsctl's state and audit log on the head."""
+    from opsctl_lab.machines import reset
+
+    return reset(echo=click.echo)
+
+
 @lab_machines.command("inject")
 @click.argument("machine")
 @click.argument("fault")

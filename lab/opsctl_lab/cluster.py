@@ -19,6 +19,7 @@ from opsctl_lab import paths as lp
 from opsctl_lab import processes, prometheus_lab, slurm_lab
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault
+from opsctl_lab.hardware import fault_label as _fault_label
 
 REQUIRED_PROGRAMS = {
     "munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client",
@@ -238,12 +239,6 @@ def reset() -> ExitCode:
     for line in lines or ["the lab was clean"]:
         click.echo(line)
     return ExitCode.OK
-
-
-def _fault_label(fault) -> str:
-    name = f"xid:{fault.xid}" if fault.fault == "xid" else fault.fault
-    where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
-    return name + where
 
 
 def env() -> ExitCode:

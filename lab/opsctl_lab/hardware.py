@@ -173,6 +173,13 @@ class ActiveFault:
         return f"{self.gpu if self.hca is None else self.hca}:{counter}"
 
 
+def fault_label(fault: ActiveFault) -> str:
+    """How the lab's reports name a fault: `xid:79 gpu3`, `ib-down mlx5_2`, `exporter-down`."""
+    name = f"xid:{fault.xid}" if fault.fault == "xid" else fault.fault
+    where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
+    return name + where
+
+
 @dataclass
 class NodeHardware:
     node: str

@@ -2,6 +2,6 @@
 lab bridge, with emulated H200 GPUs and ConnectX-7 HCAs, for running the real playbooks over SSH.
 See docs/lab-machines.md."""
 
-from opsctl_lab.machines.lifecycle import clear, down, inject, status, up
+from opsctl_lab.machines.lifecycle import clear, down, inject, reset, status, up
 
-__all__ = ["clear", "down", "inject", "status", "up"]
+__all__ = ["clear", "down", "inject", "reset", "status", "up"]

@@ -1,7 +1,8 @@
-"""`opsctl lab machines up|down|status|inject|clear`: the whole life of the machines tier.
+"""`opsctl lab machines up|down|status|reset|inject|clear`: the whole life of the machines tier.
 
 `up` is idempotent: with every machine running and answering SSH it changes nothing. It prints the
-time of each phase (network, apt cache, image, machines, ssh) and the total.
+time of each phase (network, apt cache, image, machines, ssh) and the total, then what the machines still
+hold: faults injected into them and Slurm nodes out of service (labstate.py).
 """
 
 import fcntl
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware
-from opsctl_lab.machines import aptcache, hwinstall, image, inventory, keys, net, nspawn
+from opsctl_lab.machines import aptcache, hwinstall, image, inventory, keys, labstate, net, nspawn
 from opsctl_lab.machines.settings import MAX_GPU_NODES, Settings, machine_names
 from opsctl_lab.processes import stop_pids
 
@@ -67,6 +68,8 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
     with _locked(settings):
         if _all_ready(settings, names):
             echo(f"lab machines already up: {', '.join(names)} ({time.monotonic() - start:.1f}s)")
+            for line in labstate.report(settings, names, settle=False):
+                echo(line)
             return ExitCode.OK
         phase = _phases(echo)
         with phase("network"):
@@ -81,8 +84,12 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
         with phase("ssh"):
             nspawn.wait_ssh(settings, names)
         inventory.write(settings, names)
+        # Just booted: slurmd registers with slurmctld a few seconds after SSH answers.
+        found = labstate.report(settings, names, settle=True)
     echo(f"lab machines up: {', '.join(f'{n}={settings.addr(n)}' for n in names)}; "
          f"inventory {settings.inventory_dir}/hosts.yml; total {time.monotonic() - start:.1f}s")
+    for line in found:
+        echo(line)
     return ExitCode.OK
 
 
@@ -157,6 +164,20 @@ def status(echo: Echo = lambda _line: None, settings: Settings | None = None) ->
     cache = aptcache.running_pid(settings)
     echo(f"{'apt':6} {settings.bridge_addr:12} {'running pid ' + str(cache) if cache else 'stopped'}")
     return ExitCode.OK if cache and all(pids.values()) else ExitCode.FAILING
+
+
+def reset(echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    """Back to clean machines: every fault cleared, every Slurm node out of service resumed (by whoever),
+    opsctl's state and audit log on the head emptied. Says what it cleared."""
+    _preflight()
+    settings = settings or Settings()
+    with _locked(settings):
+        running = [n for n in _known(settings) if nspawn.running_pid(settings, n)]
+        if "head" not in running:
+            raise LabError("the lab machines are not running; start them with `opsctl lab machines up`")
+        for line in labstate.reset(settings, running):
+            echo(line)
+    return ExitCode.OK
 
 
 def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:

@@ -28,17 +28,15 @@ def running_pid(settings: Settings, name: str) -> int | None:
 
 
 def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str) -> Path:
-    """What makes this machine itself: hostname, machine-id, hosts, the authorized key of root and of the
-    provisioning account, host key."""
+    """What makes this machine itself: hostname, machine-id, hosts (as provisioning writes them), the
+    authorized key of root and of the provisioning account, host key."""
     top = upper(settings, name)
     (top / "etc").mkdir(parents=True, exist_ok=True)
     (top / "etc/hostname").write_text(f"{name}\n")
     machine_id = top / "etc/machine-id"
     if not machine_id.exists() or not machine_id.read_text().strip():
         machine_id.write_text(secrets.token_hex(16) + "\n")
-    hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    hosts += [f"{settings.addr(n)}\t{n}" for n in names]
-    (top / "etc/hosts").write_text("\n".join(hosts) + "\n")
+    (top / "etc/hosts").write_text(hosts_text(settings, names))
     ssh_dir = top / "root/.ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     ssh_dir.chmod(0o700)
@@ -52,6 +50,21 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
     keys.ensure_host_key(top, name)
     return top
+
+
+# The common role's block (playbooks/roles/common/tasks/main.yml, "Write cluster hosts into /etc/hosts").
+HOSTS_MARKER = "# {mark} opsctl cluster hosts"
+
+
+def hosts_text(settings: Settings, names: list[str]) -> str:
+    """/etc/hosts exactly as the common role leaves it on these machines: loopback, then the role's marked
+    block with `address name` for every host of the inventory's `cluster` group (all of `names`, sorted as
+    the role sorts them). A restart rewrites the file; the next provision then finds nothing to change."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+             HOSTS_MARKER.format(mark="BEGIN")]
+    lines += [f"{settings.addr(n)} {n}" for n in sorted(names)]
+    lines.append(HOSTS_MARKER.format(mark="END"))
+    return "\n".join(lines) + "\n"
 
 
 def _authorize_provisioning_user(top: Path, client_pubkey: str) -> None:
