@@ -20,6 +20,7 @@ from opsctl_lab import processes, prometheus_lab, slurm_lab
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault
 from opsctl_lab.hardware import fault_label as _fault_label
+from opsctl_lab.ib_sysfs import write_tree
 
 REQUIRED_PROGRAMS = {
     "munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client",
@@ -210,20 +211,27 @@ def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_u
 
 
 def reset() -> ExitCode:
-    """Back to a clean lab: every fault cleared, every node back in service (drained or down, by whoever),
-    and the lab's opsctl state and audit log emptied. Says what it cleared."""
+    """Back to a clean lab: every fault cleared and the emulated hardware as new (counters that past
+    faults raised back at their base), every node back in service (drained or down, by whoever), the
+    lab's opsctl state and audit log emptied, and, when the hardware had a past, Prometheus' history of
+    it too (a rule over a window would still see it). Says what it cleared."""
     paths = _paths()
     state = _lab_state(paths)
     if not state:
         raise LabError("the lab is not running; start it with `opsctl lab up`")
     names = [lp.node_name(i) for i in range(state["nodes"])]
     lines = []
+    worn = []
     for index, node in enumerate(names):
         hw = NodeHardware.load(paths.hardware(node), node)
         if hw.active:
             lines.append(f"cleared {node}: " + ", ".join(_fault_label(f) for f in hw.active))
-            hw.clear()
-            hw.save(paths.hardware(node))
+        if hw.active or hw.accum or hw.last_xid:
+            worn.append(node)
+            fresh = NodeHardware(node=node, minors=hw.minors)
+            fresh.save(paths.hardware(node))
+            write_tree(paths.sysfs(node), fresh)
+        if hw.active:
             prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
     # sinfo's compact states of a node out of service (drain, drng, down*, fail, ...): only these resume.
     out = {n: s for n, s in slurm_lab.node_states(paths).items()
@@ -236,6 +244,15 @@ def reset() -> ExitCode:
         shutil.rmtree(paths.opsctl_state)
         paths.opsctl_state.mkdir(parents=True)
         lines.append(f"emptied the opsctl state and audit log in {paths.opsctl_state}: {', '.join(emptied)}")
+    if worn:
+        # As `up` starts them: opsctl's --watch ends when Prometheus goes away, and starts again once
+        # every exporter is scraped.
+        processes.stop("opsctl-watch", paths.run)
+        prometheus_lab.forget_history(paths)
+        wait_ready(paths, state["nodes"], READY_TIMEOUT_S, False)
+        prometheus_lab.start_opsctl_watch(paths, 2 * state["scrape_interval"])
+        wait_ready(paths, state["nodes"])
+        lines.append(f"emptied Prometheus' history of past faults on {len(worn)} node(s): {', '.join(worn)}")
     for line in lines or ["the lab was clean"]:
         click.echo(line)
     return ExitCode.OK

@@ -4,6 +4,7 @@ node as its own target with the label node="<Slurm node name>"."""
 
 import json
 import os
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -88,6 +89,13 @@ def start_prometheus(paths: lp.LabPaths) -> None:
         f"--storage.tsdb.path={paths.prometheus / 'data'}", f"--web.listen-address={lp.prometheus_listen()}",
         "--web.enable-lifecycle", "--storage.tsdb.retention.time=2d", "--log.level=warn",
     ], paths.run, paths.logs)
+
+
+def forget_history(paths: lp.LabPaths) -> None:
+    """Prometheus again with an empty TSDB, as in a new lab (`opsctl lab reset`)."""
+    processes.stop("prometheus", paths.run)
+    shutil.rmtree(paths.prometheus / "data", ignore_errors=True)
+    start_prometheus(paths)
 
 
 def targets() -> list[dict]:

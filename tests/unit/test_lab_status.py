@@ -87,13 +87,27 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "drain", "gpu002": "idle", "gpu003": "down*"})
     monkeypatch.setattr(slurm_lab, "resume", lambda p, nodes: resumed.append(nodes))
     monkeypatch.setattr(prometheus_lab, "start_node_exporter", lambda p, index: restarted.append(index))
+    # gpu003 had a fault that was cleared by hand: its counters keep what the fault added.
+    worn = NodeHardware(node="gpu003")
+    worn.inject("dbe", gpu=1)
+    worn.clear()
+    worn.save(paths.hardware("gpu003"))
+    forgotten, waited, watching = [], [], []
+    monkeypatch.setattr(prometheus_lab, "forget_history", lambda p: forgotten.append(p))
+    monkeypatch.setattr(prometheus_lab, "start_opsctl_watch", lambda p, interval: watching.append(interval))
+    monkeypatch.setattr(cluster, "wait_ready", lambda p, nodes, *args: waited.append((nodes, *args[1:])))
     result = CliRunner().invoke(main, ["lab", "reset"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "cleared gpu002: xid:79 gpu3", "resumed gpu001 (drain), gpu003 (down*)",
-        f"emptied the opsctl state and audit log in {paths.opsctl_state}: audit.jsonl"]
+        f"emptied the opsctl state and audit log in {paths.opsctl_state}: audit.jsonl",
+        "emptied Prometheus' history of past faults on 2 node(s): gpu002, gpu003"]
     assert resumed == [["gpu001", "gpu003"]] and restarted == [1]
-    assert NodeHardware.load(paths.hardware("gpu002"), "gpu002").active == []
+    # The new Prometheus scrapes every target, then opsctl's --watch starts again and is scraped too.
+    assert forgotten == [paths] and waited == [(3, False), (3,)] and watching == [10]
+    for node in ("gpu002", "gpu003"):
+        hw = NodeHardware.load(paths.hardware(node), node)
+        assert (hw.active, hw.accum, hw.last_xid) == ([], {}, {}), node
     assert list(paths.opsctl_state.iterdir()) == []
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "idle", "gpu002": "idle", "gpu003": "idle"})
     assert CliRunner().invoke(main, ["lab", "reset"]).stdout == "the lab was clean\n"
