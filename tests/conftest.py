@@ -154,6 +154,9 @@ def lab() -> Lab:
     if reason:
         pytest.skip(reason)
     opsctl("lab", "up", timeout=300)
+    # A lab keeps its faults, drains and opsctl state across `down` and `up` (an earlier session that
+    # stopped halfway leaves them): every session starts from a clean one.
+    opsctl("lab", "reset", timeout=300)
     env = dict(line.removeprefix("export ").split("=", 1) for line in opsctl("lab", "env").stdout.splitlines())
     state = json.loads((Path(env["OPSCTL_LAB_DIR"]) / "lab.json").read_text())
     config = yaml.safe_load(Path(env["OPSCTL_CONFIG"]).read_text())
