@@ -140,8 +140,8 @@ def _not_ready(paths: lp.LabPaths, nodes: int, watch: bool = True) -> str | None
     if dead:
         return f"not running: {', '.join(dead[:5])}"
     states = slurm_lab.node_states(paths)
-    unsettled = [n for n, s in states.items() if not s.rstrip("*~#!%$@^-").startswith(("idle", "drain", "alloc", "mix"))
-                 or s.endswith("*")]
+    settled = ("idle", "drain", "alloc", "mix")
+    unsettled = [n for n, s in states.items() if not slurm_lab.base_state(s).startswith(settled) or s.endswith("*")]
     if len(states) < nodes or unsettled:
         return f"{len(states) - len(unsettled)}/{nodes} nodes settled in sinfo"
     silent = {name for name in (lp.node_name(i) for i in range(nodes))
@@ -233,9 +233,8 @@ def reset() -> ExitCode:
             write_tree(paths.sysfs(node), fresh)
         if hw.active:
             prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
-    # sinfo's compact states of a node out of service (drain, drng, down*, fail, ...): only these resume.
-    out = {n: s for n, s in slurm_lab.node_states(paths).items()
-           if s.rstrip("*~#!%$@^-").startswith(("drain", "drng", "down", "fail"))}
+    # Only a node out of service (drain, drng, down*, fail, ...) is resumed.
+    out = {n: s for n, s in slurm_lab.node_states(paths).items() if slurm_lab.is_out_of_service(s)}
     if out:
         slurm_lab.resume(paths, sorted(out))
         lines.append("resumed " + ", ".join(f"{n} ({s})" for n, s in sorted(out.items())))

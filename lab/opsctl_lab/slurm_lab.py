@@ -20,6 +20,20 @@ _TEMPLATES = jinja2.Environment(
     keep_trailing_newline=True)
 
 
+# sinfo's compact node states (`%t`), as both lab tiers read them: flags it appends (`*` not responding,
+# `~` powered off, ...), and the states of a node out of service, whoever took it out.
+STATE_FLAGS = "*~#!%$@^-"
+OUT_OF_SERVICE = ("drain", "drng", "down", "fail")
+
+
+def base_state(state: str) -> str:
+    return state.rstrip(STATE_FLAGS)
+
+
+def is_out_of_service(state: str) -> bool:
+    return base_state(state).startswith(OUT_OF_SERVICE)
+
+
 def render_configs(paths: lp.LabPaths, nodes: int) -> None:
     values = {
         "slurmctld_port": lp.slurmctld_port(),

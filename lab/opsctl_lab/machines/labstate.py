@@ -19,15 +19,12 @@ from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, fault_label
 from opsctl_lab.machines import keys, nspawn
 from opsctl_lab.machines.settings import HW_STATE, Settings
+from opsctl_lab.slurm_lab import base_state, is_out_of_service
 
 HEAD = "head"
 # node, compact state (idle, drain, down*, ...), reason ("none" when there is none): sinfo(1) -o.
 SINFO = "sinfo -h -N -o '%N %t %E'"
 NO_SINFO = 127  # the shell's "command not found": Slurm is not installed yet
-# Compact states of a node out of service, whoever took it out: only these are resumed.
-OUT_OF_SERVICE = ("drain", "drng", "down", "fail")
-# Flags sinfo appends to a compact state (`*` not responding, `~` powered off, ...).
-STATE_FLAGS = "*~#!%$@^-"
 SETTLE_S = 30.0
 # The opsctl role's defaults (playbooks/roles/opsctl/defaults/main.yml); an inventory may override them.
 OPSCTL_CONFIG_VAR = "opsctl_config_path"
@@ -52,12 +49,9 @@ def parse_sinfo(text: str) -> Nodes:
     return nodes
 
 
-def base_state(state: str) -> str:
-    return state.rstrip(STATE_FLAGS)
-
-
 def out_of_service(nodes: Nodes) -> Nodes:
-    return {node: value for node, value in nodes.items() if base_state(value[0]).startswith(OUT_OF_SERVICE)}
+    """The nodes to resume (slurm_lab.is_out_of_service, as the simulated tier's reset)."""
+    return {node: value for node, value in nodes.items() if is_out_of_service(value[0])}
 
 
 def unsettled(nodes: Nodes) -> list[str]:
