@@ -54,15 +54,20 @@ deps-test:
 
 # Every tier (README, "Tests") and the linters; pytest prints each tier's wall time at the end, the
 # linters' time included.
-# The tiers run as two streams at once, because most of their wall time is waiting (scrapes, SSH,
-# systemd), not CPU: the provisioning of the lab machines in one, with a lab directory of their own
-# so that neither stream sees the other's processes, and the linters then everything else in the
-# other (the machines tier too: its machines live in a directory and network of their own, see
-# test_machines.py). The provisioning stream is the longer one, so the other runs at a lower priority
-# (nice 5): it waits where both want the CPU, and still ends first. A linter's failure stops both.
-# The provisioning stream's output follows the other's. PYTEST_ARGS, when set, runs the linters and
-# then one plain pytest instead.
+# The tiers run as three streams at once, because most of their wall time is waiting (scrapes, SSH,
+# systemd), not CPU:
+# - the provisioning of the lab machines, with a lab directory of their own, so that no stream sees
+#   another's processes;
+# - the simulated cluster and the machines tier (its machines live in a directory and network of their
+#   own, see test_machines.py);
+# - the linters, then the unit and component tiers (their Prometheus, exporters and Slurm chroots take
+#   addresses, ports and chroot indexes apart from the lab's: tests/component/promlab.py, paths.py).
+# The provisioning stream is the longest, so the others run at a lower priority (nice 5): they wait
+# where all want the CPU, and still end first. A linter's failure stops all three. The other streams'
+# output follows the linters' stream's. PYTEST_ARGS, when set, runs the linters and then one plain
+# pytest instead.
 MACHINES_TIERS := provision
+LAB_TIERS := lab or machines
 MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
 test: deps-test venv
 	@start=$$(date +%s); \
@@ -70,18 +75,21 @@ test: deps-test venv
 	  $(MAKE) --no-print-directory lint || exit 1; \
 	  OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) exec $(BIN)/pytest $(PYTEST_ARGS); \
 	fi; \
-	log=$$(mktemp); \
+	log=$$(mktemp); lab_log=$$(mktemp); \
 	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
 	  $(BIN)/pytest -p no:cacheprovider -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
+	nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
 	if ! nice -n 5 $(MAKE) --no-print-directory lint; then \
-	  kill $$machines; wait $$machines; rm -f $$log; exit 1; \
+	  kill $$machines $$lab; wait $$machines $$lab; rm -f $$log $$lab_log; exit 1; \
 	fi; \
 	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
-	  nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS))"; rest=$$?; \
+	  nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
+	wait $$lab; lab_rc=$$?; \
+	echo "==== the lab stream ($(LAB_TIERS)) ===="; cat $$lab_log; rm -f $$lab_log; \
 	wait $$machines; machines_rc=$$?; \
 	echo "==== the provisioning stream ($(MACHINES_TIERS)) ===="; cat $$log; rm -f $$log; \
 	echo "== make test: $$(( $$(date +%s) - start )) s in all"; \
-	[ $$rest -eq 0 ] && [ $$machines_rc -eq 0 ]
+	[ $$rest -eq 0 ] && [ $$lab_rc -eq 0 ] && [ $$machines_rc -eq 0 ]
 
 # Pure Python only: no root, no process, no socket; well under 30 s.
 test-unit: venv

@@ -157,6 +157,106 @@ def history_cmd(clients, node, limit, as_json, config_path):
     return history(clients.use(config_path), node, limit, as_json)
 
 
+@main.group("ib")
+def ib_group():
+    """InfiniBand: the node-local precheck."""
+
+
+@ib_group.command("check")
+@click.option("--profile", "profile_name", type=click.Choice(["h200-ndr"]), default=None,
+              help="Hardware profile (default: ib.profile of the config, h200-ndr).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--from", "from_path", type=click.Path(exists=True), default=None, metavar="PATH",
+              help="Check a capture instead of this node: an ibstat or ibv_devinfo output, or a copied sysfs tree.")
+@click.option("--window", type=click.FloatRange(min=0, max=600), default=None, metavar="SECONDS",
+              help="Watch the error counters this long (default: ib.window_seconds, 10; 0: no window).")
+@click.option("--sysfs-root", default=None, metavar="DIR", help="Read sysfs here (default: ib.sysfs_root, /sys).")
+@config_option
+@click.pass_obj
+@one_line_errors
+def ib_check_cmd(clients, profile_name, as_json, from_path, window, sysfs_root, config_path):
+    """Check this node's HCAs against a hardware profile: count, link layer, state, rate, firmware,
+    PCIe link, rising error counters and the GPUDirect RDMA module.
+
+    Exit codes: 0 pass, 1 fail, 2 usage/config error, 3 the hardware or capture could not be read.
+    """
+    from opsctl.commands.ib import ib_check
+
+    return ib_check(clients.use(config_path), profile_name, as_json, from_path, window, sysfs_root)
+
+
+@ib_group.command("quarantine")
+@click.option("--results", required=True, metavar="FILE",
+              help="The nodes' `opsctl ib check --json` reports: a JSON object, node -> report ('-': stdin).")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+@click.option("--dry-run", is_flag=True, help="Show what would be drained and resumed; change nothing.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def ib_quarantine_cmd(clients, results, as_json, dry_run, config_path):
+    """Provisioning's InfiniBand precheck, on the head: drain the failing nodes (opsctl:ib-precheck), resume
+    the passing ones it drained, and drain none when the fault is shared (every port INIT: the subnet manager).
+
+    Exit codes: 0 all pass, 1 a node fails (quarantined), 2 usage/config error, 3 reports or Slurm unreadable,
+    4 safety stop (the breaker: nothing drained; drain limits).
+    """
+    from opsctl.commands.ib_precheck import quarantine
+
+    return quarantine(clients.use(config_path), results, as_json, dry_run)
+
+
+@ib_group.command("fabric-test")
+@click.option("--inventory", required=True, type=click.Path(exists=True), metavar="INV",
+              help="The Ansible inventory (hosts.yml or its directory) whose nodes to test.")
+@click.option("--hosts", "hosts_pattern", default=None, metavar="PATTERN", help="Only hosts matching this glob.")
+@click.option("--group", default=None, help="Inventory group to test (default: gpu_nodes when there is one).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@click.option("--drain", is_flag=True, help="Drain the culprits (opsctl:ib-fabric), within the safety limits.")
+@click.option("--dry-run", is_flag=True, help="Show what --drain would do; change nothing.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain, dry_run, config_path):
+    """Run ib_write_bw between nodes over SSH, rail-aligned, in pairing rounds that isolate slow or dead
+    HCAs; name them with their bandwidths, and with --drain drain their nodes.
+
+    Exit codes: 0 all rails good, 1 culprits or unresolved rails, 2 usage/config error, 3 a node could not
+    be reached (nothing tested), 4 safety stop (too many nodes fail: the fabric is at fault; drain limits).
+    """
+    from opsctl.commands.fabric import fabric_test
+
+    return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run)
+
+
+@main.group("node")
+def node_group():
+    """Checks that run on the node itself."""
+
+
+@node_group.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--textfile", default=None, metavar="PATH",
+              help="Write opsctl_node_check metrics here for node_exporter's textfile collector (*.prom).")
+@click.option("--drain-self", "drain", is_flag=True,
+              help="Drain this node when a check fails, resume it from its own drain when all pass "
+                   "(Slurm's HealthCheckProgram).")
+@click.option("--node", default=None, metavar="NAME", help="This node's Slurm name (default: the short host name).")
+@click.option("--window", type=click.FloatRange(min=0, max=600), default=None, metavar="SECONDS",
+              help="Watch the error counters this long (default: ib.window_seconds).")
+@click.option("--sysfs-root", default=None, metavar="DIR", help="Read sysfs here (default: ib.sysfs_root, /sys).")
+@config_option
+@click.pass_obj
+@one_line_errors
+def node_check_cmd(clients, as_json, textfile, drain, node, window, sysfs_root, config_path):
+    """Run every node-local check (InfiniBand today).
+
+    Exit codes: 0 all pass, 1 a check failed, 2 usage/config error, 3 the hardware could not be read.
+    """
+    from opsctl.commands.node import node_check
+
+    return node_check(clients.use(config_path), as_json, textfile, drain, node, window, sysfs_root)
+
+
 @main.group("rules")
 def rules_group():
     """The health rule catalog."""

@@ -34,6 +34,11 @@ ALL_HCAS = COMPUTE_HCAS + [STORAGE_HCA]
 HCA_FW = "28.41.1000"
 HCA_FW_MISMATCH = "28.39.1002"
 STORAGE_FW = "32.41.1000"
+# PCI addresses of the HCAs, laid out as on an HGX board (one NIC per PCIe switch), and their link.
+HCA_PCI_ADDRESSES = dict(zip(ALL_HCAS, ["0000:1a:00.0", "0000:3c:00.0", "0000:4d:00.0", "0000:5e:00.0",
+                                        "0000:9c:00.0", "0000:bc:00.0", "0000:cc:00.0", "0000:dc:00.0",
+                                        "0000:2a:00.0"], strict=True))
+PCIE_GEN5 = "32.0 GT/s PCIe"
 NDR_RATE = "400 Gb/sec (4X NDR)"
 NDR_DEGRADED_RATE = "200 Gb/sec (2X NDR)"
 STORAGE_RATE = "200 Gb/sec (4X HDR)"
@@ -104,12 +109,15 @@ FAULTS = {
         FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}),
         FaultSpec("ib-down", "hca", "the port is down (state DOWN, phys Polling)",
                   rates={}, steps={"link_downed": 1}),
+        FaultSpec("sm-down", "node", "the subnet manager is gone: every InfiniBand port sits in INIT "
+                  "(phys LinkUp, no LID)"),
         FaultSpec("ib-degraded", "hca", "the port trained at 200 Gb/s (2X NDR)"),
         FaultSpec("ib-counters", "hca", "symbol and link errors rising",
                   rates={"symbol_error": 20.0, "link_error_recovery": 0.5, "port_rcv_errors": 5.0}),
         FaultSpec("exporter-down", "node", "the node's exporters stop answering"),
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
-        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", machines_only=True),
+        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}"),
+        FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
     ]
@@ -287,6 +295,9 @@ class NodeHardware:
             "fw_ver": HCA_FW if compute else STORAGE_FW,
             "link_layer": "InfiniBand" if compute else "Ethernet",
         }
+        if compute and self.node_fault("sm-down"):
+            # The link trained but no subnet manager configured it: INIT, as on every port of the subnet.
+            port["state"] = "2: INIT"
         if self.has("ib-down", hca=hca):
             port.update(state="1: DOWN", phys_state="2: Polling")
         if self.has("ib-degraded", hca=hca):
@@ -294,3 +305,9 @@ class NodeHardware:
         if self.has("ib-fw-mismatch", hca=hca):
             port["fw_ver"] = HCA_FW_MISMATCH
         return port
+
+    def hca_pcie(self, hca: str) -> dict:
+        """The sysfs link files of the HCA's PCI device: Gen5 x16, or x8 under `pcie-x8`."""
+        width = "8" if self.has("pcie-x8", hca=hca) else "16"
+        return {"current_link_speed": PCIE_GEN5, "current_link_width": width, "max_link_speed": PCIE_GEN5,
+                "max_link_width": "16"}

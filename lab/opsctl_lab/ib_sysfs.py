@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from opsctl_lab.hardware import COMPUTE_HCAS, STORAGE_HCA, NodeHardware, stable_int
+from opsctl_lab.hardware import COMPUTE_HCAS, HCA_PCI_ADDRESSES, STORAGE_HCA, NodeHardware, stable_int
 
 # Counter files of a real mlx5 port (ports/1/counters/) and a plausible base magnitude each.
 PORT_COUNTERS = {
@@ -62,6 +62,7 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
     """Relative path -> content for one device, exactly one line each as in sysfs."""
     port = hw.hca_port(hca)
     compute = hca in COMPUTE_HCAS
+    configured = compute and not port["state"].startswith("2")
     files = {
         "board_id": "MT_0000000838" if compute else "MT_0000000884",
         "fw_ver": port["fw_ver"],
@@ -72,8 +73,9 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
         "ports/1/phys_state": port["phys_state"],
         "ports/1/rate": port["rate"],
         "ports/1/link_layer": port["link_layer"],
-        "ports/1/lid": f"0x{stable_int(hw.node, hca, 'lid', modulo=0xbfff) + 1:x}" if compute else "0x0",
-        "ports/1/sm_lid": "0x1" if compute else "0x0",
+        # A port the subnet manager has not configured (INIT) has no LID and knows no SM.
+        "ports/1/lid": f"0x{stable_int(hw.node, hca, 'lid', modulo=0xbfff) + 1:x}" if configured else "0x0",
+        "ports/1/sm_lid": "0x1" if configured else "0x0",
         "ports/1/cap_mask": "0xa651e848" if compute else "0x00010000",
     }
     for counter, magnitude in PORT_COUNTERS.items():
@@ -85,19 +87,33 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
 
 
 def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
-    """Write (or refresh) <root>/class/infiniband for hw. Only files whose content changed are
-    rewritten, each atomically, so a concurrent reader never sees a torn value."""
+    """Write (or refresh) <root>/class/infiniband for hw, the PCI devices behind it and the module list.
+    Only files whose content changed are rewritten."""
     now = time.time() if now is None else now
-    base = Path(root) / "class" / "infiniband"
+    root = Path(root)
+    base = root / "class" / "infiniband"
     for hca in COMPUTE_HCAS + [STORAGE_HCA]:
         for rel, content in device_files(hw, hca, now).items():
-            path = base / hca / rel
-            line = content + "\n"
-            try:
-                if path.read_text() == line:
-                    continue
-            except FileNotFoundError:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(line)
-            os.replace(tmp, path)
+            _write_if_changed(base / hca / rel, content)
+        # As in sysfs: class/infiniband/<hca>/device leads to the HCA's PCI device and its link.
+        pci = root / "bus" / "pci" / "devices" / HCA_PCI_ADDRESSES[hca]
+        for name, content in hw.hca_pcie(hca).items():
+            _write_if_changed(pci / name, content)
+        link = base / hca / "device"
+        if not link.is_symlink():
+            link.symlink_to(Path("../../../bus/pci/devices") / HCA_PCI_ADDRESSES[hca])
+    # A loaded module has a directory under /sys/module; GPUDirect RDMA needs nvidia_peermem.
+    _write_if_changed(root / "module" / "nvidia_peermem" / "initstate", "live")
+
+
+def _write_if_changed(path: Path, content: str) -> None:
+    """Atomically, so a concurrent reader never sees a torn value; untouched when the same."""
+    line = content + "\n"
+    try:
+        if path.read_text() == line:
+            return
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(line)
+    os.replace(tmp, path)

@@ -121,6 +121,23 @@ class AlertsConfig:
 
 
 @dataclass(frozen=True)
+class IbConfig:
+    """`opsctl ib check`: the hardware profile, a pinned HCA firmware, where sysfs is, the counter window."""
+
+    profile: str = "h200-ndr"
+    firmware: str | None = None
+    sysfs_root: str = "/sys"
+    window_seconds: float = 10.0
+    # `opsctl ib fabric-test`
+    rails: tuple[str, ...] = tuple(f"mlx5_{i}" for i in range(8))  # HCA i of one node tests HCA i of another
+    slow_gbps: float = 360.0  # a rail below this one-way bandwidth is slow (NDR: ~392 healthy)
+    max_rounds: int = 4
+    parallel: int = 8  # node pairs tested at once
+    test_timeout_seconds: float = 60.0  # one ib_write_bw run; a hung one is killed on both ends
+    max_fail_fraction: float = 0.25  # more failing nodes than this: the fabric, not the nodes; drain none
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = PrometheusConfig()
     slurm: SlurmConfig = SlurmConfig()
@@ -130,6 +147,7 @@ class Config:
     safety: SafetyConfig = SafetyConfig()
     metrics: MetricsConfig = MetricsConfig()
     alerts: AlertsConfig = AlertsConfig()
+    ib: IbConfig = IbConfig()
     state_dir: Path = DEFAULT_STATE_DIR
     audit_log: Path = DEFAULT_AUDIT_LOG
     source: str = "built-in defaults"
@@ -190,8 +208,8 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {source}: the top level must be a mapping")
-    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "metrics", "alerts", "state_dir",
-           "audit_log"}
+    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "metrics", "alerts", "ib",
+           "state_dir", "audit_log"}
     for key in raw:
         _check(key in top, str(key), f"unknown key (known: {', '.join(sorted(top))})")
 
@@ -321,7 +339,7 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         state_dir = Path(env["OPSCTL_STATE_DIR"])
         audit_log = state_dir / "audit.jsonl"
     return Config(prometheus=prom, slurm=slurm, catalog=catalog, node_mapping=mapping, hardware=hardware,
-                  safety=safety, metrics=_metrics(raw), alerts=_alerts(raw), state_dir=state_dir,
+                  safety=safety, metrics=_metrics(raw), alerts=_alerts(raw), ib=_ib(raw), state_dir=state_dir,
                   audit_log=audit_log, source=source)
 
 
@@ -357,6 +375,35 @@ def _alerts(raw: Raw) -> AlertsConfig:
                                 lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
         exporter_down_for=_typed("alerts", a, "exporter_down_for", str, AlertsConfig.exporter_down_for, _duration_ok,
                                  "must be a duration like 2m"),
+    )
+
+
+IB_PROFILES = ("h200-ndr",)  # opsctl.fabric.check.PROFILES; named here so that config needs no fabric import
+
+
+def _ib(raw: Raw) -> IbConfig:
+    i = _section(raw, "ib", ["profile", "firmware", "sysfs_root", "window_seconds", "rails", "slow_gbps",
+                             "max_rounds", "parallel", "test_timeout_seconds", "max_fail_fraction"])
+    rails = _typed("ib", i, "rails", list, list(IbConfig.rails),
+                   lambda v: bool(v) and all(isinstance(r, str) and re.fullmatch(r"[\w.-]+", r) for r in v)
+                   and len(set(v)) == len(v), "must be a list of distinct HCA names")
+    return IbConfig(
+        rails=tuple(rails),
+        slow_gbps=_typed("ib", i, "slow_gbps", float, IbConfig.slow_gbps, lambda v: v > 0, "must be above 0"),
+        max_rounds=_typed("ib", i, "max_rounds", int, IbConfig.max_rounds, lambda v: 2 <= v <= 20, "must be 2-20"),
+        parallel=_typed("ib", i, "parallel", int, IbConfig.parallel, lambda v: 1 <= v <= 256, "must be 1-256"),
+        test_timeout_seconds=_typed("ib", i, "test_timeout_seconds", float, IbConfig.test_timeout_seconds,
+                                    lambda v: 5 <= v <= 3600, "must be 5-3600 seconds"),
+        max_fail_fraction=_typed("ib", i, "max_fail_fraction", float, IbConfig.max_fail_fraction,
+                                 lambda v: 0 < v <= 1, "must be above 0 and at most 1"),
+        profile=_typed("ib", i, "profile", str, IbConfig.profile, lambda v: v in IB_PROFILES,
+                       f"unknown profile (known: {', '.join(IB_PROFILES)})"),
+        firmware=_typed("ib", i, "firmware", str, None, lambda v: bool(re.fullmatch(r"\d+(\.\d+)+", v)),
+                        "must be a version like 28.41.1000"),
+        sysfs_root=_typed("ib", i, "sysfs_root", str, IbConfig.sysfs_root, lambda v: v.startswith("/"),
+                          "must be an absolute path"),
+        window_seconds=_typed("ib", i, "window_seconds", float, IbConfig.window_seconds, lambda v: 0 <= v <= 600,
+                              "must be 0-600 seconds"),
     )
 
 

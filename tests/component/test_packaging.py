@@ -47,8 +47,8 @@ def test_the_product_needs_no_lab_dependency(built):
     metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     always = [r.split(";")[0].strip() for r in requires if "extra ==" not in r]
-    assert sorted(r.split(">")[0].split("=")[0] for r in always) == ["PyYAML", "click", "prometheus-client",
-                                                                      "requests"]
+    assert sorted(r.split(">")[0].split("=")[0] for r in always) == ["PyYAML", "click", "paramiko",
+                                                                      "prometheus-client", "requests", "rich"]
     assert any(r.startswith("opsctl-lab") and 'extra == "lab"' in r for r in requires)
     # The dashboards' SDK is only ever an extra: head nodes run opsctl without it.
     sdk = [r for r in requires if r.startswith("grafana-foundation-sdk")]

@@ -1,10 +1,10 @@
 """`make provision` against the lab machines, and what the provisioned cluster must then do.
 
 The module runs `make provision` (it starts the machines when they are not running), restarts the
-machines, then provisions again to prove it changes nothing, then changes one slurm.conf setting to
-prove that exactly the files that depend on it change and exactly their handlers fire. The other tests use the result:
-Slurm across the machines, the epilog, Prometheus' targets, and the opsctl timer draining a node
-whose emulated GPU fails.
+machines, then provisions again to prove it changes nothing, then checks (in check mode) that one
+slurm.conf setting would change exactly the files that depend on it and fire exactly their
+handlers. The other tests use the result: Slurm across the machines, the epilog, Prometheus'
+targets, and the opsctl timer draining a node whose emulated GPU fails.
 
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only
 inside systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here
@@ -225,26 +225,26 @@ def test_provision_after_a_restart_changes_nothing(provisioned):
 @pytest.mark.provision
 @NEEDS_MACHINES
 def test_one_variable_changes_exactly_its_files_and_handlers(machines):
-    """SlurmdTimeout lives in slurm.conf only: slurm.conf changes on every Slurm host, slurmctld restarts
-    on the controller and slurmd on the compute nodes; nothing else changes. Then it is put back.
-    Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a `--tags slurm`
-    run shows all that changes, in less than half a full run's time."""
+    """SlurmdTimeout lives in slurm.conf only: slurm.conf would change on every Slurm host, slurmctld
+    restart on the controller and slurmd on the compute nodes; nothing else. A check-mode run with
+    --diff says what a run would change, task by task and handler by handler, and changes nothing, so
+    nothing has to be put back (the first provision and the munge rotation make real changes and
+    restarts). Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a
+    `--tags slurm` run shows all that would change."""
     lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
     changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": 299}}
-    proc = playbook("--tags", "slurm", "-e", json.dumps(changed))
+    # What a real run would change: the file, and slurmctld's start time (a restart).
+    state = "md5sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmctld"
+    before = machines.on_head(state)
+    proc = playbook("--check", "--diff", "--tags", "slurm", "-e", json.dumps(changed))
     assert proc.returncode == 0, proc.stdout[-6000:]
     head, gpus = machines.head, machines.gpu_nodes
     expected = {("slurm : Template slurm.conf", host) for host in [head, *gpus]}
     expected |= {("handler slurm : Restart slurmctld", head)}
     expected |= {("handler slurm : Restart slurmd", gpu) for gpu in gpus}
     assert changed_tasks(proc.stdout) == expected
-    # The wait handler runs with the restart but changes nothing; it must have run on the controller.
-    assert "RUNNING HANDLER [slurm : Wait for slurmctld after restart]" in proc.stdout
-    assert "SlurmdTimeout=299" in machines.on_head("cat /etc/slurm/slurm.conf")
-    restore = playbook("--tags", "slurm")
-    assert restore.returncode == 0, restore.stdout[-6000:]
-    assert {title for title, _host in changed_tasks(restore.stdout)} == {title for title, _host in expected}
-    assert "SlurmdTimeout=300" in machines.on_head("cat /etc/slurm/slurm.conf")
+    assert "\n-SlurmdTimeout=300\n" in proc.stdout and "\n+SlurmdTimeout=299\n" in proc.stdout
+    assert machines.on_head(state) == before, "check mode changed the file or restarted slurmctld"
 
 
 @pytest.mark.provision
@@ -607,8 +607,13 @@ def test_a_tripped_breaker_inhibits_the_per_node_pages(machines, alert_webhook):
     time.sleep(1)
     post_alerts(url, {"alertname": "OpsctlXid79", "node": "gpu3", "gpu": "1", "rule_id": "xid-79", "severity": "fail",
                       "action": "drain"}, ends_at=ends)
-    assert wait_until(lambda: alert_webhook.groups().get((("rule_id", "opsctl-circuit-breaker"),)), 30,
-                      "the breaker's page")
+    try:
+        wait_until(lambda: alert_webhook.groups().get((("rule_id", "opsctl-circuit-breaker"),)), 60,
+                   "the breaker's page")
+    except AssertionError as err:  # what each side saw, to tell a late notification from a lost one
+        with urllib.request.urlopen(f"{url}/api/v2/alerts", timeout=10) as resp:
+            held = [(a["labels"]["alertname"], a["status"]["state"]) for a in json.load(resp)]
+        raise AssertionError(f"{err}; the webhook got {alert_webhook.groups()}; Alertmanager holds {held}") from None
     assert wait_until(lambda: alert_states(url, "gpu3").get("OpsctlXid79") == "suppressed", 20, "gpu3 inhibited")
     time.sleep(7)  # past the lab's group_wait (5 s) for a new group: an inhibited page would be out by now
     assert (("node", "gpu3"), ("rule_id", "xid-79")) not in alert_webhook.groups()
@@ -692,3 +697,70 @@ def test_grafana_provisioning_is_rendered_and_checked_and_its_password_never_sho
     assert machines.on_head("stat -c %a /etc/grafana/admin-password").strip() == "600"
     password = (INVENTORY / ".secrets" / "grafana-admin-password").read_text().strip()
     assert len(password) == 24 and all(password not in run for run in provisioned["runs"])
+
+
+# ---- the InfiniBand precheck (roles/ib_precheck): tagged runs only, about 17 s each -----------------
+IB_PRECHECK_NODE = "gpu1"  # gpu2 is the other tests' node
+IB_PRECHECK_TASK = "ib_precheck : Quarantine the failing nodes and resume the ones that pass again"
+
+
+@pytest.fixture
+def precheck_alone(machines):
+    """Every GPU node in service, and the head's health timer stopped while the test runs: its ib-down rule
+    drains a node after a 1 m hold, and the drains seen here must be the precheck's own."""
+    assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
+    machines.on_head("systemctl stop opsctl-health.timer")
+    try:
+        yield machines
+    finally:
+        for name in machines.gpu_nodes:
+            lab_cli("clear", name)
+            state = machines.drained(name)
+            if state and state[1].startswith("opsctl:ib-precheck"):
+                machines.resume(name)
+        machines.on_head("systemctl start opsctl-health.timer")
+
+
+def precheck_run() -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    proc = make_provision("--tags", "ib_precheck")
+    sys.stderr.write(f"ib_precheck tagged run: {time.monotonic() - start:.0f} s\n")
+    return proc
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_ib_precheck_quarantines_exactly_the_failing_node_and_a_clear_returns_it(precheck_alone):
+    machines = precheck_alone
+    node = IB_PRECHECK_NODE
+    others = [n for n in machines.gpu_nodes if n != node]
+    lab_cli("inject", node, "ib-down", "--hca", "2")
+    down = precheck_run()
+    assert down.returncode == 0, down.stdout[-6000:] + down.stderr[-3000:]
+    state, reason = machines.drained(node) or ("", "")
+    assert "drain" in state and reason.startswith("opsctl:ib-precheck port-state mlx5_2 state DOWN"), (state, reason)
+    assert {n: machines.drained(n) for n in others} == dict.fromkeys(others)
+    assert f"drained {node}: opsctl:ib-precheck" in down.stdout
+    assert {title for title, _ in changed_tasks(down.stdout)} == {IB_PRECHECK_TASK}
+
+    lab_cli("clear", node)
+    back = precheck_run()
+    assert back.returncode == 0, back.stdout[-6000:] + back.stderr[-3000:]
+    assert f"resumed {node}: the InfiniBand precheck passes" in back.stdout
+    assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
+    assert {title for title, _ in changed_tasks(back.stdout)} == {IB_PRECHECK_TASK}
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_ib_precheck_with_every_port_init_quarantines_no_one_and_says_why(precheck_alone):
+    machines = precheck_alone
+    for name in machines.gpu_nodes:
+        lab_cli("inject", name, "sm-down")
+    run = precheck_run()
+    assert run.returncode != 0, run.stdout[-6000:]
+    assert (f"InfiniBand precheck: circuit breaker: every InfiniBand port of the {len(machines.gpu_nodes)} tested "
+            "node(s) is in INIT: the subnet manager is down or unreachable, not the nodes; draining none"
+            in run.stdout), run.stdout[-6000:]
+    assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
+    assert not changed_tasks(run.stdout)

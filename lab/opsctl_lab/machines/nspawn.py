@@ -117,15 +117,18 @@ def remove_propagate_dir(name: str) -> None:
 
 
 def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
-    """Until `ssh root@machine true` works for every machine, with strict host-key checking."""
+    """Until `ssh root@machine` works for every machine, with strict host-key checking, and the machine
+    has finished booting: root may log in while /run/nologin still shuts out everyone else (pam_nologin),
+    and the provisioning user is not root."""
     pending = set(names)
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for name in sorted(pending):
             if running_pid(settings, name) is None:
                 raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
+            booted = keys.ssh_args(settings, name) + ["test ! -e /run/nologin"]
             if _port_open(settings.addr(name), 22) and subprocess.run(
-                    keys.ssh_args(settings, name) + ["true"], capture_output=True, timeout=15).returncode == 0:
+                    booted, capture_output=True, timeout=15).returncode == 0:
                 pending.discard(name)
         if pending:
             time.sleep(0.3)

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+from pathlib import Path
 
 from ansible.plugins.connection.local import Connection as LocalConnection
 
@@ -146,6 +147,10 @@ class FakeHost:
             out = f"/usr/bin/{argv[1]}\n"
         elif argv[:2] == ["scontrol", "-o"]:
             out = f"NodeName={argv[-1]} Arch=x86_64 CoresPerSocket=56 Sockets=2 ThreadsPerCore=2 State=IDLE\n"
+        elif argv[1:3] == ["ib", "check"] and argv[0].endswith("/opsctl"):
+            rc, out = ib_check(argv[3:], self.facts()["ansible_facts"].get("ansible_hostname", "node"))
+        elif argv[1:3] == ["ib", "quarantine"] and argv[0].endswith("/opsctl"):
+            rc, out = ib_quarantine(str(params.get("stdin") or "{}"), dry_run="--dry-run" in argv)
         elif argv[:1] == ["munge"]:
             out = "MUNGE:AwQDAACm3Gu2yq+Vq0v5RgS8fHRmUoPdI7sL2Qe1TzIMVLIlZPc=:\n"
         return {"changed": True, "rc": rc, "stdout": out, "stderr": "", "stdout_lines": out.splitlines(),
@@ -165,6 +170,38 @@ def stat(path: str) -> dict:
     if path.endswith("/munge.key"):  # the controller's key and the node's are the same one
         return {"exists": True, "isreg": True, "checksum": "0" * 64, "mode": "0400", "path": path}
     return {"exists": False, "path": path}
+
+
+def ib_check(argv: list[str], node: str) -> tuple[int, str]:
+    """opsctl's own `ib check`, over the lab's emulated sysfs of a healthy H200 node (8 NDR HCAs, no fault)."""
+    import tempfile
+
+    from click.testing import CliRunner
+
+    from opsctl.cli import main
+    from opsctl_lab.hardware import NodeHardware
+    from opsctl_lab.ib_sysfs import write_tree
+
+    with tempfile.TemporaryDirectory() as root:
+        write_tree(Path(root), NodeHardware(node=node))
+        options = [a for a in argv if a != "--sysfs-root"]
+        if "--sysfs-root" in argv:  # drop the option's value: the emulated tree stands in for it
+            index = argv.index("--sysfs-root")
+            options = argv[:index] + argv[index + 2:]
+        result = CliRunner().invoke(main, ["ib", "check", *options, "--sysfs-root", root])
+    return result.exit_code, result.output
+
+
+def ib_quarantine(reports: str, dry_run: bool) -> tuple[int, str]:
+    """The head's answer where Slurm holds no drain: the failing nodes are quarantined, nobody resumed.
+    (The decision itself is opsctl's, tested against real Slurm in the provision tier.)"""
+    nodes = json.loads(reports)
+    failing = sorted(n for n, r in nodes.items() if r.get("verdict") != "pass")
+    verb = "would drain" if dry_run else "drained"
+    out = {"tested": sorted(nodes), "quarantine": failing, "passed": sorted(set(nodes) - set(failing)),
+           "drained": failing, "resumed": [], "dry_run": dry_run, "stop": "",
+           "actions": [f"{verb} {n}: opsctl:ib-precheck" for n in failing]}
+    return (1 if failing else 0), json.dumps(out)
 
 
 def nvidia_smi(argv: list[str]) -> tuple[int, str]:

@@ -1,0 +1,103 @@
+"""`opsctl node check`: every node-local check (today the InfiniBand precheck), its result for
+node_exporter's textfile collector, and, as Slurm's HealthCheckProgram, the node draining itself.
+
+Metrics (one file, written atomically; node_exporter reads only *.prom):
+
+    opsctl_node_check{check="ib-port-state",device="mlx5_2"} 1   a failing check, per device
+    opsctl_node_check{check="ib-link-rate",device="node"} 0       a check that ran and passed
+    opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
+
+A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
+rule `node-check` never reads a missing check as a pass, and the timestamp shows a check that stopped.
+
+With --drain-self the node drains itself with `opsctl:node-check <check> <device>, ...`, and resumes
+itself once every check passes, but only from its own drain: a person's drain, or another opsctl
+rule's, is left alone (as LBNL NHC does with the drains it did not set).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.config.schema import Config
+from opsctl.errors import ConfigError, ExitCode
+from opsctl.fabric.check import CHECKS, Report
+from opsctl.remediation.audit import AuditLog
+from opsctl.remediation.state import RunLock
+from opsctl.slurm import OWNED_PREFIX, Slurm
+
+RULE = "node-check"
+NODE = "node"
+REASON_PREFIX = f"{OWNED_PREFIX}{RULE}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str  # "ib-port-state"
+    device: str  # an HCA, or "node" for the node itself and for a check that passed
+    failed: bool
+
+
+def results(report: Report, family: str = "ib") -> list[CheckResult]:
+    # Prometheus drops an empty label, and the catalog rule needs the device: "node" stands for the node.
+    out = [CheckResult(f"{family}-{f.check}", f.device or NODE, True) for f in report.findings]
+    failed = {f.check for f in report.findings}
+    out += [CheckResult(f"{family}-{check}", NODE, False) for check in CHECKS
+            if check not in failed and check not in report.skipped]
+    return sorted(set(out), key=lambda r: (r.check, r.device))
+
+
+def metrics_text(found: list[CheckResult], now: float) -> str:
+    lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
+             "# TYPE opsctl_node_check gauge"]
+    lines += [f'opsctl_node_check{{check="{r.check}",device="{r.device}"}} {int(r.failed)}' for r in found]
+    lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
+              "# TYPE opsctl_node_check_timestamp_seconds gauge",
+              f"opsctl_node_check_timestamp_seconds {now:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path: Path, text: str) -> None:
+    """Atomically: node_exporter never reads half a file."""
+    if not (path.is_absolute() and path.name.endswith(".prom")):
+        raise ConfigError(f"--textfile {path}: must be an absolute path ending in .prom")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"--textfile {path}: {err.strerror}") from err
+
+
+def self_reason(found: list[CheckResult], max_length: int) -> str:
+    failed = [f"{r.check} {r.device}" for r in found if r.failed]
+    reason = f"{REASON_PREFIX} {', '.join(failed)}"
+    return reason if len(reason) <= max_length else reason[: max_length - 3] + "..."
+
+
+def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]) -> tuple[ExitCode, str]:
+    """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what."""
+    audit = AuditLog(config.audit_log)
+    failed = [r.check for r in found if r.failed]
+    with RunLock(config.state_dir):
+        nodes = slurm.nodes()
+        if node not in nodes:
+            raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
+        current = nodes[node]
+        ours = current.reason.startswith(REASON_PREFIX)
+        if failed:
+            if current.out_of_service or current.reason:
+                if ours:
+                    return ExitCode.FAILING, f"{node} stays drained: {current.reason}"
+                return ExitCode.FAILING, f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"
+            reason = self_reason(found, config.safety.reason_max_length)
+            slurm.drain([node], reason)
+            audit.write("drain", node=node, checks=[RULE], evidence=", ".join(sorted(set(failed))), reason=reason)
+            return ExitCode.FAILING, f"drained {node}: {reason}"
+        if ours and current.resumable:
+            slurm.resume([node])
+            audit.write("resume", node=node, checks=[RULE], reason=current.reason, detail="every node check passes")
+            return ExitCode.OK, f"resumed {node}: every node check passes"
+    return ExitCode.OK, ""

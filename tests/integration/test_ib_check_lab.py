@@ -1,0 +1,69 @@
+"""`opsctl ib check` on a running lab node's emulated sysfs tree (kept current by the lab's emulator,
+the same tree the real node_exporter reads): it passes when healthy, and fails naming the HCA after
+each fault is injected with `opsctl lab inject`."""
+
+import json
+
+import pytest
+
+from tests.conftest import opsctl
+
+pytestmark = pytest.mark.lab
+NODE = "gpu031"  # no other lab test touches it
+
+
+def check(lab, *args) -> tuple[int, dict]:
+    proc = opsctl("ib", "check", "--json", "--sysfs-root", str(lab.lab_dir / "nodes" / NODE / "sys"), *args,
+                  env=lab.env, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_a_healthy_lab_node_passes_with_its_counters_watched(lab):
+    code, report = check(lab, "--window", "2")
+    assert (code, report["verdict"], report["skipped"]) == (0, "pass", [])
+    assert [h["device"] for h in report["hcas"]] == [f"mlx5_{i}" for i in range(8)]
+    assert {(h["rate"], h["pcie"]["width"]) for h in report["hcas"]} == {("400 Gb/sec (4X NDR)", 16)}
+
+
+@pytest.mark.parametrize("fault,failed,window", [
+    ("ib-down", "port-state", "0"),
+    ("ib-degraded", "link-rate", "0"),
+    ("ib-fw-mismatch", "firmware", "0"),
+    ("ib-counters", "error-counters", "3"),
+    ("pcie-x8", "pcie-link", "0"),
+])
+def test_an_injected_fault_fails_the_check_naming_the_hca(lab, fault, failed, window):
+    opsctl("lab", "inject", NODE, fault, "--hca", "2", env=lab.env)
+    try:
+        # The emulator rewrites the tree within a tick of the injection.
+        code, report = lab.wait_until(lambda: (r := check(lab, "--window", window))[0] == 1 and r, 30,
+                                      f"{fault} in the sysfs tree")
+        by_device = {h["device"]: h["failed"] for h in report["hcas"]}
+        assert by_device.pop("mlx5_2") == [failed]
+        assert set(map(tuple, by_device.values())) == {()}
+        assert {f["device"] for f in report["findings"]} == {"mlx5_2"}
+    finally:
+        opsctl("lab", "clear", NODE, env=lab.env)
+
+
+def test_node_check_drains_the_node_itself_and_resumes_it_once_the_fault_clears(lab, tmp_path):
+    textfile = tmp_path / "opsctl_node_check.prom"
+    argv = ["node", "check", "--drain-self", "--node", NODE, "--window", "0", "--textfile", str(textfile),
+            "--sysfs-root", str(lab.lab_dir / "nodes" / NODE / "sys")]
+    opsctl("lab", "inject", NODE, "ib-down", "--hca", "5", env=lab.env)
+    try:
+        failed = lab.wait_until(lambda: (p := opsctl(*argv, env=lab.env, check=False)).returncode == 1 and p, 30,
+                                "the node check to fail")
+        assert f"drained {NODE}: opsctl:node-check ib-port-state mlx5_5" in failed.stdout
+        assert 'opsctl_node_check{check="ib-port-state",device="mlx5_5"} 1' in textfile.read_text()
+        reason = lab.run("sinfo", "-h", "-n", NODE, "-o", "%E").stdout.strip()
+        assert reason == "opsctl:node-check ib-port-state mlx5_5"
+    finally:
+        opsctl("lab", "clear", NODE, env=lab.env)
+    passed = lab.wait_until(lambda: (p := opsctl(*argv, env=lab.env, check=False)).returncode == 0 and p, 30,
+                            "the node check to pass")
+    assert f"resumed {NODE}: every node check passes" in passed.stdout
+    # A resumed node reads idle* until slurmctld's next ping reaches its slurmd.
+    lab.wait_until(lambda: lab.sinfo_states()[NODE] == "idle", 120, f"{NODE} idle", interval=2)
+    assert 'device="mlx5_5"' not in textfile.read_text()
