@@ -138,6 +138,7 @@ provision: venv
 
 bench: deps-lab venv
 	$(BIN)/python bench/health_scale.py
+	$(BIN)/python bench/fabric_isolation.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info lab/build lab/*.egg-info

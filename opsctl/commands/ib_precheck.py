@@ -105,8 +105,7 @@ def decide(config: Config, slurm: Slurm, reports: dict[str, dict[str, Any]], dry
         result = drain_findings(config, slurm, found, stop, dry_run, now=now)
     outcome.lines += result.lines
     outcome.stop = result.plan.stop
-    done = "would drain" if dry_run else "drained"
-    outcome.drained = [n for n in outcome.quarantine if any(line.startswith(f"{done} {n}: ") for line in result.lines)]
+    outcome.drained = sorted(result.drained)
     if not stop:
         resumed, lines = resume_own(config, slurm, outcome.passed, dry_run, now)
         outcome.resumed, outcome.lines = resumed, outcome.lines + lines

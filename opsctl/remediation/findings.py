@@ -26,6 +26,7 @@ from opsctl.slurm.partitions import select_partitions
 class FindingsResult:
     plan: Plan = field(default_factory=Plan)
     lines: list[str] = field(default_factory=list)  # what was done or refused, one line each
+    drained: list[str] = field(default_factory=list)  # drained, or with dry_run would be
     exit_code: ExitCode = ExitCode.OK
 
 
@@ -81,11 +82,13 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
                 audit.write("drain", node=name, checks=[c.id for c in found[name]], reason=reason, now=now,
                             evidence="; ".join(c.evidence for c in found[name]))
                 result.lines.append(f"drained {name}: {reason}")
+                result.drained.append(name)
             state.record("drains", len(names), now)
         for decision in plan.with_action("would-drain"):
             audit.write("would-drain", node=decision.node, checks=[c.id for c in decision.checks],
                         reason=decision.reason, dry_run=True, now=now)
             result.lines.append(f"would drain {decision.node}: {decision.reason}")
+            result.drained.append(decision.node)
     if plan.stop:
         result.lines.append(plan.stop)
         result.exit_code = ExitCode.SAFETY_STOP

@@ -6,6 +6,7 @@ The tests run their own lab (network OPSCTL_TEST_LAB_NET, default 1: 10.213.1.0/
 inventory in a temporary directory), so a lab that someone is provisioning (network 0) is left
 alone. It shares the cached image; the first run on a host builds it."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -161,6 +162,58 @@ def test_ib_write_bw_between_machines_follows_the_fabric_model():
         assert _bandwidth("gpu1", "gpu3", "mlx5_3").bw_average > 390
     finally:
         opsctl("clear", "gpu2")
+
+
+def fabric_test(tmp_path, *args, inventory=LAB_DIR / "inventory"):
+    """`opsctl ib fabric-test` from the host, as an admin runs it from the control host."""
+    config = tmp_path / "config.yml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\naudit_log: {tmp_path / 'audit.jsonl'}\n")
+    return subprocess.run([sys.executable, "-m", "opsctl", "ib", "fabric-test", "--inventory", str(inventory),
+                           "--config", str(config), *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_fabric_test_names_the_slow_hca_and_only_it(tmp_path):
+    """`opsctl ib fabric-test` over SSH into the machines, real ib_write_bw processes on both ends: a clean
+    fabric passes; ib-slow on one HCA of gpu2 is named exactly (node and rail), in the 3 rounds that
+    3 nodes need (round 1 finds the slow pair, 2 and 3 test each end against a good partner)."""
+    clean = fabric_test(tmp_path, "--json")
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr
+    report = json.loads(clean.stdout)
+    assert report["verdict"] == "pass" and report["culprits"] == []
+    assert {n["node"] for n in report["nodes"]} == {"gpu1", "gpu2", "gpu3"}
+    assert all(m["gbps"] > 390 for n in report["nodes"] for h in n["hcas"] for m in h["measurements"])
+
+    assert opsctl("inject", "gpu2", "ib-slow", "--hca", "5").returncode == 0
+    try:
+        slow = fabric_test(tmp_path, "--json")
+    finally:
+        opsctl("clear", "gpu2")
+    assert slow.returncode == 1, slow.stdout[-3000:] + slow.stderr
+    report = json.loads(slow.stdout)
+    assert report["culprits"] == [{"node": "gpu2", "hca": "mlx5_5", "verdict": "slow"}], report["culprits"]
+    assert report["rounds"] == 3
+    gpu2 = next(n for n in report["nodes"] if n["node"] == "gpu2")
+    rail5 = next(h for h in gpu2["hcas"] if h["hca"] == "mlx5_5")
+    assert rail5["measurements"] and all(190 < m["gbps"] < 200 for m in rail5["measurements"])
+    others = [h["verdict"] for n in report["nodes"] for h in n["hcas"] if (n["node"], h["hca"]) != ("gpu2", "mlx5_5")]
+    assert others == ["good"] * 23
+
+
+def test_fabric_test_refuses_a_wrong_host_key(tmp_path):
+    """The inventory's known_hosts is the truth: gpu3's address with gpu2's key is refused, and nothing is
+    tested (exit 3, one line naming gpu3)."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(LAB_DIR / "inventory", inventory)
+    lines = {line.split(",")[0]: line for line in SETTINGS.known_hosts.read_text().splitlines()}
+    known = inventory / ".ssh" / "known_hosts"
+    lines["gpu3"] = lines["gpu3"].split()[0] + " " + " ".join(lines["gpu2"].split()[1:])
+    known.write_text("".join(line + "\n" for line in lines.values()))
+    hosts = inventory / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace(str(SETTINGS.known_hosts), str(known)))
+    out = fabric_test(tmp_path, inventory=inventory)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "gpu3" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def test_a_fault_changes_that_machine_only():

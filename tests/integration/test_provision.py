@@ -764,3 +764,50 @@ def test_ib_precheck_with_every_port_init_quarantines_no_one_and_says_why(preche
             in run.stdout), run.stdout[-6000:]
     assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
     assert not changed_tasks(run.stdout)
+
+
+def slurm_over_ssh(machines, directory: Path) -> dict:
+    """sinfo and scontrol of the head, as commands on this host: scripts that run them there over SSH
+    (root, the lab key, strict host-key checking), so that opsctl here drains in the lab's Slurm."""
+    hv = machines.hosts[machines.head]
+    ssh = shlex.join(["ssh", "-i", hv["ansible_ssh_private_key_file"],
+                      *shlex.split(hv.get("ansible_ssh_common_args", "")), "-o", "BatchMode=yes",
+                      f"root@{hv['ansible_host']}"])
+    paths = {}
+    for tool in ("sinfo", "scontrol"):
+        path = directory / tool
+        path.write_text(f"#!/bin/bash\nexec {ssh} \"$(printf '%q ' {tool} \"$@\")\"\n")
+        path.chmod(0o755)
+        paths[tool] = str(path)
+    return paths
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_fabric_test_drains_the_node_of_the_slow_hca(precheck_alone, tmp_path):
+    """`opsctl ib fabric-test --drain` from the control host against the provisioned machines: ib-slow on
+    one HCA of gpu2 drains gpu2, and only gpu2, with the reason `opsctl:ib-fabric mlx5_4 slow ...`, under
+    the site's opsctl config (its drain limits) as the head has it."""
+    machines = precheck_alone
+    node = "gpu2"
+    config = yaml.safe_load(machines.on_head("cat /etc/opsctl/config.yml"))
+    config.update(state_dir=str(tmp_path / "state"), audit_log=str(tmp_path / "audit.jsonl"))
+    config["slurm"] = {**config.get("slurm", {}), **slurm_over_ssh(machines, tmp_path)}
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
+    lab_cli("inject", node, "ib-slow", "--hca", "4")
+    try:
+        run = subprocess.run([str(BIN / "opsctl"), "ib", "fabric-test", "--inventory", str(INVENTORY), "--drain",
+                              "--config", str(tmp_path / "config.yml")],
+                             capture_output=True, text=True, timeout=600, cwd=REPO)
+        state, reason = machines.drained(node) or ("", "")
+        others = {n: machines.drained(n) for n in machines.gpu_nodes if n != node}
+    finally:
+        lab_cli("clear", node)
+        if (machines.drained(node) or ("", ""))[1].startswith("opsctl:ib-fabric"):
+            machines.resume(node)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "drain" in state and reason.startswith("opsctl:ib-fabric mlx5_4 slow"), (state, reason, run.stdout)
+    assert others == dict.fromkeys(others)
+    assert f"drained {node}: opsctl:ib-fabric" in run.stdout
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [r["node"] for r in audit if r["event"] == "drain"] == [node]
