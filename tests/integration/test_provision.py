@@ -712,22 +712,23 @@ def precheck_alone(machines):
     opsctl's own drains resumed first."""
     machines.on_head("systemctl stop opsctl-health.timer")
     try:
-        for name in machines.gpu_nodes:
-            lab_cli("clear", name)
-            state = machines.drained(name)
-            if state and state[1].startswith("opsctl:"):
-                machines.resume(name)
+        clear_faults_and_resume(machines, "opsctl:")
         for name in machines.gpu_nodes:
             wait_until(lambda name=name: machines.node_state(name)[0] in ("idle", "mixed"), 120, f"{name} in service")
         assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
         yield machines
     finally:
-        for name in machines.gpu_nodes:
-            lab_cli("clear", name)
-            state = machines.drained(name)
-            if state and state[1].startswith("opsctl:ib-precheck"):
-                machines.resume(name)
+        clear_faults_and_resume(machines, "opsctl:ib-precheck")
         machines.on_head("systemctl start opsctl-health.timer")
+
+
+def clear_faults_and_resume(machines, owned: str) -> None:
+    """Clear every GPU machine's faults and resume the drains whose reason starts with `owned`."""
+    for name in machines.gpu_nodes:
+        lab_cli("clear", name)
+        state = machines.drained(name)
+        if state and state[1].startswith(owned):
+            machines.resume(name)
 
 
 def precheck_run() -> subprocess.CompletedProcess:
@@ -799,7 +800,7 @@ def test_fabric_test_drains_the_node_of_the_slow_hca(precheck_alone, tmp_path):
     the site's opsctl config (its drain limits) as the head has it."""
     machines = precheck_alone
     node = "gpu2"
-    config = yaml.safe_load(machines.on_head("cat /etc/opsctl/config.yml"))
+    config = yaml.safe_load(machines.on_head("cat /etc/opsctl/config.yaml"))
     config.update(state_dir=str(tmp_path / "state"), audit_log=str(tmp_path / "audit.jsonl"))
     config["slurm"] = {**config.get("slurm", {}), **slurm_over_ssh(machines, tmp_path)}
     (tmp_path / "config.yml").write_text(yaml.safe_dump(config))
