@@ -73,6 +73,12 @@ def _http_url(ctx, param, value):
 
 config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
                              help="Config file (default: $OPSCTL_CONFIG, then /etc/opsctl/config.yaml).")
+# `opsctl ib check` and `opsctl node check` read the same sysfs tree and watch the same counters.
+window_option = click.option("--window", type=click.FloatRange(min=0, max=600), default=None, metavar="SECONDS",
+                             help="Watch the error counters this long (default: ib.window_seconds, 10; "
+                                  "0: no window).")
+sysfs_root_option = click.option("--sysfs-root", default=None, metavar="DIR",
+                                 help="Read sysfs here (default: ib.sysfs_root, /sys).")
 
 
 @main.command("health")
@@ -168,9 +174,8 @@ def ib_group():
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--from", "from_path", type=click.Path(exists=True), default=None, metavar="PATH",
               help="Check a capture instead of this node: an ibstat or ibv_devinfo output, or a copied sysfs tree.")
-@click.option("--window", type=click.FloatRange(min=0, max=600), default=None, metavar="SECONDS",
-              help="Watch the error counters this long (default: ib.window_seconds, 10; 0: no window).")
-@click.option("--sysfs-root", default=None, metavar="DIR", help="Read sysfs here (default: ib.sysfs_root, /sys).")
+@window_option
+@sysfs_root_option
 @config_option
 @click.pass_obj
 @one_line_errors
@@ -241,9 +246,8 @@ def node_group():
               help="Drain this node when a check fails, resume it from its own drain when all pass "
                    "(Slurm's HealthCheckProgram).")
 @click.option("--node", default=None, metavar="NAME", help="This node's Slurm name (default: the short host name).")
-@click.option("--window", type=click.FloatRange(min=0, max=600), default=None, metavar="SECONDS",
-              help="Watch the error counters this long (default: ib.window_seconds).")
-@click.option("--sysfs-root", default=None, metavar="DIR", help="Read sysfs here (default: ib.sysfs_root, /sys).")
+@window_option
+@sysfs_root_option
 @config_option
 @click.pass_obj
 @one_line_errors
