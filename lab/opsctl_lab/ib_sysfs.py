@@ -16,6 +16,7 @@ whatever faults added (NodeHardware.counter), so they only go up.
 """
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,6 +115,14 @@ def _write_if_changed(path: Path, content: str) -> None:
             return
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(line)
-    os.replace(tmp, path)
+    # A temporary name of this writer's own: the inject command and the emulator's refresh loop write
+    # the same tree at the same moment, and a shared name lets one rename the other's file away.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(line)
+        os.chmod(tmp, 0o644)  # readable by node_exporter and the tools, as sysfs files are
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
