@@ -252,7 +252,7 @@ def node_group():
 @click.pass_obj
 @one_line_errors
 def node_check_cmd(clients, as_json, textfile, drain, node, window, sysfs_root, config_path):
-    """Run every node-local check (InfiniBand today).
+    """Run every node-local check: InfiniBand, and the storage mounts of the config's storage section.
 
     Exit codes: 0 all pass, 1 a check failed, 2 usage/config error, 3 the hardware could not be read.
     """

@@ -13,27 +13,43 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.commands.ib import check_report, report_dict
 from opsctl.errors import ExitCode
-from opsctl.nodecheck import drain_self, metrics_text, results, write_textfile
+from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
+from opsctl.storage.check import StorageReport, storage_report
 
 
 def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: bool, node: str | None,
                window: float | None, sysfs_root: str | None) -> ExitCode:
     report = check_report(clients, None, None, window, sysfs_root)
-    found = results(report)
+    storage = storage_report(clients.config().storage)
+    found = results(report) + storage_results(storage)
     if textfile:
-        write_textfile(Path(textfile), metrics_text(found, time.time()))
-    code = ExitCode.OK if report.passed else ExitCode.FAILING
+        write_textfile(Path(textfile), metrics_text(found, time.time(), storage))
+    code = ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING
     action = ""
     if drain:
         # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
         code, action = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0],
                                   found)
     if as_json:
-        click.echo(json.dumps({**report_dict(report), "checks": [r.__dict__ for r in found], "action": action},
-                              indent=1))
+        click.echo(json.dumps({**report_dict(report), "checks": [r.__dict__ for r in found],
+                               "storage": storage_dict(storage), "action": action}, indent=1))
     else:
+        details = {(f.check, f.device): f.detail for f in storage.findings}
         for r in found:
-            click.echo(f"{r.check:20} {r.device or '-':10} {'FAIL' if r.failed else 'ok'}")
+            detail = details.get((r.check, r.device), "")
+            click.echo(f"{r.check:22} {r.device or '-':14} {'FAIL' if r.failed else 'ok'}  {detail}".rstrip())
+        for point, stats in sorted(storage.nfs.items()):
+            click.echo(f"nfs {point}: {stats.retransmissions} RPC retransmissions of {stats.ops} ops since mount")
         if action:
             click.echo(action)
     return code
+
+
+def storage_dict(storage: StorageReport) -> dict:
+    return {
+        "verdict": "pass" if storage.passed else "fail",
+        "findings": [{"check": f.check, "device": f.device, "detail": f.detail} for f in storage.findings],
+        "skipped": [{"check": check, "why": why} for check, why in sorted(storage.skipped.items())],
+        "nfs": [{"mount": point, "ops": s.ops, "retransmissions": s.retransmissions,
+                 "major_timeouts": s.major_timeouts} for point, s in sorted(storage.nfs.items())],
+    }

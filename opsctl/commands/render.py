@@ -1,7 +1,7 @@
 """Text for people (a table) and for programs (JSON) from one health run. Returns strings; the CLI echoes.
 
 JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", "severity", "status",
-"gpu"|"hca", "value", "threshold", "evidence"}], "action"}], "summary": {...}}.
+"gpu"|"hca"|"mount"|"target", "value", "threshold", "evidence"}], "action"}], "summary": {...}}.
 """
 
 import json
@@ -67,6 +67,7 @@ def summary(result) -> dict:
         "would_escalate": actions.count("would-escalate"),
         "skipped": sum(1 for a in actions if a.startswith("skip:")),
         "safety_stop": result.plan.stop or None,
+        "outage": result.plan.outage or None,
         "warnings": list(result.report.warnings),
         "dry_run": result.options.dry_run,
         "queries": result.report.queries,
@@ -107,9 +108,15 @@ def render_json(result) -> str:
 def render_table(result, all_nodes: bool = False) -> str:
     """Nodes that are not plainly ok (or all with all_nodes), then a one-line summary."""
     rows = [("NODE", "STATUS", "ACTION", "EVIDENCE")]
+    outage = set(result.plan.outage_nodes)
+    if outage:
+        # One row for a shared outage: the breaker's line names what failed, the nodes are all of them.
+        rows.append((result.plan.outage, "fail", "skip:circuit-breaker", f"{len(outage)} nodes"))
     for verdict in result.report.nodes.values():
         action = result.plan.action(verdict.node)
         if not all_nodes and verdict.status == "ok" and action == "none" and verdict.in_slurm:
+            continue
+        if verdict.node in outage and not all_nodes:
             continue
         evidence = "; ".join([w for w in [_waiting(result, verdict.node), evidence_text(verdict)] if w])
         rows.append((node_name(verdict), verdict.status, action, evidence))

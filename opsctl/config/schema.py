@@ -138,6 +138,25 @@ class IbConfig:
 
 
 @dataclass(frozen=True)
+class StorageMount:
+    """A mount a node must have to take jobs (`opsctl node check`, docs/storage.md)."""
+
+    path: str  # where it is mounted: /home, /lustre
+    fstype: str  # what /proc/self/mountinfo must say: nfs4, lustre, ...
+    probe_dir: str | None = None  # a directory where the check writes and reads back a probe file
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    mounts: tuple[StorageMount, ...] = ()
+    timeout_seconds: float = 10.0  # a mount whose stat (and probe) takes longer is hung
+    lctl: str = "lctl"
+    lfs: str = "lfs"
+    mountinfo_path: str = "/proc/self/mountinfo"
+    mountstats_path: str = "/proc/self/mountstats"
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = PrometheusConfig()
     slurm: SlurmConfig = SlurmConfig()
@@ -148,6 +167,7 @@ class Config:
     metrics: MetricsConfig = MetricsConfig()
     alerts: AlertsConfig = AlertsConfig()
     ib: IbConfig = IbConfig()
+    storage: StorageConfig = StorageConfig()
     state_dir: Path = DEFAULT_STATE_DIR
     audit_log: Path = DEFAULT_AUDIT_LOG
     source: str = "built-in defaults"
@@ -208,7 +228,7 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {source}: the top level must be a mapping")
-    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "metrics", "alerts", "ib",
+    top = {"prometheus", "slurm", "catalog", "node_mapping", "hardware", "safety", "metrics", "alerts", "ib", "storage",
            "state_dir", "audit_log"}
     for key in raw:
         _check(key in top, str(key), f"unknown key (known: {', '.join(sorted(top))})")
@@ -339,8 +359,8 @@ def parse_config(raw: object, source: str, env: Mapping[str, str] | None = None)
         state_dir = Path(env["OPSCTL_STATE_DIR"])
         audit_log = state_dir / "audit.jsonl"
     return Config(prometheus=prom, slurm=slurm, catalog=catalog, node_mapping=mapping, hardware=hardware,
-                  safety=safety, metrics=_metrics(raw), alerts=_alerts(raw), ib=_ib(raw), state_dir=state_dir,
-                  audit_log=audit_log, source=source)
+                  safety=safety, metrics=_metrics(raw), alerts=_alerts(raw), ib=_ib(raw), storage=_storage(raw),
+                  state_dir=state_dir, audit_log=audit_log, source=source)
 
 
 _LISTEN = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -404,6 +424,37 @@ def _ib(raw: Raw) -> IbConfig:
                           "must be an absolute path"),
         window_seconds=_typed("ib", i, "window_seconds", float, IbConfig.window_seconds, lambda v: 0 <= v <= 600,
                               "must be 0-600 seconds"),
+    )
+
+
+def _storage(raw: Raw) -> StorageConfig:
+    s = _section(raw, "storage", ["mounts", "timeout_seconds", "lctl", "lfs", "mountinfo_path", "mountstats_path"])
+    mounts = []
+    for index, entry in enumerate(_typed("storage", s, "mounts", list, [])):
+        key = f"storage.mounts[{index}]"
+        _check(isinstance(entry, dict), key, "must be a mapping with path and fstype")
+        for name in entry:
+            _check(name in ("path", "fstype", "probe_dir"), f"{key}.{name}", "unknown key (known: fstype, path, "
+                   "probe_dir)")
+        path, fstype, probe_dir = entry.get("path"), entry.get("fstype"), entry.get("probe_dir")
+        _check(isinstance(path, str) and path.startswith("/") and path == os.path.normpath(path), f"{key}.path",
+               "must be an absolute, normalised path")
+        _check(isinstance(fstype, str) and re.fullmatch(r"[\w.-]+", fstype) is not None, f"{key}.fstype",
+               "must be a filesystem type such as nfs4 or lustre")
+        _check(probe_dir is None or isinstance(probe_dir, str) and probe_dir.startswith("/")
+               and (probe_dir + "/").startswith(path.rstrip("/") + "/"), f"{key}.probe_dir",
+               f"must be an absolute path under {path}")
+        mounts.append(StorageMount(path=path, fstype=fstype, probe_dir=probe_dir))
+    _check(len({m.path for m in mounts}) == len(mounts), "storage.mounts", "a path is listed twice")
+    absolute = (lambda v: v.startswith("/")), "must be an absolute path"
+    return StorageConfig(
+        mounts=tuple(mounts),
+        timeout_seconds=_typed("storage", s, "timeout_seconds", float, StorageConfig.timeout_seconds,
+                               lambda v: 0.1 <= v <= 600, "must be 0.1-600 seconds"),
+        lctl=_typed("storage", s, "lctl", str, StorageConfig.lctl, bool, "must not be empty"),
+        lfs=_typed("storage", s, "lfs", str, StorageConfig.lfs, bool, "must not be empty"),
+        mountinfo_path=_typed("storage", s, "mountinfo_path", str, StorageConfig.mountinfo_path, *absolute),
+        mountstats_path=_typed("storage", s, "mountstats_path", str, StorageConfig.mountstats_path, *absolute),
     )
 
 

@@ -26,7 +26,7 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
 RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "hold", "xid", "evidence",
-             "variants", "severity", "action", "auto_resume", "memory", "description", "remediation"}
+             "variants", "severity", "action", "auto_resume", "memory", "domain", "description", "remediation"}
 OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume", "memory",
                "description", "remediation"}
 # How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
@@ -34,6 +34,9 @@ OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "actio
 #   level:  a lifetime counter or a latched gauge; the same or a lower value is the same event until the
 #           rule reads ok again.
 MEMORY_KINDS = ("window", "level", "none")
+# What a failure on many nodes at once points at: the nodes themselves, or a service they share (storage),
+# which the circuit breaker then names instead of the nodes.
+DOMAINS = ("node", "storage")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 # A range selector, [5m], or the range of a subquery, [5m:30s].
 _RANGE = re.compile(r"\[(\d+[smhd])(?::\d*[smhd]?)?\]")
@@ -58,6 +61,7 @@ class Rule:
     remediation: str
     xid: int | None = None
     memory: str = "none"
+    domain: str = "node"
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -175,6 +179,9 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     memory = merged.get("memory", "none")
     if memory not in MEMORY_KINDS:
         raise ConfigError(f"{where}: memory must be one of {', '.join(MEMORY_KINDS)}")
+    domain = merged.get("domain", "node")
+    if domain not in DOMAINS:
+        raise ConfigError(f"{where}: domain must be one of {', '.join(DOMAINS)}")
     _check_windows(expr, config, where)
     evidence = str(merged.get("evidence", "value=${value}"))
     if unknown_formats(evidence):
@@ -185,7 +192,8 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
                 action=merged["action"], auto_resume=auto_resume,
                 evidence=evidence,
                 description=" ".join(str(merged["description"]).split()),
-                remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory)
+                remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory,
+                domain=domain)
 
 
 def _check_windows(expr: str, config: Config, where: str) -> None:

@@ -1,10 +1,13 @@
-"""`opsctl node check`: every node-local check (today the InfiniBand precheck), its result for
+"""`opsctl node check`: every node-local check (the InfiniBand precheck and storage health), its result for
 node_exporter's textfile collector, and, as Slurm's HealthCheckProgram, the node draining itself.
 
 Metrics (one file, written atomically; node_exporter reads only *.prom):
 
     opsctl_node_check{check="ib-port-state",device="mlx5_2"} 1   a failing check, per device
     opsctl_node_check{check="ib-link-rate",device="node"} 0       a check that ran and passed
+    opsctl_node_check{check="storage-mount-hung",device="/home"} 1   storage: the device is the mount point,
+    opsctl_node_check{check="lustre-import-down",device="lustre-OST0002"} 1   or the Lustre target
+    opsctl_node_nfs_rpc_retransmissions_total{mount="/home"} 12   per NFS mount, cumulative since it mounted
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
@@ -25,6 +28,7 @@ from opsctl.fabric.check import CHECKS, Report
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.state import RunLock
 from opsctl.slurm import OWNED_PREFIX, Slurm
+from opsctl.storage.check import StorageReport
 
 RULE = "node-check"
 NODE = "node"
@@ -47,10 +51,28 @@ def results(report: Report, family: str = "ib") -> list[CheckResult]:
     return sorted(set(out), key=lambda r: (r.check, r.device))
 
 
-def metrics_text(found: list[CheckResult], now: float) -> str:
+def storage_results(report: StorageReport) -> list[CheckResult]:
+    out = [CheckResult(f.check, f.device, True) for f in report.findings]
+    failed = {f.check for f in report.findings}
+    out += [CheckResult(check, NODE, False) for check in report.checked if check not in failed]
+    return sorted(set(out), key=lambda r: (r.check, r.device))
+
+
+def _label(value: str) -> str:
+    """A label value in the text exposition format: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None) -> str:
     lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
              "# TYPE opsctl_node_check gauge"]
-    lines += [f'opsctl_node_check{{check="{r.check}",device="{r.device}"}} {int(r.failed)}' for r in found]
+    lines += [f'opsctl_node_check{{check="{r.check}",device="{_label(r.device)}"}} {int(r.failed)}' for r in found]
+    if storage and storage.nfs:
+        lines += ["# HELP opsctl_node_nfs_rpc_retransmissions_total RPC retransmissions of an NFS mount "
+                  "(/proc/self/mountstats: transmissions beyond the first of each op).",
+                  "# TYPE opsctl_node_nfs_rpc_retransmissions_total counter"]
+        lines += [f'opsctl_node_nfs_rpc_retransmissions_total{{mount="{_label(point)}"}} {stats.retransmissions}'
+                  for point, stats in sorted(storage.nfs.items())]
     lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
               "# TYPE opsctl_node_check_timestamp_seconds gauge",
               f"opsctl_node_check_timestamp_seconds {now:.3f}"]

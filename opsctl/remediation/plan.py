@@ -39,6 +39,8 @@ class Plan:
     decisions: dict[str, Decision] = field(default_factory=dict)
     stop: str = ""  # set when a safety limit stopped (some of) the run: exit 4
     breaker: bool = False  # the circuit breaker tripped: nothing at all is changed
+    outage: str = ""  # the shared service the breaker named ("storage"), whose failing nodes it stands for
+    outage_nodes: tuple[str, ...] = ()
     healthy_since: dict[str, float] = field(default_factory=dict)
 
     def action(self, node: str) -> str:
@@ -91,6 +93,18 @@ def unknown_stop(report: Report, cluster: dict[str, SlurmNode], safety: SafetyCo
     return ""
 
 
+def shared_outage(report: Report, candidates: list[str], rules: list[Rule]) -> str:
+    """'storage (lustre-import-down lustre-OST0002)' when every failing node fails only storage rules: many
+    nodes losing the same shared storage at once is one storage outage, not many node faults; else ''."""
+    storage = {r.id for r in rules if r.domain == "storage"}
+    checks = [c for name in candidates for c in report.nodes[name].drain_checks()]
+    if not checks or any(c.id not in storage for c in checks):
+        return ""
+    what = sorted({f"{c.id} {c.device}".strip() for c in checks})
+    shown = ", ".join(what[:3]) + (f", +{len(what) - 3} more" if len(what) > 3 else "")
+    return f"storage ({shown}), a storage outage rather than node faults"
+
+
 def _held(node: SlurmNode) -> str:
     return f"Slurm holds it {node.state_text}"
 
@@ -138,6 +152,10 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
     if len(candidates) > limit:
         stop = (f"circuit breaker: {len(candidates)} nodes newly fail, more than the limit {limit:g} (max of "
                 f"{safety.breaker_min_nodes} nodes and {safety.breaker_fraction:.0%} of {total}); acting on none")
+        outage = shared_outage(report, candidates, rules)
+        if outage:
+            stop = f"circuit breaker: {outage}; {stop.removeprefix('circuit breaker: ')}"
+            plan.outage, plan.outage_nodes = "storage", tuple(sorted(candidates))
     acting = [n for n in sorted(candidates) if scope is None or n in scope]
     if stop:
         plan.stop, plan.breaker = stop, True

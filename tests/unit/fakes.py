@@ -17,7 +17,8 @@ from opsctl.health.identity import SELF_METRICS
 from opsctl.prom.client import Sample
 from opsctl.slurm.base import SlurmNode
 
-DEVICE = {"gpu": "0", "device": "mlx5_0", "": ""}
+DEVICE = {"gpu": "0", "device": "mlx5_0", "finding": "ib-port-state mlx5_0", "mount": "/home",
+          "target": "lustre-OST0002", "": ""}
 
 
 def ok_value(rule: Rule) -> float:

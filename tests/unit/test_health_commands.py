@@ -379,3 +379,34 @@ def test_every_audit_line_is_fsynced(world, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), original(fd)))
     world.run("drain", "gpu061", "--reason", "bad fan")
     assert len(synced) >= 1 and world.audit()[0]["event"] == "drain"
+
+
+def test_a_lustre_import_down_on_one_node_drains_it_with_the_rule_and_target(world):
+    world.prom.breach("lustre-import-down", "gpu002", "lustre-OST0002")
+    code, nodes, _ = world.json("--drain")
+    assert code == 1 and nodes["gpu002"]["action"] == "drain"
+    assert nodes["gpu002"]["checks"][0]["target"] == "lustre-OST0002"
+    assert world.slurm.state["gpu002"].reason.startswith("opsctl:lustre-import-down lustre-OST0002")
+
+
+def test_a_storage_outage_on_every_node_trips_the_breaker_naming_storage_not_the_nodes(world):
+    for i in range(1, 65):
+        world.prom.breach("lustre-import-down", f"gpu{i:03d}", "lustre-OST0002")
+    code, _, summary = world.json("--drain")
+    assert code == 4 and world.slurm.calls == [] and summary["outage"] == "storage"
+    assert summary["safety_stop"].startswith("circuit breaker: storage (lustre-import-down lustre-OST0002), a storage "
+                                             "outage rather than node faults; 64 nodes newly fail")
+    assert world.run("health", "--drain") == 4
+    rows = world.stdout.splitlines()
+    assert rows[1].split() == ["storage", "fail", "skip:circuit-breaker", "64", "nodes"]
+    assert not any(row.startswith("gpu") for row in rows)
+    assert "safety stop: circuit breaker: storage (lustre-import-down lustre-OST0002)" in world.stdout
+
+
+def test_a_breaker_of_node_faults_and_storage_together_names_no_storage(world):
+    for i in range(1, 33):
+        world.prom.breach("storage-mount-hung", f"gpu{i:03d}", "/home")
+    for i in range(33, 40):
+        world.prom.breach("xid-79", f"gpu{i:03d}", "0")
+    code, _, summary = world.json("--drain")
+    assert code == 4 and summary["outage"] is None and "storage" not in summary["safety_stop"]
