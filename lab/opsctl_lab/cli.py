@@ -67,7 +67,7 @@ def lab_env() -> ExitCode:
 @click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
 @one_line_errors
 def lab_inject(node: str, fault: str, gpu: int | None, hca: str | None) -> ExitCode:
-    """Inject FAULT into NODE's emulated hardware (see `opsctl lab faults`)."""
+    """Inject FAULT into NODE's emulated hardware (see `opsctl lab faults`); NODE `all`: every node."""
     from opsctl_lab.cluster import inject
 
     return inject(node, fault, gpu=gpu, hca=hca)
@@ -77,7 +77,7 @@ def lab_inject(node: str, fault: str, gpu: int | None, hca: str | None) -> ExitC
 @click.argument("node")
 @one_line_errors
 def lab_clear(node: str) -> ExitCode:
-    """Clear every fault on NODE."""
+    """Clear every fault on NODE (NODE `all`: on every node)."""
     from opsctl_lab.cluster import clear
 
     return clear(node)

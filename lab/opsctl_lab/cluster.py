@@ -21,6 +21,7 @@ from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault
 from opsctl_lab.hardware import fault_label as _fault_label
 from opsctl_lab.ib_sysfs import write_tree
+from opsctl_lab.storage_view import write_storage
 
 REQUIRED_PROGRAMS = {
     "munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client",
@@ -231,8 +232,16 @@ def reset() -> ExitCode:
             fresh = NodeHardware(node=node, minors=hw.minors)
             fresh.save(paths.hardware(node))
             write_tree(paths.sysfs(node), fresh)
+            write_storage(paths.storage(node), prometheus_lab.mount_base(paths, node), fresh)
         if hw.active:
             prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
+    # What `opsctl node check` wrote for a node's textfile collector describes the past now.
+    checked = sorted(node for node in names if any(paths.textfile(node).glob("*.prom")))
+    for node in checked:
+        for result in paths.textfile(node).glob("*.prom"):
+            result.unlink()
+    if checked:
+        lines.append(f"removed the node check results of {len(checked)} node(s): {', '.join(checked)}")
     # Only a node out of service (drain, drng, down*, fail, ...) is resumed.
     out = {n: s for n, s in slurm_lab.node_states(paths).items() if slurm_lab.is_out_of_service(s)}
     if out:
@@ -272,17 +281,29 @@ def env() -> ExitCode:
     return ExitCode.OK
 
 
-def _node_index(paths: lp.LabPaths, node: str) -> int:
+def _names(paths: lp.LabPaths) -> list[str]:
     state = _lab_state(paths)
     if not state:
         raise LabError("the lab is not running; start it with `opsctl lab up`")
-    names = [lp.node_name(i) for i in range(state["nodes"])]
+    return [lp.node_name(i) for i in range(state["nodes"])]
+
+
+def _node_index(paths: lp.LabPaths, node: str) -> int:
+    names = _names(paths)
     if node not in names:
         raise LabError(f"no lab node {node!r}: the lab has {names[0]}..{names[-1]}")
     return names.index(node)
 
 
+ALL_NODES = "all"
+
+
 def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None) -> ExitCode:
+    """NODE `all`: every node at once, as a shared service failing does (a Lustre OST down for all)."""
+    if node == ALL_NODES:
+        for name in _names(_paths()):
+            inject(name, fault, gpu, hca)
+        return ExitCode.OK
     paths = _paths()
     index = _node_index(paths, node)
     spec, _ = parse_fault(fault)
@@ -301,6 +322,10 @@ def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None
 
 
 def clear(node: str) -> ExitCode:
+    if node == ALL_NODES:
+        for name in _names(_paths()):
+            clear(name)
+        return ExitCode.OK
     paths = _paths()
     index = _node_index(paths, node)
     hw = NodeHardware.load(paths.hardware(node), node)

@@ -17,7 +17,8 @@ loopback address; a lab machine runs one instance as its dcgm-exporter service):
 
     python3 -m opsctl_lab.dcgm_emulator --listen 10.213.0.11:9400 --node gpu1 \
         --state /var/lib/opsctl-hw/hardware.json --sysfs-root /var/lib/opsctl-hw/sys
-    python3 -m opsctl_lab.dcgm_emulator --nodes-file nodes.json   # [{node, listen, state, sysfs_root}]
+    python3 -m opsctl_lab.dcgm_emulator --nodes-file nodes.json   # [{node, listen, state, sysfs_root,
+                                                                  #   storage_root, mount_base}]
 
 It also keeps each node's sysfs InfiniBand tree current (rising counters), and stops answering for
 a node while that node has the `exporter-down` fault.
@@ -37,6 +38,7 @@ from pathlib import Path
 from opsctl_lab import hardware as hwm
 from opsctl_lab.hardware import NodeHardware, stable_int
 from opsctl_lab.ib_sysfs import write_tree
+from opsctl_lab.storage_view import write_storage
 
 # A fixed origin for time-driven counters, so that a restarted emulator does not reset them.
 COUNTER_EPOCH = 1_750_000_000.0
@@ -211,6 +213,8 @@ class EmulatedNode:
     listen: str
     state: Path
     sysfs_root: Path | None = None
+    storage_root: Path | None = None  # where the node's emulated mountinfo and mountstats go (storage_view)
+    mount_base: Path | None = None  # under which its mount points are
     hw: NodeHardware | None = None
     version: tuple = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
     sysfs_version: tuple | None = None  # the version the sysfs tree was last written for
@@ -299,6 +303,8 @@ def tick(node: EmulatedNode, now: float) -> None:
     rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
     if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
         write_tree(node.sysfs_root, node.hw, now)
+        if node.storage_root is not None and node.mount_base is not None:
+            write_storage(node.storage_root, node.mount_base, node.hw)
         node.sysfs_version = node.version
 
 
@@ -316,9 +322,14 @@ def run(nodes: list[EmulatedNode], tick_s: float = 0.5) -> None:
         _stop(node)
 
 
+def _optional_path(spec: dict, key: str) -> Path | None:
+    return Path(spec[key]) if spec.get(key) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dcgm-exporter (opsctl lab emulator)", description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes-file", type=Path, help="JSON list of {node, listen, state, sysfs_root}")
+    parser.add_argument("--nodes-file", type=Path,
+                        help="JSON list of {node, listen, state, sysfs_root, storage_root, mount_base}")
     parser.add_argument("--listen", help="ADDR:PORT for a single node")
     parser.add_argument("--node", help="node name (the Hostname label)")
     parser.add_argument("--state", type=Path, help="the node's hardware state file")
@@ -326,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes_file:
         spec = json.loads(args.nodes_file.read_text())
-        nodes = [EmulatedNode(n["node"], n["listen"], Path(n["state"]),
-                              Path(n["sysfs_root"]) if n.get("sysfs_root") else None) for n in spec]
+        nodes = [EmulatedNode(n["node"], n["listen"], Path(n["state"]), sysfs_root=_optional_path(n, "sysfs_root"),
+                              storage_root=_optional_path(n, "storage_root"),
+                              mount_base=_optional_path(n, "mount_base")) for n in spec]
     elif args.listen and args.node and args.state:
         nodes = [EmulatedNode(args.node, args.listen, args.state, args.sysfs_root)]
     else:

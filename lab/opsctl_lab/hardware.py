@@ -88,6 +88,7 @@ class FaultSpec:
     rates: dict = field(default_factory=dict)
     steps: dict = field(default_factory=dict)
     machines_only: bool = False
+    simulated_only: bool = False  # the lab machines do not emulate what it changes (yet)
 
 
 FAULTS = {
@@ -120,6 +121,11 @@ FAULTS = {
         FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
+        FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
+                  "`lfs check servers` fails it", simulated_only=True),
+        FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=True),
+        FaultSpec("nfs-hung", "node", "/home stops answering: its probe blocks, as a stat of a hung NFS mount does",
+                  simulated_only=True),
     ]
 }
 
@@ -129,7 +135,7 @@ def describe_faults() -> str:
     for spec in FAULTS.values():
         where = {"gpu": "--gpu G", "hca": "--hca H", "node": ""}[spec.target]
         name = "xid:<code>" if spec.name == "xid" else spec.name
-        tier = " (lab machines only)" if spec.machines_only else ""
+        tier = " (lab machines only)" if spec.machines_only else " (simulated lab only)" if spec.simulated_only else ""
         lines.append(f"{name:22} {where:8} {spec.summary}{tier}")
     return "\n".join(lines)
 

@@ -115,3 +115,16 @@ class LabPaths:
 
     def sysfs(self, node: str) -> Path:
         return self.node_dir(node) / "sys"
+
+    def storage(self, node: str) -> Path:
+        """The node's emulated storage (opsctl_lab.storage_view): mountinfo, mountstats, mnt/<mount points>,
+        bin/lctl and bin/lfs."""
+        return self.node_dir(node) / "storage"
+
+    def textfile(self, node: str) -> Path:
+        """The directory of the node's node_exporter textfile collector (`opsctl node check --textfile`)."""
+        return self.node_dir(node) / "textfile"
+
+    def node_check_config(self, node: str) -> Path:
+        """An opsctl config for `opsctl node check` of this node: its sysfs tree, mounts and Lustre tools."""
+        return self.node_dir(node) / "node-check.yaml"

@@ -8,8 +8,10 @@ import shutil
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import jinja2
+import yaml
 
 import opsctl
 import opsctl_lab
@@ -17,6 +19,7 @@ from opsctl_lab import paths as lp
 from opsctl_lab import processes
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
+from opsctl_lab.storage_view import MOUNTS, mount_dir, probe_dir, write_storage
 
 _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("opsctl_lab", "templates"),
                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -28,18 +31,49 @@ def prometheus_url() -> str:
 
 
 def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
-    """Each node's hardware state (kept across restarts) and its sysfs tree."""
+    """Each node's hardware state (kept across restarts), its sysfs tree, its storage and what `opsctl node
+    check` of it needs: the Lustre tools, a config, the textfile collector's directory."""
     for index in range(nodes):
         name = lp.node_name(index)
         hw = NodeHardware.load(paths.hardware(name), name)
         if not paths.hardware(name).exists():
             hw.save(paths.hardware(name))
         write_tree(paths.sysfs(name), hw)
+        write_storage(paths.storage(name), mount_base(paths, name), hw)
+        write_node_check_config(paths, name)
+        paths.textfile(name).mkdir(parents=True, exist_ok=True)
+
+
+def mount_base(paths: lp.LabPaths, name: str) -> Path:
+    return paths.storage(name) / "mnt"
+
+
+def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
+    """The node's Lustre tools (the emulated lctl and lfs, reading its hardware state) and an opsctl config
+    that points `opsctl node check` at its sysfs tree, its mounts and those tools."""
+    bin_dir = paths.storage(name) / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in ("lctl", "lfs"):
+        env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{tool} \"$@\"\n")
+        (bin_dir / tool).chmod(0o755)
+    base = mount_base(paths, name)
+    storage = paths.storage(name)
+    mounts = [{"path": str(mount_dir(base, m.point)), "fstype": m.fstype,
+               **({"probe_dir": str(probe_dir(base, m))} if m.probe else {})} for m in MOUNTS]
+    config = {"ib": {"sysfs_root": str(paths.sysfs(name)), "window_seconds": 0},
+              "storage": {"mounts": mounts, "timeout_seconds": 3, "lctl": str(bin_dir / "lctl"),
+                          "lfs": str(bin_dir / "lfs"), "mountinfo_path": str(storage / "mountinfo"),
+                          "mountstats_path": str(storage / "mountstats")}}
+    text = yaml.safe_dump(config, sort_keys=False)
+    if not paths.node_check_config(name).exists() or paths.node_check_config(name).read_text() != text:
+        paths.node_check_config(name).write_text(text)
 
 
 def start_dcgm_emulator(paths: lp.LabPaths, nodes: int) -> None:
     spec = [{"node": lp.node_name(i), "listen": f"{lp.node_address(i)}:{lp.DCGM_PORT}",
-             "state": str(paths.hardware(lp.node_name(i))), "sysfs_root": str(paths.sysfs(lp.node_name(i)))}
+             "state": str(paths.hardware(lp.node_name(i))), "sysfs_root": str(paths.sysfs(lp.node_name(i))),
+             "storage_root": str(paths.storage(lp.node_name(i))), "mount_base": str(mount_base(paths, lp.node_name(i)))}
             for i in range(nodes)]
     nodes_file = paths.root / "dcgm-emulator-nodes.json"
     nodes_file.write_text(json.dumps(spec, indent=1))
@@ -57,7 +91,8 @@ def start_node_exporter(paths: lp.LabPaths, index: int) -> None:
     name = lp.node_name(index)
     processes.start(f"node_exporter.{name}", [
         NODE_EXPORTER, f"--path.sysfs={paths.sysfs(name)}", "--collector.disable-defaults",
-        "--collector.infiniband", f"--web.listen-address={lp.node_address(index)}:{lp.NODE_EXPORTER_PORT}",
+        "--collector.infiniband", "--collector.textfile", f"--collector.textfile.directory={paths.textfile(name)}",
+        f"--web.listen-address={lp.node_address(index)}:{lp.NODE_EXPORTER_PORT}",
         "--log.level=warn",
     ], paths.run, paths.logs)
 

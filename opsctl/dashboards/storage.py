@@ -1,9 +1,10 @@
 """Storage: filesystems (free space, read-only, device errors), NVMe traffic and NFS client calls, from
-node_exporter. Mount health and Lustre imports have their row; no exporter opsctl ships reports them yet."""
+node_exporter; mount health, Lustre imports and NFS retransmissions from `opsctl node check` (its textfile,
+read by node_exporter), with the catalog's storage rules and their thresholds (docs/storage.md)."""
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from opsctl.dashboards.common import Site, graph, listing, new_dashboard, note, query, steps
+from opsctl.dashboards.common import Site, graph, listing, new_dashboard, query, rule_graph, steps
 
 UID = "opsctl-storage"
 # Shared and local data filesystems of a GPU node; tmpfs and overlay are left out.
@@ -35,9 +36,16 @@ def build(site: Site) -> db.Dashboard:
         "NFS requests", "NFS client calls per second, by procedure.", "reqps",
         [query(f"sum by ({site.node}, method) (rate(node_nfs_requests_total{{{site.node_exporter}, {site.on_node()}}}"
                "[$__rate_interval]))", f"{{{{{site.node}}}}} {{{{method}}}}")], width=24))
-    # The place of mount health and Lustre imports: no exporter that opsctl ships reports them yet.
+    # The storage rules read `opsctl node check`'s results: each panel keeps the picked nodes' series.
     dash = dash.with_row(db.Row("Mount health and Lustre imports"))
-    dash = dash.with_panel(note("Mount health and Lustre imports", "Whether each required mount is present and "
-                                "healthy, and the state of each Lustre import (OSC/MDC), belong in this row; opsctl "
-                                "exports no mount or Lustre metrics yet."))
+    checks = f"opsctl_node_check{{{site.node_exporter}, {site.on_node()}}}"
+    for rule_id, title, label in (("storage-mount-missing", "mount missing (1)", "mount"),
+                                  ("storage-mount-hung", "mount hung (1)", "mount"),
+                                  ("storage-probe-failed", "probe failed (1)", "mount"),
+                                  ("lustre-import-down", "Lustre import down (1)", "target")):
+        picked = f'label_replace({checks}, "{label}", "$1", "device", "(.*)")'
+        dash = dash.with_panel(rule_graph(site, rule_id, title, picked))
+    retransmissions = f"opsctl_node_nfs_rpc_retransmissions_total{{{site.node_exporter}, {site.on_node()}}}"
+    dash = dash.with_panel(rule_graph(site, "nfs-retransmissions", "NFS retransmissions/s", retransmissions,
+                                      width=24))
     return dash

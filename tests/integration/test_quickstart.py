@@ -62,7 +62,8 @@ def test_the_readme_quickstart_gives_the_outputs_it_shows(lab):
         output(command)
     assert re.search(r"^lab ready: 64 nodes \(", output("opsctl lab up"), re.M)
     reset = output("opsctl lab reset")
-    assert reset.strip() == "the lab was clean" or reset.startswith(("cleared ", "resumed ", "emptied ")), reset
+    assert reset.strip() == "the lab was clean" or reset.startswith(("cleared ", "removed ", "resumed ", "emptied ")), \
+        reset
     sinfo = [line.split() for line in output("sinfo").splitlines()[1:]]
     assert [(row[3], row[4]) for row in sinfo] == [("64", "idle")], sinfo
     curl = next(command for command in out if command.startswith("curl "))

@@ -10,6 +10,7 @@ import yaml
 
 from opsctl.config import parse_config
 from opsctl.dashboards import BUILDERS, render, render_all
+from opsctl.health.catalog import load_catalog
 from tests.conftest import REPO
 
 DEFAULT = parse_config({}, "t", {})
@@ -152,11 +153,19 @@ def test_job_names_and_node_label_come_from_the_config():
     assert node["query"] == 'label_values(up{job=~"gpu-metrics|hosts"}, instance_name)'
 
 
-@pytest.mark.parametrize("uid", ["opsctl-infiniband", "opsctl-storage"])
-def test_marked_rows_wait_for_fabric_test_and_mount_metrics(uid):
-    rows = [p["title"] for p in DASHBOARDS[f"{uid}.json"]["panels"] if p["type"] == "row"]
-    assert rows[-1] == {"opsctl-infiniband": "Fabric test: last results",
-                        "opsctl-storage": "Mount health and Lustre imports"}[uid]
+def test_the_marked_row_waits_for_fabric_test_metrics():
+    rows = [p["title"] for p in DASHBOARDS["opsctl-infiniband.json"]["panels"] if p["type"] == "row"]
+    assert rows[-1] == "Fabric test: last results"
+
+
+def test_the_storage_row_plots_every_storage_rule_of_the_catalog():
+    storage = DASHBOARDS["opsctl-storage.json"]["panels"]
+    titles = [p["title"] for p in storage]
+    row = titles.index("Mount health and Lustre imports")
+    shown = {title.split(":")[0] for title in titles[row + 1:]}
+    rules = load_catalog(parse_config({}, "t", {}))
+    assert shown == {r.id for r in rules if r.domain == "storage"}
+    assert all(p["type"] != "text" for p in storage[row + 1:])
 
 
 def test_without_the_sdk_the_commands_name_the_extra(monkeypatch):

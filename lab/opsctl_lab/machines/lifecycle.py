@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hardware import NodeHardware, parse_fault
 from opsctl_lab.machines import aptcache, hwinstall, image, inventory, keys, labstate, net, nspawn
 from opsctl_lab.machines.settings import MAX_GPU_NODES, Settings, machine_names
 from opsctl_lab.processes import stop_pids
@@ -197,6 +197,8 @@ def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
 def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = None,
            echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
     NodeHardware(node=machine).inject(fault, gpu=gpu, hca=hca)  # bad input fails here, before any SSH
+    if parse_fault(fault)[0].simulated_only:
+        raise LabError(f"{fault} is a fault of the simulated lab: `opsctl lab inject`")
     args = ["inject", fault]
     if gpu is not None:
         args += ["--gpu", str(gpu)]

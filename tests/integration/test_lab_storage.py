@@ -1,0 +1,102 @@
+"""Storage health on the simulated cluster, end to end: a storage fault injected with `opsctl lab
+inject`, `opsctl node check` of the node (its emulated mounts and Lustre tools) writing its textfile,
+the real node_exporter and Prometheus carrying it, and `opsctl health --drain` / `--resume` acting on it
+through real Slurm; and a Lustre outage on every node, which the breaker stops naming storage."""
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.integration.health_support import HealthLab
+
+pytestmark = pytest.mark.lab
+NODE = "gpu044"  # the health tests' range; their table module has cleared it by now
+HUNG_NODE = "gpu045"
+
+
+@pytest.fixture
+def h(lab, tmp_path):
+    helper = HealthLab(lab, tmp_path, safety={"resume_after": "6s"})
+    yield helper
+    for result in lab.lab_dir.glob("nodes/*/textfile/*.prom"):
+        result.unlink()
+    helper.opsctl("lab", "clear", "all")
+    helper.cleanup()
+
+
+def node_check(h, node):
+    """`opsctl node check` of one lab node, as its timer would run it on a real node."""
+    node_dir = h.lab.lab_dir / "nodes" / node
+    proc = h.opsctl("node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
+                    "--textfile", str(node_dir / "textfile" / "node-check.prom"), timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["storage"]
+
+
+def check_ids(h, node):
+    _, nodes = h.health_json("--nodes", node)
+    return {(c["id"], c.get("target") or c.get("mount")) for c in nodes[node]["checks"]}
+
+
+def test_a_lustre_ost_down_is_found_drained_and_resumed_once_it_is_back(h):
+    h.inject(NODE, "lustre-ost-down")
+    code, storage = node_check(h, NODE)
+    assert code == 1 and [(f["check"], f["device"]) for f in storage["findings"]] == [
+        ("lustre-import-down", "lustre-OST0002")]
+    assert "import DISCONN" in storage["findings"][0]["detail"]
+    h.lab.wait_until(lambda: ("lustre-import-down", "lustre-OST0002") in check_ids(h, NODE), 60,
+                     "Prometheus to show the import down", interval=1)
+    _, nodes = h.health_json("--drain", "--nodes", NODE)
+    assert nodes[NODE]["action"] == "drain"
+    assert h.slurm()[NODE].reason.startswith("opsctl:lustre-import-down lustre-OST0002")
+
+    h.opsctl("lab", "clear", NODE)
+    assert node_check(h, NODE)[0] == 0
+    resumed = h.lab.wait_until(lambda: h.health_json("--resume", "--nodes", NODE)[1][NODE]["action"] == "resume", 90,
+                               "the resume", interval=3)
+    assert resumed and not h.slurm()[NODE].drained
+
+
+def test_a_hung_and_a_missing_mount_are_reported_within_the_timeout(h):
+    h.inject(HUNG_NODE, "nfs-hung")
+    h.inject(HUNG_NODE, "mount-missing")
+    mnt = h.lab.lab_dir / "nodes" / HUNG_NODE / "storage" / "mnt"
+
+    def failing():
+        started = time.monotonic()
+        code, storage = node_check(h, HUNG_NODE)
+        found = {(f["check"], f["device"]) for f in storage["findings"]}
+        return code == 1 and found == {("storage-mount-hung", str(mnt / "home")),
+                                       ("storage-mount-missing", str(mnt / "shared"))} and time.monotonic() - started
+
+    seconds = h.lab.wait_until(failing, 30, "the emulator to write the faults")
+    assert seconds < 20  # storage.timeout_seconds is 3: the check gave up on the hung mount, never hung itself
+    h.opsctl("lab", "clear", HUNG_NODE)
+    h.lab.wait_until(lambda: node_check(h, HUNG_NODE)[0] == 0, 30, "the mounts to come back")
+
+
+def test_a_lustre_outage_on_every_node_drains_none_and_names_storage(h):
+    assert h.opsctl("lab", "inject", "all", "lustre-ost-down").returncode == 0
+    nodes = [f"gpu{i:03d}" for i in range(1, h.lab.nodes + 1)]
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda n: node_check(h, n)[0], nodes))
+    assert codes == [1] * len(nodes)
+
+    def all_failing():
+        _, result = h.health_json()
+        return result["_summary"]["fail"] == len(nodes) and result
+
+    h.lab.wait_until(all_failing, 60, "Prometheus to show every node failing", interval=2)
+    before = h.slurm()
+    code, result = h.health_json("--drain")
+    summary = result["_summary"]
+    assert code == 4 and summary["outage"] == "storage" and summary["drained"] == 0
+    assert summary["safety_stop"].startswith("circuit breaker: storage (lustre-import-down lustre-OST0002)")
+    assert {n: s.reason for n, s in h.slurm().items()} == {n: s.reason for n, s in before.items()}
+    text = h.opsctl("health", "--drain")
+    assert text.returncode == 4
+    rows = text.stdout.splitlines()
+    assert rows[1].split()[:3] == ["storage", "fail", "skip:circuit-breaker"]
+    assert not any(row.startswith("gpu") for row in rows)
