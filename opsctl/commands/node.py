@@ -12,7 +12,7 @@ import click
 
 from opsctl.commands.context import Clients
 from opsctl.commands.ib import check_report, report_dict
-from opsctl.errors import ExitCode
+from opsctl.errors import ExitCode, worst
 from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
 from opsctl.storage.check import StorageReport, storage_report
 
@@ -28,8 +28,9 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
     action = ""
     if drain:
         # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
-        code, action = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0],
-                                  found)
+        drained, action = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0],
+                                     found)
+        code = worst(code, drained)  # a failing storage check still fails the command, though it drains nothing
     if as_json:
         click.echo(json.dumps({**report_dict(report), "checks": [r.__dict__ for r in found],
                                "storage": storage_dict(storage), "action": action}, indent=1))

@@ -13,9 +13,10 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
 rule `node-check` never reads a missing check as a pass, and the timestamp shows a check that stopped.
 
-With --drain-self the node drains itself with `opsctl:node-check <check> <device>, ...`, and resumes
-itself once every check passes, but only from its own drain: a person's drain, or another opsctl
-rule's, is left alone (as LBNL NHC does with the drains it did not set).
+With --drain-self the node drains itself with `opsctl:node-check <check> <device>, ...` (never for a
+storage check: see drain_self), and resumes itself once every check passes, but only from its own
+drain: a person's drain, or another opsctl rule's, is left alone (as LBNL NHC does with the drains it
+did not set).
 """
 
 import os
@@ -28,6 +29,7 @@ from opsctl.fabric.check import CHECKS, Report
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.state import RunLock
 from opsctl.slurm import OWNED_PREFIX, Slurm
+from opsctl.storage.check import CHECKS as STORAGE_CHECKS
 from opsctl.storage.check import StorageReport
 
 RULE = "node-check"
@@ -100,7 +102,11 @@ def self_reason(found: list[CheckResult], max_length: int) -> str:
 
 
 def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]) -> tuple[ExitCode, str]:
-    """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what."""
+    """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
+
+    Storage checks never drain the node itself: a storage outage fails every node at once, and only
+    `opsctl health`, which sees them all, can tell it from a node fault (its breaker names storage)."""
+    found = [r for r in found if r.check not in STORAGE_CHECKS]
     audit = AuditLog(config.audit_log)
     failed = [r.check for r in found if r.failed]
     with RunLock(config.state_dir):

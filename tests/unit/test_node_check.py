@@ -72,3 +72,13 @@ def test_a_drain_someone_else_set_is_left_alone_either_way(tmp_path):
     assert drain_self(config, slurm, "gpu007", failing)[1].startswith("gpu007 left alone")
     assert drain_self(config, slurm, "gpu007", [CheckResult("ib-port-state", "node", False)]) == (ExitCode.OK, "")
     assert slurm.nodes()["gpu007"].reason == "ticket-123 bad dimm" and slurm.calls == []
+
+
+def test_a_storage_check_never_drains_the_node_itself(tmp_path):
+    """A storage outage fails every node at once: only `opsctl health` and its breaker may act on it."""
+    config = config_for(tmp_path)
+    slurm = FakeSlurm({"gpu007": node("gpu007")})
+    storage = [CheckResult("lustre-import-down", "lustre-OST0002", True), CheckResult("storage-mount-hung", "/home",
+                                                                                      True)]
+    assert drain_self(config, slurm, "gpu007", found_on(tmp_path) + storage) == (ExitCode.OK, "")
+    assert slurm.calls == [] and not slurm.nodes()["gpu007"].drained
