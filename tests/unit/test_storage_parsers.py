@@ -33,9 +33,9 @@ def test_mountinfo_with_an_empty_field_is_an_error_naming_the_line():
 
 def test_mountinfo_of_a_lustre_client_and_escaped_spaces():
     mounts = parse_mountinfo(fixture("storage/mountinfo_gpud_lustre.txt")
-                             + "2600 2357 0:101 / /shared/team\\040a rw shared:601 - nfs4 10.0.0.5:/a rw\n")
+                             + "2600 2357 0:101 / /projects/team\\040a rw shared:601 - nfs4 10.0.0.5:/a rw\n")
     assert (mounts["/lustre/fs1"].fstype, mounts["/lustre/fs1"].source) == ("lustre", "172.16.0.100@tcp:/lustrefs")
-    assert mounts["/shared/team a"].fstype == "nfs4"
+    assert mounts["/projects/team a"].fstype == "nfs4"
 
 
 def test_mountstats_sums_retransmissions_of_each_nfs_mount():
