@@ -235,13 +235,16 @@ def reset() -> ExitCode:
             write_storage(paths.storage(node), prometheus_lab.mount_base(paths, node), fresh)
         if hw.active:
             prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
-    # What `opsctl node check` wrote for a node's textfile collector describes the past now.
+    # What `opsctl node check` wrote for a node's textfile collector describes the past now, and so does
+    # Prometheus' record of it: a series last scraped before a restart reads as current for the lookback
+    # (5 minutes), as no staleness marker ends it.
     checked = sorted(node for node in names if any(paths.textfile(node).glob("*.prom")))
     for node in checked:
         for result in paths.textfile(node).glob("*.prom"):
             result.unlink()
     if checked:
         lines.append(f"removed the node check results of {len(checked)} node(s): {', '.join(checked)}")
+    worn = sorted(set(worn) | set(checked) | prometheus_lab.nodes_with("opsctl_node_check"))
     # Only a node out of service (drain, drng, down*, fail, ...) is resumed.
     out = {n: s for n, s in slurm_lab.node_states(paths).items() if slurm_lab.is_out_of_service(s)}
     if out:

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -131,6 +132,16 @@ def forget_history(paths: lp.LabPaths) -> None:
     processes.stop("prometheus", paths.run)
     shutil.rmtree(paths.prometheus / "data", ignore_errors=True)
     start_prometheus(paths)
+
+
+def nodes_with(expr: str) -> set[str]:
+    """The nodes (label node) of the series an instant query returns; none if Prometheus does not answer."""
+    url = f"{prometheus_url()}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return {r["metric"].get("node", "") for r in json.load(resp)["data"]["result"]} - {""}
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return set()
 
 
 def targets() -> list[dict]:

@@ -5,6 +5,8 @@ through real Slurm; and a Lustre outage on every node, which the breaker stops n
 
 import json
 import time
+import urllib.parse
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -24,6 +26,14 @@ def h(lab, tmp_path):
         result.unlink()
     helper.opsctl("lab", "clear", "all")
     helper.cleanup()
+    # Gone from the textfiles, the results go stale at the next scrape: later tests must not see them.
+    lab.wait_until(lambda: not prometheus_query(lab, "opsctl_node_check"), 60, "the node check results to go stale")
+
+
+def prometheus_query(lab, expr: str) -> list:
+    url = f"{lab.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.load(answer)["data"]["result"]
 
 
 def node_check(h, node):
@@ -100,3 +110,16 @@ def test_a_lustre_outage_on_every_node_drains_none_and_names_storage(h):
     rows = text.stdout.splitlines()
     assert rows[1].split()[:3] == ["storage", "fail", "skip:circuit-breaker"]
     assert not any(row.startswith("gpu") for row in rows)
+
+
+def test_lab_reset_removes_node_check_results_and_their_history(h):
+    code, _ = node_check(h, "gpu046")
+    assert code == 0  # a passing result is a result too: reset removes it all the same
+    h.lab.wait_until(lambda: prometheus_query(h.lab, 'opsctl_node_check{node="gpu046"}'), 30,
+                     "Prometheus to scrape the result")
+    reset = h.opsctl("lab", "reset", timeout=300)
+    assert reset.returncode == 0, reset.stderr
+    assert "removed the node check results of 1 node(s): gpu046" in reset.stdout
+    assert "emptied Prometheus' history of past faults" in reset.stdout and "gpu046" in reset.stdout.splitlines()[-1]
+    assert not list(h.lab.lab_dir.glob("nodes/*/textfile/*.prom"))
+    assert prometheus_query(h.lab, "opsctl_node_check") == []
