@@ -96,12 +96,18 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     monkeypatch.setattr(prometheus_lab, "forget_history", lambda p: forgotten.append(p))
     monkeypatch.setattr(prometheus_lab, "start_opsctl_watch", lambda p, interval: watching.append(interval))
     monkeypatch.setattr(cluster, "wait_ready", lambda p, nodes, *args: waited.append((nodes, *args[1:])))
+    # gpu001 has a node check result in its textfile directory, which Prometheus holds too.
+    paths.textfile("gpu001").mkdir(parents=True)
+    (paths.textfile("gpu001") / "node-check.prom").write_text('opsctl_node_check{check="x",device="node"} 0\n')
+    monkeypatch.setattr(prometheus_lab, "nodes_with", lambda expr: {"gpu001"} if expr == "opsctl_node_check" else set())
     result = CliRunner().invoke(main, ["lab", "reset"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        "cleared gpu002: xid:79 gpu3", "resumed gpu001 (drain), gpu003 (down*)",
+        "cleared gpu002: xid:79 gpu3", "removed the node check results of 1 node(s): gpu001",
+        "resumed gpu001 (drain), gpu003 (down*)",
         f"emptied the opsctl state and audit log in {paths.opsctl_state}: audit.jsonl",
-        "emptied Prometheus' history of past faults on 2 node(s): gpu002, gpu003"]
+        "emptied Prometheus' history of past faults on 3 node(s): gpu001, gpu002, gpu003"]
+    assert list(paths.textfile("gpu001").iterdir()) == []
     assert resumed == [["gpu001", "gpu003"]] and restarted == [1]
     # The new Prometheus scrapes every target, then opsctl's --watch starts again and is scraped too.
     assert forgotten == [paths] and waited == [(3, False), (3,)] and watching == [10]
@@ -110,4 +116,5 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
         assert (hw.active, hw.accum, hw.last_xid) == ([], {}, {}), node
     assert list(paths.opsctl_state.iterdir()) == []
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "idle", "gpu002": "idle", "gpu003": "idle"})
+    monkeypatch.setattr(prometheus_lab, "nodes_with", lambda expr: set())  # the new Prometheus has no history
     assert CliRunner().invoke(main, ["lab", "reset"]).stdout == "the lab was clean\n"
