@@ -1,7 +1,8 @@
 """Storage health on the simulated cluster, end to end: a storage fault injected with `opsctl lab
 inject`, `opsctl node check` of the node (its emulated mounts and Lustre tools) writing its textfile,
 the real node_exporter and Prometheus carrying it, and `opsctl health --drain` / `--resume` acting on it
-through real Slurm; and a Lustre outage on every node, which the breaker stops naming storage."""
+through real Slurm; a Lustre outage on every node, which the breaker stops naming storage; and `opsctl
+lab reset`, which removes node check results and Prometheus' record of them."""
 
 import json
 import time
