@@ -37,7 +37,6 @@ if probe:
 class ProbeResult:
     point: str
     status: str  # "ok", "hung" (no answer within the timeout) or "error" (the stat or the probe failed)
-    seconds: float
     detail: str = ""
 
 
@@ -62,14 +61,13 @@ def probe_mounts(points: dict[str, str | None], timeout: float) -> dict[str, Pro
         except subprocess.TimeoutExpired:
             # A child stuck in the kernel may not die at once; it is not waited for (it is reaped at exit).
             child.kill()
-            results[point] = ProbeResult(point, "hung", timeout, f"no answer within {timeout:g}s")
+            results[point] = ProbeResult(point, "hung", f"no answer within {timeout:g}s")
             continue
-        seconds = time.monotonic() - started
         _, err = child.communicate()  # it has exited: its few lines of stderr are there to read
         if child.returncode == 0:
-            results[point] = ProbeResult(point, "ok", seconds)
+            results[point] = ProbeResult(point, "ok")
         else:
-            results[point] = ProbeResult(point, "error", seconds, _last_line(err))
+            results[point] = ProbeResult(point, "error", _last_line(err))
     return results
 
 

@@ -67,7 +67,7 @@ def test_lctl_and_lfs_print_what_opsctl_parses(tmp_path, monkeypatch, capsys, fa
     assert [s.target for s in servers if not s.active] == down and len(servers) == 5
     config = parse_config({"storage": {"mounts": [{"path": "/lustre", "fstype": "lustre"}]}}, "t", {}).storage
     table = parse_mountinfo("1 1 0:1 / /lustre rw - lustre 10.10.0.10@o2ib:/lustre rw\n")
-    report = judge(config.mounts, {"/lustre": ProbeResult("/lustre", "ok", 0.0)}, table,
+    report = judge(config.mounts, {"/lustre": ProbeResult("/lustre", "ok")}, table,
                    LustreView(imports=imports, servers=servers))
     assert [(f.check, f.device) for f in report.findings] == [("lustre-import-down", d) for d in down]
 

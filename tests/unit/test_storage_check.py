@@ -25,7 +25,7 @@ def table(**fstypes):
 
 
 def ok(*points):
-    return {p: ProbeResult(p, "ok", 0.01) for p in points}
+    return {p: ProbeResult(p, "ok") for p in points}
 
 
 def lustre_ok():
@@ -53,8 +53,8 @@ def test_a_missing_mount_and_one_of_another_type_are_missing():
 
 def test_a_hung_and_a_failed_probe():
     config = storage(HOME, LUSTRE)
-    probes = {"/home": ProbeResult("/home", "error", 0.1, "PermissionError: [Errno 13] Permission denied"),
-              "/lustre": ProbeResult("/lustre", "hung", 5.0, "no answer within 5s")}
+    probes = {"/home": ProbeResult("/home", "error", "PermissionError: [Errno 13] Permission denied"),
+              "/lustre": ProbeResult("/lustre", "hung", "no answer within 5s")}
     report = judge(config.mounts, probes, table(home="nfs4", lustre="lustre"), lustre_ok())
     assert found(report) == [("storage-probe-failed", "/home"), ("storage-mount-hung", "/lustre")]
 
@@ -85,7 +85,7 @@ def test_checks_that_could_not_be_made_are_skipped_never_passed():
 def test_node_check_metrics_carry_storage_results_and_nfs_retransmissions():
     config = storage(HOME, LUSTRE)
     nfs = {"/home": NfsStats("/home", "10.0.0.5:/srv/home", ops=1000, transmissions=1012, major_timeouts=1)}
-    report = judge(config.mounts, {**ok("/home"), "/lustre": ProbeResult("/lustre", "hung", 5.0, "no answer")},
+    report = judge(config.mounts, {**ok("/home"), "/lustre": ProbeResult("/lustre", "hung", "no answer")},
                    table(home="nfs4", lustre="lustre"), lustre_ok(), nfs)
     text = metrics_text(storage_results(report), 1.8e9, report)
     assert 'opsctl_node_check{check="storage-mount-hung",device="/lustre"} 1' in text
