@@ -108,10 +108,14 @@ def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
 
 
 def _write_if_changed(path: Path, content: str) -> None:
-    """Atomically, so a concurrent reader never sees a torn value; untouched when the same."""
-    line = content + "\n"
+    """One sysfs value: a single line."""
+    write_if_changed(path, content + "\n")
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """An emulated file, atomically, so a concurrent reader never sees a torn one; untouched when the same."""
     try:
-        if path.read_text() == line:
+        if path.read_text() == text:
             return
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,7 +124,7 @@ def _write_if_changed(path: Path, content: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:
-            out.write(line)
+            out.write(text)
         os.chmod(tmp, 0o644)  # readable by node_exporter and the tools, as sysfs files are
         os.replace(tmp, path)
     except BaseException:

@@ -54,8 +54,8 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
     that points `opsctl node check` at its sysfs tree, its mounts and those tools."""
     bin_dir = paths.storage(name) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
     for tool in ("lctl", "lfs"):
-        env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
         (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{tool} \"$@\"\n")
         (bin_dir / tool).chmod(0o755)
     base = mount_base(paths, name)
@@ -134,20 +134,22 @@ def forget_history(paths: lp.LabPaths) -> None:
     start_prometheus(paths)
 
 
+def _api(path: str) -> dict | None:
+    """The `data` of a Prometheus API answer, or None if Prometheus does not answer."""
+    try:
+        with urllib.request.urlopen(f"{prometheus_url()}/api/v1/{path}", timeout=5) as resp:
+            return json.load(resp)["data"]
+    except (OSError, ValueError, KeyError, urllib.error.URLError):
+        return None
+
+
 def nodes_with(expr: str) -> set[str]:
     """The nodes (label node) of the series an instant query returns; none if Prometheus does not answer."""
-    url = f"{prometheus_url()}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return {r["metric"].get("node", "") for r in json.load(resp)["data"]["result"]} - {""}
-    except (OSError, ValueError, KeyError, urllib.error.URLError):
-        return set()
+    data = _api("query?" + urllib.parse.urlencode({"query": expr}))
+    return {r["metric"].get("node", "") for r in data.get("result", [])} - {""} if data else set()
 
 
 def targets() -> list[dict]:
     """Prometheus' active targets, or [] if it does not answer."""
-    try:
-        with urllib.request.urlopen(f"{prometheus_url()}/api/v1/targets?state=active", timeout=5) as resp:
-            return json.load(resp)["data"]["activeTargets"]
-    except (OSError, ValueError, KeyError, urllib.error.URLError):
-        return []
+    data = _api("targets?state=active")
+    return data.get("activeTargets", []) if data else []

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl_lab.hardware import NodeHardware, stable_int
+from opsctl_lab.ib_sysfs import write_if_changed
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,8 @@ def write_storage(root: Path, base: Path, hw: NodeHardware, host: str | None = N
     """mountinfo and mountstats under root, the mount points under base, and the hung probe FIFO as the
     nfs-hung fault says. `host` names the probe file as `opsctl node check` on that host does."""
     root.mkdir(parents=True, exist_ok=True)
-    _replace(root / "mountinfo", mountinfo(base, hw))
-    _replace(root / "mountstats", mountstats(base, hw))
+    write_if_changed(root / "mountinfo", mountinfo(base, hw))
+    write_if_changed(root / "mountstats", mountstats(base, hw))
     host = host or socket.gethostname()
     for mount in MOUNTS:
         mount_dir(base, mount.point).mkdir(parents=True, exist_ok=True)
@@ -123,14 +124,3 @@ def imports(hw: NodeHardware) -> list[tuple[str, str, str]]:
 
 def _escape(path: str) -> str:
     return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
-
-
-def _replace(path: Path, text: str) -> None:
-    try:
-        if path.read_text() == text:
-            return
-    except FileNotFoundError:
-        pass
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
