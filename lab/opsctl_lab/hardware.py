@@ -122,10 +122,12 @@ FAULTS = {
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
         FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
-                  "`lfs check servers` fails it", simulated_only=True),
-        FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=True),
+                  "`lfs check servers` fails it", simulated_only=False),
+        FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=False),
         FaultSpec("nfs-hung", "node", "/home stops answering: its probe blocks, as a stat of a hung NFS mount does",
-                  simulated_only=True),
+                  simulated_only=False),
+        FaultSpec("lnet-down", "node", "the node's LNet NI on o2ib (bond0) is down: `lnetctl net show` says so and "
+                  "`lctl ping` of the MGS fails", simulated_only=True),
     ]
 }
 

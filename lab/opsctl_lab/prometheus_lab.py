@@ -20,7 +20,7 @@ from opsctl_lab import paths as lp
 from opsctl_lab import processes
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
-from opsctl_lab.storage_view import MOUNTS, mount_dir, probe_dir, write_storage
+from opsctl_lab.storage_view import MGS_NID, MOUNTS, mount_dir, probe_dir, write_storage
 
 _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("opsctl_lab", "templates"),
                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -50,12 +50,12 @@ def mount_base(paths: lp.LabPaths, name: str) -> Path:
 
 
 def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
-    """The node's Lustre tools (the emulated lctl and lfs, reading its hardware state) and an opsctl config
+    """The node's Lustre tools (the emulated lctl, lfs and lnetctl, reading its hardware state) and an opsctl config
     that points `opsctl node check` at its sysfs tree, its mounts and those tools."""
     bin_dir = paths.storage(name) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
-    for tool in ("lctl", "lfs"):
+    for tool in ("lctl", "lfs", "lnetctl"):
         (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{tool} \"$@\"\n")
         (bin_dir / tool).chmod(0o755)
     base = mount_base(paths, name)
@@ -63,8 +63,9 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
     mounts = [{"path": str(mount_dir(base, m.point)), "fstype": m.fstype,
                **({"probe_dir": str(probe_dir(base, m))} if m.probe else {})} for m in MOUNTS]
     config = {"ib": {"sysfs_root": str(paths.sysfs(name)), "window_seconds": 0},
-              "storage": {"mounts": mounts, "timeout_seconds": 3, "lctl": str(bin_dir / "lctl"),
-                          "lfs": str(bin_dir / "lfs"), "mountinfo_path": str(storage / "mountinfo"),
+              "storage": {"mounts": mounts, "timeout_seconds": 6, "lctl": str(bin_dir / "lctl"),
+                          "lfs": str(bin_dir / "lfs"), "lnetctl": str(bin_dir / "lnetctl"),
+                          "lustre_mgs_nids": [MGS_NID], "mountinfo_path": str(storage / "mountinfo"),
                           "mountstats_path": str(storage / "mountstats")}}
     text = yaml.safe_dump(config, sort_keys=False)
     if not paths.node_check_config(name).exists() or paths.node_check_config(name).read_text() != text:

@@ -1,19 +1,25 @@
 """A node's storage as the lab emulates it: the mounts that mountinfo and mountstats show, the mount
-points themselves, and what the Lustre client's tools (hwtools lctl and lfs) print. The lab host's kernel
-has neither an NFS nor a Lustre client, so the files that `opsctl node check` reads are written in the
-real formats (tests/fixtures/storage, tests/fixtures/lustre) and the mount points are plain directories.
+points themselves, and what the Lustre client's tools (hwtools lctl, lfs and lnetctl) print. The lab
+host's kernel has neither an NFS nor a Lustre client, so the files that `opsctl node check` reads are
+written in the real formats (tests/fixtures/storage, tests/fixtures/lustre) and the mount points are
+plain directories.
 
     /home    nfs4    10.0.0.5:/home           probe directory /home/.opsctl-probe
     /shared  nfs4    10.0.0.5:/shared
     /lustre  lustre  10.10.0.10@o2ib:/lustre  OST0000-OST0003, MDT0000
 
+LNet: the node's one NI, 10.10.1.<n>@o2ib on bond0 (the storage port), besides the loopback; the MGS
+(and MDS) answers at 10.10.0.10@o2ib, the OSS of OST<i> at 10.10.0.<11+i>@o2ib.
+
 The node faults change it: `mount-missing` drops /shared from mountinfo, `lustre-ost-down` makes the
-import of lustre-OST0002 DISCONN and `lfs check servers` fail it, and `nfs-hung` puts a FIFO where the
-probe file of /home goes: the check's child blocks opening it for writing, as a stat of a hung NFS
-mount blocks, until the check gives up on it.
+import of lustre-OST0002 DISCONN, `lfs check servers` fail it and `lfs df` leave it out (`-v`: "inactive
+device"), `lnet-down` takes the o2ib NI down, so that no server answers `lctl ping`, and `nfs-hung` puts a
+FIFO where the probe file of /home goes: the check's child blocks opening it for writing, as a stat of a
+hung NFS mount blocks, until the check gives up on it.
 """
 
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass
@@ -45,6 +51,32 @@ FSNAME = "lustre"
 TARGETS = [f"{FSNAME}-OST{i:04x}" for i in range(4)] + [f"{FSNAME}-MDT0000"]
 DOWN_TARGET = f"{FSNAME}-OST0002"
 PROBE_DIR = ".opsctl-probe"
+MGS_NID = "10.10.0.10@o2ib"
+LNET_INTERFACE = "bond0"
+# Each target's size in KiB, the same from every client; lfs df shows the MDT on flash (f, with -v).
+MDT_KB, OST_KB = 4020187136, 61419143168
+
+
+@dataclass(frozen=True)
+class LabNi:
+    net_type: str
+    nid: str
+    status: str
+    interfaces: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LabDf:
+    """What `lfs df` knows of a target: its space in KiB, and whether the client still has it active."""
+
+    target: str
+    kind: str  # MDT or OST
+    index: int
+    blocks_kb: int
+    used_kb: int
+    available_kb: int
+    flags: str  # the state flags lfs prints with -v
+    active: bool
 
 
 def mount_dir(base: Path, point: str) -> Path:
@@ -119,6 +151,60 @@ def imports(hw: NodeHardware) -> list[tuple[str, str, str]]:
         kind = "mdc" if "-MDT" in target else "osc"
         state = "DISCONN" if target == DOWN_TARGET and hw.node_fault("lustre-ost-down") else "FULL"
         out.append((f"{kind}.{target}-{kind}-{instance}.import", target, state))
+    return out
+
+
+def server_nid(target: str) -> str:
+    """The NID that serves a target: the MGS/MDS for the MDT, an OSS per OST."""
+    return MGS_NID if "-MDT" in target else f"10.10.0.{11 + int(target[-4:], 16)}@o2ib"
+
+
+def node_nid(hw: NodeHardware) -> str:
+    """10.10.1.<n>@o2ib for gpu<n> (n 1-254), a stable address for any other name."""
+    digits = re.findall(r"\d+", hw.node)
+    host = int(digits[-1]) if digits else 0
+    return f"10.10.1.{host if 0 < host < 255 else stable_int(hw.node, 'nid', modulo=254) + 1}@o2ib"
+
+
+def lnet_nis(hw: NodeHardware) -> list[LabNi]:
+    """The NIs of `lnetctl net show`, the loopback first as lnetctl lists it."""
+    status = "down" if hw.node_fault("lnet-down") else "up"
+    return [LabNi("lo", "0@lo", "up", ()), LabNi("o2ib", node_nid(hw), status, (LNET_INTERFACE,))]
+
+
+def lnet_stats(hw: NodeHardware) -> dict[str, int]:
+    """`lnetctl stats show`'s counters, in the real capture's order, the same on every run."""
+    sent = 1_000_000 + stable_int(hw.node, "lnet-sent", modulo=500_000)
+    drops = stable_int(hw.node, "lnet-drops", modulo=20)
+    return {"msgs_alloc": 0, "msgs_max": 39, "rst_alloc": 15, "errors": 0, "send_count": sent,
+            "resend_count": 0, "response_timeout_count": 0, "local_interrupt_count": 0, "local_dropped_count": 0,
+            "local_aborted_count": 0, "local_no_route_count": 0, "local_timeout_count": 0, "local_error_count": 0,
+            "remote_dropped_count": 0, "remote_error_count": 0, "remote_timeout_count": 0,
+            "network_timeout_count": 0, "recv_count": sent - drops - 9, "route_count": 0, "drop_count": drops,
+            "send_length": sent * 236, "recv_length": (sent - drops - 9) * 229, "route_length": 0,
+            "drop_length": drops * 439}
+
+
+def ping(hw: NodeHardware, nid: str) -> list[str] | None:
+    """The NIDs that answer `lctl ping <nid>`, None when none does: a lab server, or the node itself, while
+    its o2ib NI is up."""
+    if nid == node_nid(hw):
+        return [nid]
+    servers = {server_nid(t) for t in TARGETS}
+    return [nid] if nid in servers and not hw.node_fault("lnet-down") else None
+
+
+def df(hw: NodeHardware) -> list[LabDf]:
+    """Every target as `lfs df -v` lists them, MDTs first; fill levels are the filesystem's, not the node's."""
+    out = []
+    for target in sorted(TARGETS, key=lambda t: ("-OST" in t, t)):
+        kind, index = target[-7:-4], int(target[-4:], 16)
+        blocks = MDT_KB if kind == "MDT" else OST_KB
+        used = blocks * (5 + stable_int(FSNAME, target, "used", modulo=60)) // 100
+        reserved = blocks // 20 if kind == "OST" else blocks * 6 // 100  # what ldiskfs keeps back for root
+        active = not (target == DOWN_TARGET and hw.node_fault("lustre-ost-down"))
+        out.append(LabDf(target, kind, index, blocks, used, blocks - used - reserved, "f" if kind == "MDT" else "",
+                         active))
     return out
 
 

@@ -24,6 +24,8 @@ DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
 DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _LABEL = re.compile(r"^[A-Za-z_]\w*$")
+# An LNet NID: an address (IPv4, IPv6 since Lustre 2.16, a number on some fabrics) @ a network (o2ib, tcp1).
+_NID = re.compile(r"[0-9A-Za-z.:_-]+@[a-z][a-z0-9]*")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -152,6 +154,8 @@ class StorageConfig:
     timeout_seconds: float = 10.0  # a mount whose stat (and probe) takes longer is hung
     lctl: str = "lctl"
     lfs: str = "lfs"
+    lnetctl: str = "lnetctl"
+    lustre_mgs_nids: tuple[str, ...] = ()  # `lctl ping` of each must answer (10.10.0.10@o2ib)
     mountinfo_path: str = "/proc/self/mountinfo"
     mountstats_path: str = "/proc/self/mountstats"
 
@@ -427,8 +431,13 @@ def _ib(raw: Raw) -> IbConfig:
     )
 
 
+def _distinct_nids(value: list[object]) -> bool:
+    return all(isinstance(n, str) and _NID.fullmatch(n) for n in value) and len(set(value)) == len(value)
+
+
 def _storage(raw: Raw) -> StorageConfig:
-    s = _section(raw, "storage", ["mounts", "timeout_seconds", "lctl", "lfs", "mountinfo_path", "mountstats_path"])
+    s = _section(raw, "storage", ["mounts", "timeout_seconds", "lctl", "lfs", "lnetctl", "lustre_mgs_nids",
+                                  "mountinfo_path", "mountstats_path"])
     mounts = []
     for index, entry in enumerate(_typed("storage", s, "mounts", list, [])):
         key = f"storage.mounts[{index}]"
@@ -447,12 +456,16 @@ def _storage(raw: Raw) -> StorageConfig:
         mounts.append(StorageMount(path=path, fstype=fstype, probe_dir=probe_dir))
     _check(len({m.path for m in mounts}) == len(mounts), "storage.mounts", "a path is listed twice")
     absolute = (lambda v: v.startswith("/")), "must be an absolute path"
+    nids: list[object] = _typed("storage", s, "lustre_mgs_nids", list, [], _distinct_nids,
+                                "must be a list of distinct LNet NIDs such as 10.10.0.10@o2ib")
     return StorageConfig(
         mounts=tuple(mounts),
         timeout_seconds=_typed("storage", s, "timeout_seconds", float, StorageConfig.timeout_seconds,
                                lambda v: 0.1 <= v <= 600, "must be 0.1-600 seconds"),
         lctl=_typed("storage", s, "lctl", str, StorageConfig.lctl, bool, "must not be empty"),
         lfs=_typed("storage", s, "lfs", str, StorageConfig.lfs, bool, "must not be empty"),
+        lnetctl=_typed("storage", s, "lnetctl", str, StorageConfig.lnetctl, bool, "must not be empty"),
+        lustre_mgs_nids=tuple(str(nid) for nid in nids),
         mountinfo_path=_typed("storage", s, "mountinfo_path", str, StorageConfig.mountinfo_path, *absolute),
         mountstats_path=_typed("storage", s, "mountstats_path", str, StorageConfig.mountstats_path, *absolute),
     )

@@ -1,6 +1,6 @@
 """Storage: filesystems (free space, read-only, device errors), NVMe traffic and NFS client calls, from
-node_exporter; mount health, Lustre imports and NFS retransmissions from `opsctl node check` (its textfile,
-read by node_exporter), with the catalog's storage rules and their thresholds (docs/storage.md)."""
+node_exporter; mount health, Lustre imports, LNet and NFS retransmissions from `opsctl node check` (its
+textfile, read by node_exporter), with the catalog's storage rules and their thresholds (docs/storage.md)."""
 
 from grafana_foundation_sdk.builders import dashboard as db
 
@@ -42,7 +42,9 @@ def build(site: Site) -> db.Dashboard:
     for rule_id, title, label in (("storage-mount-missing", "mount missing (1)", "mount"),
                                   ("storage-mount-hung", "mount hung (1)", "mount"),
                                   ("storage-probe-failed", "probe failed (1)", "mount"),
-                                  ("lustre-import-down", "Lustre import down (1)", "target")):
+                                  ("lustre-import-down", "Lustre import down (1)", "target"),
+                                  ("lnet-ni-down", "LNet NI down (1)", "nid"),
+                                  ("lustre-mgs-unreachable", "Lustre MGS unreachable (1)", "nid")):
         picked = f'label_replace({checks}, "{label}", "$1", "device", "(.*)")'
         dash = dash.with_panel(rule_graph(site, rule_id, title, picked))
     retransmissions = f"opsctl_node_nfs_rpc_retransmissions_total{{{site.node_exporter}, {site.on_node()}}}"

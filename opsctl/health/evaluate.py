@@ -28,7 +28,7 @@ class Check:
     severity: str
     status: str  # fail | warn | handled (an event opsctl already acted on) | unknown (no usable data)
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
-    kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT) or ""
+    kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet) or ""
     value: float | None = None
     threshold: float | None = None
     op: str = ""
@@ -148,7 +148,7 @@ def _check_for(rule: Rule, sample: Sample) -> Check:
         if raw is None:
             raise SourceUnavailable(f"rule {rule.id}: series without the {rule.device_label!r} label: "
                                     f"{sample.labels!r}")
-        kind = rule.device_label if rule.device_label in ("gpu", "mount", "target") else "hca"
+        kind = rule.device_label if rule.device_label in ("gpu", "mount", "target", "nid") else "hca"
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \

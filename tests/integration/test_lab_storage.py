@@ -83,7 +83,7 @@ def test_a_hung_and_a_missing_mount_are_reported_within_the_timeout(h):
                                        ("storage-mount-missing", str(mnt / "shared"))} and time.monotonic() - started
 
     seconds = h.lab.wait_until(failing, 30, "the emulator to write the faults")
-    assert seconds < 20  # storage.timeout_seconds is 3: the check gave up on the hung mount, never hung itself
+    assert seconds < 20  # storage.timeout_seconds is 6: the check gave up on the hung mount, never hung itself
     h.opsctl("lab", "clear", HUNG_NODE)
     h.lab.wait_until(lambda: node_check(h, HUNG_NODE)[0] == 0, 30, "the mounts to come back")
 
@@ -91,7 +91,7 @@ def test_a_hung_and_a_missing_mount_are_reported_within_the_timeout(h):
 def test_a_lustre_outage_on_every_node_drains_none_and_names_storage(h):
     assert h.opsctl("lab", "inject", "all", "lustre-ost-down").returncode == 0
     nodes = [f"gpu{i:03d}" for i in range(1, h.lab.nodes + 1)]
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(4) as pool:  # the emulated Lustre tools are Python: more at once outruns 2 cores
         codes = list(pool.map(lambda n: node_check(h, n)[0], nodes))
     assert codes == [1] * len(nodes)
 

@@ -23,8 +23,10 @@ from opsctl.fabric import (
     process_ibv_devinfo_output,
     process_nvidia_smi_csv_output,
 )
+from opsctl.storage.lustre import parse_check_servers, parse_imports
+from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl_lab.machines import keys, net
-from opsctl_lab.machines.settings import Settings
+from opsctl_lab.machines.settings import Settings, machine_names
 
 pytestmark = [
     pytest.mark.machines,
@@ -37,6 +39,8 @@ LAB_DIR = Path(f"/tmp/opsctl-test-machines-{os.environ.get('OPSCTL_TEST_LAB_NET'
 ENV = dict(os.environ, OPSCTL_LAB_NET=os.environ.get("OPSCTL_TEST_LAB_NET", "1"), OPSCTL_LAB_DIR=str(LAB_DIR),
            OPSCTL_LAB_INVENTORY=str(LAB_DIR / "inventory"))
 ENV.pop("OPSCTL_LAB_APT_CACHE", None)
+NAMES = machine_names(3)  # head, the storage machine and gpu1..gpu3, as `up` starts them
+GPUS = [n for n in NAMES if n.startswith("gpu")]
 SETTINGS = Settings(net=int(ENV["OPSCTL_LAB_NET"]), state_dir=LAB_DIR / f"machines-{ENV['OPSCTL_LAB_NET']}",
                     inventory_dir=LAB_DIR / "inventory")
 
@@ -76,8 +80,7 @@ def test_ansible_ping_with_host_key_checking():
     out = subprocess.run([str(ansible), "-i", str(SETTINGS.inventory_dir), "all", "-m", "ansible.builtin.ping",
                           "-o"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert sorted(line.split()[0] for line in out.stdout.splitlines() if "SUCCESS" in line) == [
-        "gpu1", "gpu2", "gpu3", "head"]
+    assert sorted(line.split()[0] for line in out.stdout.splitlines() if "SUCCESS" in line) == sorted(NAMES)
 
 
 def test_inventory_is_connection_data_and_groups_only():
@@ -86,8 +89,10 @@ def test_inventory_is_connection_data_and_groups_only():
     doc = yaml.safe_load((SETTINGS.inventory_dir / "hosts.yml").read_text())
     groups = doc["all"]["children"]["cluster"]["children"]
     assert list(groups["controller"]["hosts"]) == ["head"]
-    assert list(groups["gpu_nodes"]["hosts"]) == ["gpu1", "gpu2", "gpu3"]
-    for name, host in {**groups["controller"]["hosts"], **groups["gpu_nodes"]["hosts"]}.items():
+    assert list(groups["gpu_nodes"]["hosts"]) == GPUS == ["gpu1", "gpu2", "gpu3"]
+    hosts = {name: host for group in groups.values() for name, host in group["hosts"].items()}
+    assert sorted(hosts) == sorted(NAMES)  # every machine in one group
+    for name, host in hosts.items():
         assert host == {
             "ansible_host": SETTINGS.addr(name), "ansible_user": "opsadmin", "ansible_become": True,
             "ansible_python_interpreter": "/usr/bin/python3",
@@ -235,6 +240,120 @@ def test_a_fault_changes_that_machine_only():
     assert process_ibstat_output(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Active"
 
 
+FAULT_MACHINE = "gpu3"  # the GPU machine that the storage fault tests break
+PROBE = f"/home/.opsctl-probe/.opsctl-probe-{FAULT_MACHINE}"  # where `opsctl node check` writes its probe
+# A unit that needs the storage as slurmd does with its drop-in `RequiresMountsFor=/shared /lustre`.
+NEEDS_STORAGE = "opsctl-test-needs-storage.service"
+NEEDS_STORAGE_UNIT = """[Unit]
+Description=needs /shared and /lustre, as slurmd does
+RequiresMountsFor=/shared /lustre
+
+[Service]
+ExecStart=/bin/sleep infinity
+"""
+
+
+def lustre_down(machine):
+    """The Lustre targets that `lctl get_param` and `lfs check servers` show down, read by opsctl's parsers."""
+    imports = parse_imports(on(machine, "lctl get_param 'osc.*.import' 'mdc.*.import'").stdout)
+    servers = on(machine, "lfs check servers")
+    assert len(imports) == 5
+    return (sorted(i.target for i in imports if not i.healthy),
+            sorted(s.target for s in parse_check_servers(servers.stdout + servers.stderr) if not s.active))
+
+
+def is_active(machine, unit):
+    return on(machine, f"systemctl is-active {unit}", check=False).stdout.strip()
+
+
+def mounted(machine):
+    """The mount points of the emulated mountinfo (what `opsctl node check` reads)."""
+    return set(parse_mountinfo(on(machine, "cat /var/lib/opsctl-hw/storage/mountinfo").stdout))
+
+
+def test_storage_faults_in_a_gpu_machine():
+    """lustre-ost-down in lctl and lfs; mount-missing stops the real shared.mount, which cannot start again
+    (nor can a unit that requires it) until clear; nfs-hung puts a FIFO where the /home probe goes."""
+    m = FAULT_MACHINE
+    on(m, "systemctl is-active shared.mount lustre.mount")
+    on(m, "touch /shared/written && test -e /var/lib/opsctl-hw/storage/exports/shared/written")  # a real bind mount
+    assert mounted(m) == {"/", "/home", "/shared", "/lustre"}
+    assert lustre_down(m) == ([], [])
+    on(m, f"cat >/etc/systemd/system/{NEEDS_STORAGE} <<'END'\n{NEEDS_STORAGE_UNIT}END\n"
+          f"systemctl daemon-reload && systemctl start {NEEDS_STORAGE}")
+    try:
+        assert opsctl("inject", m, "lustre-ost-down").returncode == 0
+        assert lustre_down(m) == (["lustre-OST0002"], ["lustre-OST0002"])
+        assert is_active(m, "shared.mount") == "active" and is_active(m, NEEDS_STORAGE) == "active"
+
+        out = opsctl("inject", m, "mount-missing")
+        assert out.returncode == 0 and out.stdout == f"{m}: injected mount-missing\n", out.stdout + out.stderr
+        assert is_active(m, "shared.mount") == "inactive"
+        assert is_active(m, NEEDS_STORAGE) == "inactive"  # stopped with the mount it requires
+        assert on(m, "systemctl start shared.mount", check=False).returncode != 0
+        assert on(m, f"systemctl start {NEEDS_STORAGE}", check=False).returncode != 0
+        assert mounted(m) == {"/", "/home", "/lustre"}
+        assert is_active(m, "lustre.mount") == "active"
+
+        assert opsctl("inject", m, "nfs-hung").returncode == 0
+        on(m, f"test -p {PROBE}")
+    finally:
+        assert opsctl("clear", m).returncode == 0
+    assert lustre_down(m) == ([], [])
+    assert is_active(m, "shared.mount") == "active"
+    on(m, f"test ! -e {PROBE} && test -e /shared/written")
+    assert mounted(m) == {"/", "/home", "/shared", "/lustre"}
+    assert is_active(m, NEEDS_STORAGE) != "active"  # clear mounts again but starts nothing else
+    on(m, f"systemctl start {NEEDS_STORAGE} && systemctl stop {NEEDS_STORAGE} && rm /etc/systemd/system/"
+          f"{NEEDS_STORAGE} /shared/written && systemctl daemon-reload")
+
+
+NODE_CHECK_CONFIG = """ib: {sysfs_root: /var/lib/opsctl-hw/sys, window_seconds: 0}
+storage:
+  timeout_seconds: 3
+  mountinfo_path: /var/lib/opsctl-hw/storage/mountinfo
+  mountstats_path: /var/lib/opsctl-hw/storage/mountstats
+  mounts:
+    - {path: /home, fstype: nfs4, probe_dir: /home/.opsctl-probe}
+    - {path: /shared, fstype: nfs4}
+    - {path: /lustre, fstype: lustre}
+"""
+# What the opsctl role installs from Debian for opsctl's own dependencies (click, PyYAML, requests).
+OPSCTL_DEBS = "python3-click python3-yaml python3-requests"
+
+
+def node_check(machine):
+    began = time.monotonic()
+    out = on(machine, "PYTHONPATH=/opt/opsctl-hw python3 -m opsctl node check --json --config /root/node-check.yaml",
+             check=False)
+    assert out.returncode in (0, 1), out.stdout[-2000:] + out.stderr
+    findings = {(f["check"], f["device"]) for f in json.loads(out.stdout)["storage"]["findings"]}
+    return out.returncode, findings, time.monotonic() - began
+
+
+def test_opsctl_node_check_in_a_gpu_machine_sees_the_storage_faults():
+    """The real `opsctl node check` in the machine (opsctl from /opt/opsctl-hw, its dependencies from Debian
+    as the opsctl role installs them), its config pointing at the emulated mountinfo and mountstats, lctl and
+    lfs found on PATH at their real paths."""
+    m = FAULT_MACHINE
+    apt = on(m, f"apt-get -q update && DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends "
+                f"{OPSCTL_DEBS}", check=False)
+    if apt.returncode != 0:
+        pytest.skip(f"no Debian packages for opsctl in the machine: {apt.stderr.strip()[-300:]}")
+    on(m, f"cat >/root/node-check.yaml <<'END'\n{NODE_CHECK_CONFIG}END")
+    assert node_check(m)[:2] == (0, set())
+    for fault in ("lustre-ost-down", "mount-missing", "nfs-hung"):
+        assert opsctl("inject", m, fault).returncode == 0
+    try:
+        code, findings, took = node_check(m)
+    finally:
+        assert opsctl("clear", m).returncode == 0
+    assert code == 1 and findings == {("storage-mount-missing", "/shared"), ("lustre-import-down", "lustre-OST0002"),
+                                      ("storage-mount-hung", "/home")}
+    assert took < 3 + 15  # the hung probe is given up after storage.timeout_seconds
+    assert node_check(m)[:2] == (0, set())
+
+
 def test_bad_inject_is_one_line_exit_2():
     out = opsctl("inject", "gpu2", "no-such-fault")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
@@ -255,11 +374,13 @@ def _lab_processes():
 
 
 def test_down_leaves_nothing_and_up_again_works():
+    # A storage fault outlives the restart, as broken hardware does (checked after `up` below).
+    assert opsctl("inject", FAULT_MACHINE, "mount-missing").returncode == 0
     out = opsctl("down")
     assert out.returncode == 0, out.stderr
     assert opsctl("status").returncode == 1  # machines stopped: not what the tier should run
     assert _lab_processes() == []  # nspawn machines and apt-cacher-ng (zombies have no cmdline)
-    names = ("head", "gpu1", "gpu2", "gpu3")
+    names = NAMES
     assert net.lab_netns(SETTINGS) == []
     propagate = Path("/run/systemd/nspawn/propagate")
     assert not any((propagate / SETTINGS.nspawn_name(m)).exists() for m in names)
@@ -274,3 +395,8 @@ def test_down_leaves_nothing_and_up_again_works():
     assert time.monotonic() - began < 60  # a warm image
     assert "cached" in out.stdout and "total" in out.stdout
     on("gpu3", "nvidia-smi -L")
+    assert f"faults {FAULT_MACHINE}: mount-missing" in out.stdout
+    assert is_active(FAULT_MACHINE, "shared.mount") != "active" and "/shared" not in mounted(FAULT_MACHINE)
+    assert on(FAULT_MACHINE, "systemctl start shared.mount", check=False).returncode != 0
+    assert opsctl("clear", FAULT_MACHINE).returncode == 0
+    assert is_active(FAULT_MACHINE, "shared.mount") == "active" and "/shared" in mounted(FAULT_MACHINE)

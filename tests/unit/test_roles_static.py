@@ -223,6 +223,7 @@ def test_hw_facts_parsers():
     assert hw.core_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
+# A lab inventory of the head and three GPU machines, for the component tests that render roles for it.
 LAB_HOSTS = """all:
   children:
     cluster:
@@ -238,11 +239,21 @@ LAB_HOSTS = """all:
 """
 
 
+def lab_hosts() -> str:
+    """The lab's inventory as `opsctl lab machines up` writes it (three GPU machines)."""
+    from opsctl_lab.machines import inventory
+    from opsctl_lab.machines.settings import Settings, machine_names
+
+    settings = Settings(net=0, state_dir=Path("/nonexistent"), inventory_dir=Path("/nonexistent"),
+                        apt_cache_dir=Path("/nonexistent"))
+    return inventory.render(settings, machine_names(3))
+
+
 def test_inventories_differ_only_in_variables():
     """Both inventories use the same groups, so site.yml runs the same tasks on each."""
     example = load_yaml(REPO / "inventory" / "example" / "hosts.yml")["all"]["children"]["cluster"]["children"]
-    lab = yaml.safe_load(LAB_HOSTS)["all"]["children"]["cluster"]["children"]
-    assert {"controller", "gpu_nodes"} <= set(example) and set(lab) <= set(example)
+    lab = yaml.safe_load(lab_hosts())["all"]["children"]["cluster"]["children"]
+    assert {"controller", "gpu_nodes", "storage"} <= set(lab) and set(lab) <= set(example)
     for inv in ("example", "lab"):
         for path in (REPO / "inventory" / inv / "group_vars").glob("*.yml"):
             assert path.stem in {"all", "cluster", "controller", "gpu_nodes", "storage"}, path

@@ -1,5 +1,6 @@
 """The storage readers on real captures (tests/fixtures/lustre, tests/fixtures/storage; SOURCES.md names
-each): /proc/self/mountinfo, /proc/self/mountstats, `lctl get_param *.import` and `lfs check servers`.
+each): /proc/self/mountinfo, /proc/self/mountstats, `lctl get_param *.import`, `lfs check servers` and
+`lfs df`.
 Input a reader does not know is an error naming the line."""
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.storage.lustre import parse_check_servers, parse_imports, target_name
+from opsctl.storage.lustre import parse_check_servers, parse_df, parse_imports, target_name
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl.storage.mountstats import parse_mountstats
 
@@ -112,3 +113,51 @@ def test_target_names():
     assert target_name("lustre-OST0001-osc-ffff9a8b5c3e4000") == "lustre-OST0001"
     assert target_name("nas_test-OST0000-osc-MDT0000") == "nas_test-OST0000"
     assert target_name("lustre-MDT0000_UUID") == "lustre-MDT0000"
+
+
+def test_lfs_df_of_a_real_filesystem_names_each_target_and_the_summary():
+    (fs,) = parse_df(fixture("lustre/lfs_df_exascaler_cloud_24_osts.txt"))
+    assert fs.mount == "/mnt/exacloud" and len(fs.targets) == 25
+    mdt, ost0, ost10 = fs.targets[0], fs.targets[1], fs.targets[11]
+    assert (mdt.name, mdt.kind, mdt.index, mdt.blocks_kb, mdt.used_kb, mdt.available_kb, mdt.use_percent) == (
+        "exacloud-MDT0000", "MDT", 0, 315302464, 6212, 309927544, 1)
+    assert (ost0.uuid, ost0.name, ost0.kind, ost0.index) == ("exacloud-OST0000_UUID", "exacloud-OST0000", "OST", 0)
+    assert (ost10.name, ost10.index) == ("exacloud-OST000a", 10)  # the UUID in hex, the index in decimal
+    # The summary adds up the OSTs only: with OSTs present, lfs leaves the MDTs' blocks out.
+    osts = [t for t in fs.targets if t.kind == "OST"]
+    assert fs.summary.blocks_kb == sum(t.blocks_kb for t in osts) == 12706795008
+    assert fs.summary.used_kb == sum(t.used_kb for t in osts) and fs.summary.use_percent == 1
+
+
+def test_lfs_df_verbose_with_an_inactive_ost_flags_and_a_full_one():
+    (fs,) = parse_df(fixture("lustre/lfs_df_-v_ost0002_inactive.txt"))
+    assert [(t.name, t.answered, t.flags, t.use_percent) for t in fs.targets] == [
+        ("lustre-MDT0000", True, "f", 2), ("lustre-OST0000", True, "", 51), ("lustre-OST0001", True, "D", 21),
+        ("lustre-OST0002", False, "", 0), ("lustre-OST0003", True, "", 94)]
+    inactive = fs.targets[3]
+    assert (inactive.uuid, inactive.kind, inactive.index, inactive.error) == ("OST0002", "OST", 2, "inactive device")
+    assert fs.summary.blocks_kb == 3 * 61419143168 and fs.summary.use_percent == 55
+
+
+def test_lfs_df_of_two_filesystems_a_failed_statfs_and_217s_wider_mount_column():
+    text = (fixture("lustre/lfs_df_exascaler_cloud_24_osts.txt")
+            + fixture("lustre/lfs_df_-v_ost0002_inactive.txt").replace(" /lustre", "  /lustre")
+            .replace("lustre-OST0003_UUID  61419143168 57104547840  3695040512  94%  /lustre[OST:3]",
+                     "lustre-OST0003_UUID : Input/output error"))
+    exa, lustre = parse_df(text)
+    assert (exa.mount, lustre.mount) == ("/mnt/exacloud", "/lustre")
+    assert [(t.name, t.error) for t in lustre.targets if not t.answered] == [
+        ("lustre-OST0002", "inactive device"), ("lustre-OST0003", "Input/output error")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lfs df: cannot find mounted Lustre filesystem\n", r"^lfs df line 1: expected the UUID 1K-blocks"),
+    ("UUID                   1K-blocks        Used   Available Use% Mounted on\nsome other line\n",
+     r"^lfs df line 2: not an lfs df line: 'some other line'"),
+    ("UUID                   1K-blocks        Used   Available Use% Mounted on\n"
+     "exacloud-MDT0000_UUID   315302464        6212   309927544   1% /mnt/exacloud[MDT:0]\n",
+     r"^lfs df: no filesystem_summary after the last header"),
+])
+def test_lfs_df_that_is_not_lfs_df_is_an_error_naming_the_line(text, message):
+    with pytest.raises(SourceUnavailable, match=message):
+        parse_df(text)

@@ -1,22 +1,43 @@
 """`opsctl-hw`: the lab's hand on a machine's emulated hardware (what `opsctl lab machines inject`
-runs over SSH). Changes the state file and rewrites the sysfs tree at once, so every tool (and the
-dcgm-exporter service, which re-reads the file) reports the fault.
+runs over SSH). Changes the state file and rewrites the sysfs tree and the storage files at once, so
+every tool (and the dcgm-exporter service, which re-reads the file) reports the fault.
 
     opsctl-hw inject FAULT [--gpu G | --hca H]
     opsctl-hw clear
-    opsctl-hw sysfs [--link-host]   # write the sysfs tree from the state (boot-time service)
+    opsctl-hw sysfs [--link-host]   # write the sysfs tree and the storage files from the state (boot-time service)
     opsctl-hw show           # the state file
+
+Storage (opsctl_lab.storage_view): mountinfo and mountstats in the `storage` directory next to the state
+file, for `opsctl node check` (storage.mountinfo_path, storage.mountstats_path). The mount points are
+under OPSCTL_HW_MOUNT_BASE (default: `mnt` in that directory). In a lab machine it is `/` (the machine's
+wrapper sets it): the mount points are the machine's own, and /shared and /lustre are real bind mounts
+(`shared.mount`, `lustre.mount`) of `storage/exports/{shared,lustre}`, standing in for the NFS and
+Lustre client mounts. `inject mount-missing` stops shared.mount and moves its source away, so it cannot
+start again while the fault lasts; `clear` puts the source back and starts it.
 """
 
 import argparse
 import fcntl
 import json
+import os
+import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+from opsctl_lab.errors import LabError
+from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
+from opsctl_lab.storage_view import MISSING_MOUNT, write_storage
+
+# The mounts that are real bind mounts in a lab machine; their sources are `exports/<name>`.
+BIND_MOUNTS = ("/shared", "/lustre")
+MACHINE_BASE = Path("/")
+
+Systemctl = Callable[[str, str], None]  # (action, mount point)
 
 
 @contextmanager
@@ -42,22 +63,98 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with _locked():
         hw = load()
+        units: Systemctl | None = None
         if args.cmd == "inject":
             fault = hw.inject(args.fault, gpu=args.gpu, hca=args.hca)
             hw.save(state_path())
             where = f" gpu {fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
             sys.stdout.write(f"{hw.node}: injected {args.fault}{where}\n")
+            units = _systemctl if fault.fault == "mount-missing" else None
         elif args.cmd == "clear":
             count = len(hw.active)
             hw.clear()
             hw.save(state_path())
             sys.stdout.write(f"{hw.node}: cleared {count} fault(s)\n")
+            units = _systemctl
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)
+        base = mount_base()
+        apply_storage(hw, storage_root(), base, units if base == MACHINE_BASE else None)
         if args.cmd == "sysfs" and args.link_host:
             link_host_sysfs(root)
     return 0
+
+
+def storage_root() -> Path:
+    """mountinfo, mountstats and the bind mounts' sources: next to the state file."""
+    return state_path().parent / "storage"
+
+
+def mount_base() -> Path:
+    return Path(os.environ.get("OPSCTL_HW_MOUNT_BASE") or storage_root() / "mnt")
+
+
+def export_dir(root: Path, point: str, hidden: bool = False) -> Path:
+    """The source of a bind mount; `hidden`: where it is while its mount is missing."""
+    name = point.strip("/")
+    return root / "exports" / (f".{name}.mount-missing" if hidden else name)
+
+
+def mount_unit(point: str) -> str:
+    """The unit name of a mount point, as `systemd-escape -p --suffix=mount` makes it."""
+    path = point.strip("/")
+    out = []
+    for index, char in enumerate(path):
+        if char == "/":
+            out.append("-")
+        elif char.isascii() and (char.isalnum() or char in ":_" or (char == "." and index > 0)):
+            out.append(char)
+        else:
+            out += [f"\\x{byte:02x}" for byte in char.encode()]
+    return ("".join(out) or "-") + ".mount"
+
+
+def place_exports(root: Path, hw: NodeHardware) -> None:
+    """Each bind mount's source where its unit looks for it; while `mount-missing` lasts, the missing
+    mount's source is moved to a hidden name, so its unit cannot mount it."""
+    for point in BIND_MOUNTS:
+        source, hidden = export_dir(root, point), export_dir(root, point, hidden=True)
+        if point == MISSING_MOUNT and hw.node_fault("mount-missing"):
+            if source.exists():
+                if hidden.exists():
+                    shutil.rmtree(hidden)
+                source.rename(hidden)
+            hidden.mkdir(parents=True, exist_ok=True)
+        else:
+            if hidden.exists() and not source.exists():
+                hidden.rename(source)
+            source.mkdir(parents=True, exist_ok=True)
+
+
+def apply_storage(hw: NodeHardware, root: Path, base: Path, systemctl: Systemctl | None = None) -> None:
+    """The storage files, the mount points and the bind mounts' sources as the state says. With
+    `systemctl` (in a machine, on inject mount-missing and on clear) the missing mount's unit is stopped
+    before its source goes, or started once it is back."""
+    missing = hw.node_fault("mount-missing")
+    if systemctl and missing:
+        systemctl("stop", MISSING_MOUNT)
+    place_exports(root, hw)
+    write_storage(root, base, hw)
+    if systemctl and not missing:
+        systemctl("start", MISSING_MOUNT)
+
+
+def _systemctl(action: str, point: str) -> None:
+    unit = mount_unit(point)
+    out = subprocess.run(["systemctl", action, unit], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0 and action == "stop":
+        # Busy (a process works in it): detach it now, as an NFS mount that went away leaves its users.
+        subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=60)
+        out = subprocess.run(["systemctl", action, unit], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise LabError(f"systemctl {action} {unit}: {lines[-1] if lines else f'exit {out.returncode}'}")
 
 
 def link_host_sysfs(root: Path, host: Path = Path("/sys")) -> None:

@@ -1,4 +1,5 @@
-"""Emulated `lctl get_param` (Lustre) for the imports of the lab's Lustre client (opsctl_lab.storage_view).
+"""Emulated `lctl get_param`, `lctl ping` and `lctl list_nids` (Lustre) for the lab's Lustre client
+(opsctl_lab.storage_view).
 
 Output as lctl prints a parameter: `<param>=` on its own line, then the value; the value in the layout of
 lprocfs_import_seq_show(), as in a real Lustre 2.12.7 client's read (tests/fixtures/lustre/
@@ -13,13 +14,18 @@ osc_import_idle_2.12.7.txt):
 
 Only `get_param` of `osc.*.import` and `mdc.*.import` (shell patterns) is emulated; any other parameter
 fails as lctl does when no path matches.
+
+`lctl ping <nid> [timeout]` as jt_ptl_ping() prints it (lustre-release lustre/utils/portals.c; real
+answers in tests/fixtures/lustre/lctl_ping_success_and_failure.txt): the process ids that answered, the
+local `12345-0@lo` first, or `failed to ping <nid>: Input/output error` on stderr and exit 1 (lctl exits
+with the command's -1 negated). `lctl list_nids` prints the node's NIDs but the loopback.
 """
 
 import fnmatch
 import sys
 
 from opsctl_lab.hwtools.common import load, main_guard
-from opsctl_lab.storage_view import imports
+from opsctl_lab.storage_view import imports, lnet_nis, ping, server_nid
 
 IMPORT = """import:
     name: {device}
@@ -52,8 +58,14 @@ short_io, lfsck, bulk_mbits, second_flags, lockaheadv2 ]
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["ping"] and len(argv) in (2, 3):
+        return _ping(argv[1])
+    if argv == ["list_nids"]:
+        sys.stdout.write("".join(f"{ni.nid}\n" for ni in lnet_nis(load()) if ni.net_type != "lo"))
+        return 0
     if not argv or argv[0] != "get_param" or len(argv) < 2:
-        sys.stderr.write("lctl (opsctl lab): only `lctl get_param osc.*.import mdc.*.import` is emulated\n")
+        sys.stderr.write("lctl (opsctl lab): only `lctl get_param osc.*.import mdc.*.import`, `lctl ping <nid> "
+                         "[timeout]` and `lctl list_nids` are emulated\n")
         return 22
     hw = load()
     patterns = [a for a in argv[1:] if not a.startswith("-")]
@@ -67,12 +79,21 @@ def main(argv: list[str]) -> int:
             rc = 2
         for param, target, state in found:
             device = param.split(".", 1)[1].rsplit(".", 1)[0]
-            nid = "10.10.0.10@o2ib" if "-MDT" in target else f"10.10.0.{11 + int(target[-4:], 16)}@o2ib"
+            nid = server_nid(target)
             down = state != "FULL"
             text = IMPORT.format(device=device, target=target, state=state, nid=nid, current="<none>" if down else nid,
                                  attempts=7 if down else 1, timeouts=3 if down else 0)
             sys.stdout.write(text if values_only else f"{param}=\n{text}")
     return rc
+
+
+def _ping(nid: str) -> int:
+    answered = ping(load(), nid)
+    if answered is None:
+        sys.stderr.write(f"failed to ping {nid}: Input/output error\n")
+        return 1
+    sys.stdout.write("".join(f"12345-{n}\n" for n in ["0@lo", *answered]))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """What turns a machine into an emulated H200 node: the opsctl hardware code, the tools at the paths
-of the real ones, the hardware state file, and the dcgm-exporter service. Written into the machine's
-own layer before it boots, from this checkout, so it never depends on the provisioning roles."""
+of the real ones, the hardware state file, the dcgm-exporter service, and the node's storage (the
+emulated mountinfo and mountstats, and the bind mounts that stand in for its NFS and Lustre client
+mounts). Written into the machine's own layer before it boots, from this checkout, so it never depends
+on the provisioning roles."""
 
 import shutil
 from pathlib import Path
@@ -8,17 +10,38 @@ from pathlib import Path
 import opsctl
 import opsctl_lab
 from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
-from opsctl_lab.machines.settings import DCGM_PORT, HW_CODE, HW_STATE, HW_SYSFS_ROOT, REVERSED_MINORS_MACHINE
+from opsctl_lab.hwtools.admin import BIND_MOUNTS, export_dir, mount_unit, place_exports
+from opsctl_lab.machines.settings import (
+    DCGM_PORT,
+    HW_CODE,
+    HW_ROOT,
+    HW_STATE,
+    HW_SYSFS_ROOT,
+    REVERSED_MINORS_MACHINE,
+)
+from opsctl_lab.storage_view import MOUNTS
 
 # Real install paths: nvidia-smi from the NVIDIA driver, ibstat from infiniband-diags, ibv_devinfo
-# from ibverbs-utils, ib_write_bw from perftest.
+# from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the Lustre client.
+ADMIN_TOOL = "/usr/local/sbin/opsctl-hw"
 TOOLS = {
     "/usr/bin/nvidia-smi": "opsctl_lab.hwtools.nvidia_smi",
     "/usr/sbin/ibstat": "opsctl_lab.hwtools.ibstat",
     "/usr/bin/ibv_devinfo": "opsctl_lab.hwtools.ibv_devinfo",
     "/usr/bin/ib_write_bw": "opsctl_lab.hwtools.ib_write_bw",
-    "/usr/local/sbin/opsctl-hw": "opsctl_lab.hwtools.admin",
+    "/usr/sbin/lctl": "opsctl_lab.hwtools.lctl",
+    "/usr/bin/lfs": "opsctl_lab.hwtools.lfs",
+    "/usr/sbin/lnetctl": "opsctl_lab.hwtools.lnetctl",
+    ADMIN_TOOL: "opsctl_lab.hwtools.admin",
 }
+# The node's storage as `opsctl node check` reads it (storage.mountinfo_path, storage.mountstats_path):
+# written by `opsctl-hw` at boot and on every inject and clear. The mount points are the machine's own
+# (/home, /shared, /lustre); /shared and /lustre are bind mounts of EXPORTS/<name>.
+STORAGE_ROOT = f"{HW_ROOT}/storage"
+MOUNTINFO = f"{STORAGE_ROOT}/mountinfo"
+MOUNTSTATS = f"{STORAGE_ROOT}/mountstats"
+EXPORTS = f"{STORAGE_ROOT}/exports"
+MOUNT_UNITS = {point: mount_unit(point) for point in BIND_MOUNTS}  # /shared: shared.mount
 DCGM_UNIT = "dcgm-exporter.service"
 SYSFS_UNIT = "opsctl-hw-sysfs.service"
 # The NVIDIA role checks that fabric manager runs. These machines have no NVSwitch to train: the lab's
@@ -35,9 +58,32 @@ WantedBy=multi-user.target
 """
 
 
-def wrapper(module: str) -> str:
+def wrapper(module: str, env: str = "") -> str:
     return (f"#!/bin/sh\n# Emulated hardware tool of the opsctl lab (state: {HW_STATE}).\n"
-            f"PYTHONPATH={HW_CODE} exec /usr/bin/python3 -m {module} \"$@\"\n")
+            f"{env}PYTHONPATH={HW_CODE} exec /usr/bin/python3 -m {module} \"$@\"\n")
+
+
+def mount_unit_text(point: str) -> str:
+    """A bind mount of the export directory onto the mount point, in place of the client mount that
+    the lab's kernel cannot make (it has neither an NFS nor a Lustre client). systemd makes a missing
+    bind source before it mounts; the assertion comes first, so that a source moved away (mount-missing)
+    fails the start, as an unreachable server does."""
+    mount = next(m for m in MOUNTS if m.point == point)
+    kind = "Lustre" if mount.fstype == "lustre" else "NFS"
+    source = export_dir(Path(STORAGE_ROOT), point)
+    return f"""[Unit]
+Description={point} (opsctl lab: a bind mount standing in for the {kind} client mount of {mount.source})
+AssertPathIsDirectory={source}
+
+[Mount]
+What={source}
+Where={point}
+Type=none
+Options=bind
+
+[Install]
+WantedBy=remote-fs.target
+"""
 
 
 def dcgm_unit(name: str, address: str) -> str:
@@ -58,7 +104,8 @@ WantedBy=multi-user.target
 
 
 SYSFS_UNIT_TEXT = f"""[Unit]
-Description=opsctl lab: write the emulated InfiniBand sysfs tree under {HW_SYSFS_ROOT}
+Description=opsctl lab: write the emulated InfiniBand sysfs tree under {HW_SYSFS_ROOT} and the storage files under \
+{STORAGE_ROOT}
 Before=dcgm-exporter.service
 
 [Service]
@@ -81,7 +128,8 @@ def install(upper: Path, name: str, address: str) -> None:
     for path, module in TOOLS.items():
         target = upper / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(wrapper(module))
+        # opsctl-hw writes the mount points of the machine itself (storage_view with base /).
+        target.write_text(wrapper(module, "OPSCTL_HW_MOUNT_BASE=/ " if path == ADMIN_TOOL else ""))
         target.chmod(0o755)
     state = upper / HW_STATE.lstrip("/")
     # Keep injected faults across a restart, as hardware would; the minor numbers are the machine's own.
@@ -90,6 +138,8 @@ def install(upper: Path, name: str, address: str) -> None:
     if not state.exists() or hw.minors != minors:
         hw.minors = minors
         hw.save(state)
+    # The bind mounts' sources as the state says: under mount-missing, shared.mount cannot mount at boot.
+    place_exports(upper / STORAGE_ROOT.lstrip("/"), hw)
     units = upper / "etc/systemd/system"
     wants = units / "multi-user.target.wants"
     wants.mkdir(parents=True, exist_ok=True)
@@ -101,7 +151,13 @@ def install(upper: Path, name: str, address: str) -> None:
     if not (units / DCGM_UNIT).exists():
         (units / DCGM_UNIT).write_text(dcgm_unit(name, address))
         mine.append(DCGM_UNIT)
-    for unit in mine:
-        link = wants / unit
+    links = [(wants, unit) for unit in mine]
+    remote_wants = units / "remote-fs.target.wants"
+    remote_wants.mkdir(parents=True, exist_ok=True)
+    for point, unit in MOUNT_UNITS.items():
+        (units / unit).write_text(mount_unit_text(point))
+        links.append((remote_wants, unit))
+    for directory, unit in links:
+        link = directory / unit
         link.unlink(missing_ok=True)
         link.symlink_to(f"/etc/systemd/system/{unit}")

@@ -4,7 +4,7 @@ in as the lab's provisioning account and becomes root with sudo, as on a real si
 
 import yaml
 
-from opsctl_lab.machines.settings import PROVISIONING_USER, Settings
+from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE, Settings, is_gpu_machine
 
 
 def render(settings: Settings, names: list[str]) -> str:
@@ -18,13 +18,15 @@ def render(settings: Settings, names: list[str]) -> str:
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={settings.known_hosts} -o StrictHostKeyChecking=yes",
         }
 
-    gpus = [n for n in names if n != "head"]
+    gpus = [n for n in names if is_gpu_machine(n)]
+    storage = [n for n in names if n == STORAGE_MACHINE]
     doc = {
         "all": {
             "children": {
                 "cluster": {
                     "children": {
                         "controller": {"hosts": {"head": host("head")}},
+                        "storage": {"hosts": {n: host(n) for n in storage}},
                         "gpu_nodes": {"hosts": {n: host(n) for n in gpus}},
                     }
                 }

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, parse_fault
-from opsctl_lab.machines import aptcache, hwinstall, image, inventory, keys, labstate, net, nspawn
-from opsctl_lab.machines.settings import MAX_GPU_NODES, Settings, machine_names
+from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn
+from opsctl_lab.machines.settings import MAX_GPU_NODES, STORAGE_MACHINE, Settings, is_gpu_machine, machine_names
 from opsctl_lab.processes import stop_pids
 
 Echo = Callable[[str], None]
@@ -45,7 +45,7 @@ def _known(settings: Settings) -> list[str]:
     if not settings.state_dir.is_dir():
         return []
     names = [p.name for p in settings.state_dir.iterdir() if (p / "upper").is_dir()]
-    return sorted(names, key=lambda n: (n != "head", len(n), n))
+    return sorted(names, key=lambda n: (n != "head", is_gpu_machine(n), len(n), n))
 
 
 def _all_ready(settings: Settings, names: list[str]) -> bool:
@@ -118,9 +118,10 @@ def _start_machines(settings: Settings, names: list[str]) -> list[str]:
             continue
         net.ensure_machine_netns(settings, name)
         uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
-        if name != "head":
+        if is_gpu_machine(name):
             hwinstall.install(uppers[name], name, settings.addr(name))
-        nspawn.start(settings, name)
+        extra = disks.nspawn_args(settings) if name == STORAGE_MACHINE else []
+        nspawn.start(settings, name, extra)
         started.append(name)
     keys.write_known_hosts(settings, uppers)
     inventory.write(settings, names)  # as soon as the machines exist; SSH answers a few seconds later
@@ -138,6 +139,7 @@ def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Setting
         for name in names:
             nspawn.stop(settings, name)
         stop_pids(nspawn.stray_pids(settings), grace=20)
+        disks.detach(settings)
         for name in net.lab_netns(settings):
             net.remove_machine_netns(settings, name)
         aptcache.stop(settings)
@@ -181,8 +183,8 @@ def reset(echo: Echo = lambda _line: None, settings: Settings | None = None) -> 
 
 
 def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
-    if machine not in _known(settings) or machine == "head":
-        gpus = [n for n in _known(settings) if n != "head"]
+    if machine not in _known(settings) or not is_gpu_machine(machine):
+        gpus = [n for n in _known(settings) if is_gpu_machine(n)]
         raise LabError(f"unknown GPU machine {machine!r}; lab GPU machines: {', '.join(gpus) or 'none'}")
     if nspawn.running_pid(settings, machine) is None:
         raise LabError(f"machine {machine} is not running: `opsctl lab machines up`")

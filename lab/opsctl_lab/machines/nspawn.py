@@ -79,7 +79,7 @@ def _authorize_provisioning_user(top: Path, client_pubkey: str) -> None:
         path.chmod(mode)
 
 
-def start(settings: Settings, name: str) -> int:
+def start(settings: Settings, name: str, extra_args: list[str] | None = None) -> int:
     mdir = settings.machine_dir(name)
     log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
     image = str(img.path(settings))
@@ -88,7 +88,7 @@ def start(settings: Settings, name: str) -> int:
          f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
          "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
          # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).
-         "--rlimit=MEMLOCK=infinity"],
+         "--rlimit=MEMLOCK=infinity", *(extra_args or [])],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     write_pidfile(_pid_file(settings, name), proc.pid)
     return proc.pid

@@ -19,7 +19,7 @@ PREFIX_LEN = 24
 # Not apt-cacher-ng's default 3142: installing the Debian package starts a system instance on
 # 0.0.0.0:3142 on hosts with systemd, which would answer in place of the lab's own.
 APT_PORT = 3149
-FIRST_HOST = 10  # head is .10, gpuN is .10+N
+FIRST_HOST = 10  # head is .10, gpuN is .10+N, storage is .9
 SUITE = "bookworm"
 # The mirror apt-cacher-ng fetches from: the one this host's own apt uses.
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -29,6 +29,9 @@ MAX_GPU_NODES = 32
 # the image with this uid. The lab's own commands (inject, clear) still use root.
 PROVISIONING_USER = "opsadmin"
 PROVISIONING_UID = 1100
+
+# The NFS server of the lab: it exports /home and /shared from a disk of its own (disks.py).
+STORAGE_MACHINE = "stor1"
 
 # One machine whose GPUs' device minor numbers differ from their nvidia-smi index, as the NVIDIA
 # driver allows: the roles must key gres.conf and the epilog by minor number (docs/lab-machines.md).
@@ -103,6 +106,8 @@ class Settings:
         return f"http://{self.bridge_addr}:{APT_PORT}"
 
     def addr(self, name: str) -> str:
+        if name == STORAGE_MACHINE:
+            return f"10.213.{self.net}.{FIRST_HOST - 1}"
         index = 0 if name == "head" else int(name.removeprefix("gpu"))
         return f"10.213.{self.net}.{FIRST_HOST + index}"
 
@@ -137,4 +142,8 @@ class Settings:
 
 
 def machine_names(gpu_nodes: int) -> list[str]:
-    return ["head"] + [f"gpu{i}" for i in range(1, gpu_nodes + 1)]
+    return ["head", STORAGE_MACHINE] + [f"gpu{i}" for i in range(1, gpu_nodes + 1)]
+
+
+def is_gpu_machine(name: str) -> bool:
+    return name not in ("head", STORAGE_MACHINE)

@@ -1,0 +1,1 @@
+../../nfs_client/filter_plugins/systemd_unit_name.py

@@ -1,0 +1,258 @@
+"""Storage on the provisioned lab machines.
+
+- The storage machine: its disk prepared by the nfs_server role, /home and /shared exported by
+  NFS-Ganesha, and the exports proved from every GPU machine with libnfs's userspace client (the lab
+  kernel has no NFS client): a user's file reads back identical, and root is squashed. The role's
+  refusal of a disk that holds data, proved untouched by its checksum.
+- Storage health: the GPU machines' node check timers (node_check role) see the lab's storage faults,
+  Prometheus on the head has their results, and `opsctl health` there drains, resumes, or stops naming
+  storage. slurmd does not start while a required mount is missing.
+
+test_provision.py provisions the machines first (CI runs it before this file); here a run of the
+storage plays alone must find nothing to change. Needs root, systemd-nspawn and `make deps-machines`.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from tests.integration.test_provision import (
+    Machines,
+    changed_tasks,
+    clear_faults_and_resume,
+    lab_cli,
+    playbook,
+    recap,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
+              pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines")]
+
+STORAGE = "stor1"
+EXPORT_ROOT = "/srv/nfs"  # nfs_server_root
+USER, UID = "labuser", 2001  # inventory/lab/group_vars/all.yml common_local_users
+SQUASHED_UID = 65534  # nfs_server_anonymous_uid
+
+
+@pytest.fixture(scope="module")
+def machines():
+    """The storage plays alone on the provisioned machines: they must change nothing."""
+    run = playbook("--tags", "storage")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    hosts = recap(run.stdout)
+    assert STORAGE in hosts and all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
+    assert not changed_tasks(run.stdout), changed_tasks(run.stdout)
+    return Machines()
+
+
+def nfs_url(machines: Machines, path: str) -> str:
+    return f"nfs://{machines.addr(STORAGE)}{path}?version=4"
+
+
+def on_storage(machines: Machines, command: str) -> str:
+    return machines.ssh(STORAGE, command).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def user_dirs(machines):
+    """A home of the job user's own (0700) and a scratch directory anyone may write (1777) on the
+    exports, as the site's account tooling would make them."""
+    on_storage(machines, f"install -d -o {UID} -g {UID} -m 0700 {EXPORT_ROOT}/home/{USER} && "
+                         f"install -d -m 1777 {EXPORT_ROOT}/shared/scratch")
+    return machines
+
+
+@pytest.mark.provision
+def test_storage_exports_home_and_shared_through_ganesha_from_its_own_xfs_disk(machines):
+    assert on_storage(machines, f"findmnt -n -o SOURCE,FSTYPE,LABEL --target {EXPORT_ROOT}").split() == [
+        "/dev/vdb", "xfs", "opsctl-nfs"]
+    assert on_storage(machines, "systemctl is-active nfs-ganesha") == "active"
+    # The server waits for its disk: a boot without /dev/vdb mounted never serves an empty directory.
+    requires = on_storage(machines, "systemctl show -p RequiresMountsFor --value nfs-ganesha")
+    assert EXPORT_ROOT in requires.split()
+    gpu = machines.gpu_nodes[0]
+    listing = machines.ssh(gpu, f"nfs-ls {shlex.quote(nfs_url(machines, '/'))}").stdout.split()
+    assert {"home", "shared"} <= set(listing), listing
+
+
+@pytest.mark.provision
+def test_a_users_file_reads_back_identical_from_every_gpu_machine(user_dirs):
+    """3000 random bytes: Debian 12's libnfs 4.0 client fails an NFSv4 write of 4000 bytes or more (3500 pass)
+    on its own side, before a WRITE reaches the server (Ganesha's log shows none)."""
+    machines = user_dirs
+    for gpu in machines.gpu_nodes:
+        remote = f"/home/{USER}/{gpu}.bin"
+        on_storage(machines, f"rm -f {EXPORT_ROOT}{remote}")  # nfs-cp never overwrites
+        script = (f"set -e; cd /tmp; head -c 3000 /dev/urandom > {gpu}.out; "
+                  f"nfs-cp {gpu}.out {shlex.quote(nfs_url(machines, remote))} >/dev/null; "
+                  f"nfs-cp {shlex.quote(nfs_url(machines, remote))} {gpu}.back >/dev/null; "
+                  f"sha256sum < {gpu}.out; sha256sum < {gpu}.back; rm -f {gpu}.out {gpu}.back")
+        sums = machines.ssh(gpu, f"runuser -u {USER} -- sh -c {shlex.quote(script)}").stdout.split()
+        assert len(sums) == 4 and sums[0] == sums[2], (gpu, sums)
+        # Written as the user, kept as the user, on the storage machine's disk.
+        assert on_storage(machines, f"stat -c %u:%s {EXPORT_ROOT}{remote}") == f"{UID}:3000"
+
+
+@pytest.mark.provision
+def test_root_on_a_gpu_machine_is_squashed(user_dirs):
+    machines = user_dirs
+    gpu = machines.gpu_nodes[-1]
+    on_storage(machines, f"rm -f {EXPORT_ROOT}/shared/scratch/root.txt")  # nfs-cp never overwrites
+    machines.ssh(gpu, f"echo root > /tmp/root.txt && nfs-cp /tmp/root.txt "
+                      f"{shlex.quote(nfs_url(machines, '/shared/scratch/root.txt'))}")
+    assert on_storage(machines, f"stat -c %u {EXPORT_ROOT}/shared/scratch/root.txt") == str(SQUASHED_UID)
+    # Squashed root is nobody: the user's private home is closed to it.
+    denied = machines.ssh(gpu, f"nfs-cp /tmp/root.txt {shlex.quote(nfs_url(machines, f'/home/{USER}/root.txt'))}",
+                          check=False)
+    assert denied.returncode != 0 and "NFS4ERR_ACCESS" in denied.stdout + denied.stderr, denied
+    assert on_storage(machines, f"test -e {EXPORT_ROOT}/home/{USER}/root.txt || echo absent") == "absent"
+
+
+@pytest.mark.provision
+def test_nfs_server_refuses_a_disk_that_holds_a_filesystem_and_leaves_it_untouched(machines):
+    """/dev/vdc holds an ext4 filesystem with data (lab/opsctl_lab/machines/disks.py)."""
+    checksum = "sha256sum /dev/vdc | cut -d' ' -f1"
+    before = on_storage(machines, checksum)
+    run = playbook("--tags", "nfs_server", "--limit", STORAGE, "-e", json.dumps({"nfs_server_devices": ["/dev/vdc"]}))
+    assert run.returncode != 0, run.stdout[-4000:]
+    assert "refusing to touch /dev/vdc (ext4)" in run.stdout, run.stdout[-4000:]
+    assert "list it in nfs_server_wipe_devices" in run.stdout, run.stdout[-4000:]
+    assert not changed_tasks(run.stdout)
+    assert on_storage(machines, checksum) == before
+    assert on_storage(machines, "blkid -p -o value -s TYPE /dev/vdc") == "ext4"
+    assert on_storage(machines, "systemctl is-active nfs-ganesha") == "active"
+
+
+# ---- storage health on the provisioned machines: node check timer -> node_exporter -> Prometheus -> opsctl health
+
+OPSCTL = "/opt/opsctl/bin/opsctl"
+NODE_CHECK = f"{OPSCTL} node check --json --config /etc/opsctl/node-check.yaml"
+
+
+def node_check_series(machines: Machines, check: str) -> dict[str, float]:
+    """{node: value} of opsctl_node_check{check=...} in the head's Prometheus (the nodes' timers' results)."""
+    query = urllib.parse.urlencode({"query": f'max by (node) (opsctl_node_check{{job="node", check="{check}"}})'})
+    with urllib.request.urlopen(f"http://{machines.addr(machines.head)}:9090/api/v1/query?{query}", timeout=10) as resp:
+        return {r["metric"]["node"]: float(r["value"][1]) for r in json.load(resp)["data"]["result"]}
+
+
+def failing_node_checks(machines: Machines) -> dict[str, float]:
+    """{node: failed checks} for the GPU nodes whose node check fails anything in Prometheus."""
+    query = urllib.parse.urlencode({"query": 'sum by (node) (opsctl_node_check{job="node"}) > 0'})
+    with urllib.request.urlopen(f"http://{machines.addr(machines.head)}:9090/api/v1/query?{query}", timeout=10) as resp:
+        return {r["metric"]["node"]: float(r["value"][1]) for r in json.load(resp)["data"]["result"]}
+
+
+def health(machines: Machines, *args: str) -> subprocess.CompletedProcess:
+    return machines.ssh(machines.head, f"{OPSCTL} health {' '.join(args)}", check=False, timeout=300)
+
+
+@pytest.fixture
+def health_timer_stopped(machines):
+    """The head's health timer stopped, so that every drain and resume here is the test's own run; every
+    GPU machine in service first, and again after: faults cleared, opsctl's drains resumed."""
+    machines.on_head("systemctl stop opsctl-health.timer")
+    try:
+        clear_faults_and_resume(machines, "opsctl:")
+        for name in machines.gpu_nodes:
+            wait_until(lambda name=name: machines.node_state(name)[0] in ("idle", "mixed"), 120, f"{name} in service")
+        yield machines
+    finally:
+        for name in machines.gpu_nodes:
+            lab_cli("clear", name)
+            machines.ssh(name, "systemctl start slurmd", check=False)
+        # The timer must not see a result from before the clear: every node's checks pass in Prometheus first.
+        wait_until(lambda: failing_node_checks(machines) == {}, 90, "every node check passing in Prometheus")
+        clear_faults_and_resume(machines, "opsctl:")
+        machines.on_head("systemctl start opsctl-health.timer")
+
+
+@pytest.mark.provision
+def test_lustre_ost_down_on_gpu2_is_drained_named_and_resumed_after_a_clear(health_timer_stopped):
+    machines = health_timer_stopped
+    node, others = "gpu2", [n for n in machines.gpu_nodes if n != "gpu2"]
+    lab_cli("inject", node, "lustre-ost-down")
+    check = machines.ssh(node, NODE_CHECK, check=False)
+    assert check.returncode == 1, check.stdout[-3000:] + check.stderr
+    findings = json.loads(check.stdout)["storage"]["findings"]
+    assert {"check": "lustre-import-down", "device": "lustre-OST0002"} in [
+        {k: f[k] for k in ("check", "device")} for f in findings], findings
+    wait_until(lambda: node_check_series(machines, "lustre-import-down").get(node) == 1, 90,
+               f"Prometheus showing {node}'s failed Lustre import")
+
+    drain = health(machines, "--drain")
+    assert drain.returncode == 1, drain.stdout[-3000:] + drain.stderr
+    state, reason = machines.drained(node) or ("", "")
+    assert "drain" in state and reason.startswith("opsctl:lustre-import-down lustre-OST0002"), (state, reason)
+    assert {n: machines.drained(n) for n in others} == dict.fromkeys(others)
+
+    lab_cli("clear", node)
+    wait_until(lambda: node_check_series(machines, "lustre-import-down").get(node) == 0, 90,
+               f"Prometheus showing {node}'s Lustre imports FULL again")
+    # The lab resumes a node once its rules have been ok for 20 s (safety.resume_after).
+    def resumed():
+        resume = health(machines, "--resume")
+        assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr
+        return machines.drained(node) is None
+
+    wait_until(resumed, 90, f"`opsctl health --resume` returning {node}", interval=5)
+
+
+@pytest.mark.provision
+def test_lustre_ost_down_on_every_machine_stops_the_breaker_naming_storage(health_timer_stopped):
+    machines = health_timer_stopped
+    for name in machines.gpu_nodes:
+        lab_cli("inject", name, "lustre-ost-down")
+    wait_until(lambda: all(node_check_series(machines, "lustre-import-down").get(n) == 1 for n in machines.gpu_nodes),
+               90, "Prometheus showing every machine's failed Lustre import")
+    run = health(machines, "--drain", "--json")
+    assert run.returncode == 4, run.stdout[-3000:] + run.stderr
+    assert json.loads(run.stdout)["summary"]["outage"] == "storage"
+    assert "circuit breaker: storage" in run.stderr + run.stdout
+    assert {n: machines.drained(n) for n in machines.gpu_nodes} == dict.fromkeys(machines.gpu_nodes)
+
+
+@pytest.mark.provision
+def test_slurmd_does_not_start_while_a_required_mount_is_missing(health_timer_stopped):
+    """slurm_compute_required_mounts (/shared, /lustre in the lab) become RequiresMountsFor= of slurmd:
+    with /shared gone (mount-missing stops shared.mount and takes its source away), slurmd stops with it
+    and cannot start; back once the mount is."""
+    machines = health_timer_stopped
+    node = machines.gpu_nodes[0]
+    assert {"/shared", "/lustre"} <= set(
+        machines.ssh(node, "systemctl show -p RequiresMountsFor --value slurmd").stdout.split())
+    lab_cli("inject", node, "mount-missing")
+    assert machines.ssh(node, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
+    start = machines.ssh(node, "systemctl start slurmd", check=False)
+    assert start.returncode != 0, start
+    assert machines.ssh(node, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
+    check = machines.ssh(node, NODE_CHECK, check=False)
+    assert check.returncode == 1 and "storage-mount-missing" in check.stdout, check.stdout[-3000:]
+
+    lab_cli("clear", node)
+    machines.ssh(node, "systemctl start slurmd")
+    assert machines.ssh(node, "systemctl is-active slurmd").stdout.strip() == "active"
+    wait_until(lambda: machines.node_state(node)[0] in ("idle", "mixed"), 120, f"{node} back in service")
+
+
+@pytest.mark.provision
+def test_a_hung_mount_is_reported_within_the_checks_timeout(health_timer_stopped):
+    machines = health_timer_stopped
+    node = machines.gpu_nodes[-1]
+    lab_cli("inject", node, "nfs-hung")
+    began = time.monotonic()
+    check = machines.ssh(node, NODE_CHECK, check=False, timeout=60)
+    took = time.monotonic() - began
+    assert check.returncode == 1, check.stdout[-3000:] + check.stderr
+    hung = [f for f in json.loads(check.stdout)["storage"]["findings"] if f["check"] == "storage-mount-hung"]
+    assert [f["device"] for f in hung] == ["/home"], hung
+    # storage.timeout_seconds is 8 in the lab; the rest is SSH and Python starting.
+    assert took < 30, took
