@@ -7,7 +7,8 @@ DISKS = load_module(PLAYBOOKS / "filter_plugins" / "opsctl_disks.py", "opsctl_di
 LABEL, ARRAY = "opsctl-nfs", "opsctl-nfs"
 
 # `blkid -p -o export /dev/vdc` on the lab storage machine's data disk (mkfs.ext4 -L olddata).
-EXT4 = "DEVNAME=/dev/vdc\nLABEL=olddata\nUUID=777196ac-3c49-432f-9eef-e1f24cf5ba55\nVERSION=1.0\nBLOCK_SIZE=1024\nTYPE=ext4\nUSAGE=filesystem"
+EXT4 = ("DEVNAME=/dev/vdc\nLABEL=olddata\nUUID=777196ac-3c49-432f-9eef-e1f24cf5ba55\nVERSION=1.0\nBLOCK_SIZE=1024\n"
+        "TYPE=ext4\nUSAGE=filesystem")
 
 
 def result(device: str, stdout: str) -> dict:

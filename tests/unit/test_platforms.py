@@ -82,7 +82,8 @@ def test_every_platform_role_has_a_file_per_supported_platform_and_the_family_fl
 
 
 def test_roles_with_platform_files_load_them():
-    assert set(PLATFORM_ROLES) == {"munge", "node_exporter", "nvidia", "prometheus", "slurm"}
+    assert set(PLATFORM_ROLES) == {"lustre_client", "munge", "nfs_client", "node_exporter", "nvidia", "prometheus",
+                                   "slurm"}
     for role in PLATFORM_ROLES:
         text = (ROLES / role / "tasks" / "platform.yml").read_text()
         assert "lookup('ansible.builtin.first_found', ansible_facts | platform_vars_files(role_path))" in text
