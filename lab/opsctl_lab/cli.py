@@ -144,7 +144,8 @@ def lab_machines_reset() -> ExitCode:
 @click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
 @one_line_errors
 def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | None) -> ExitCode:
-    """Inject FAULT into MACHINE's emulated hardware (`opsctl lab faults` lists them)."""
+    """Inject FAULT into MACHINE's emulated hardware (`opsctl lab faults` lists them); MACHINE `all`: every
+    GPU machine at once."""
     from opsctl_lab.machines import inject
 
     return inject(machine, fault, gpu=gpu, hca=hca, echo=click.echo)
@@ -154,7 +155,7 @@ def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | No
 @click.argument("machine")
 @one_line_errors
 def lab_machines_clear(machine: str) -> ExitCode:
-    """Clear every fault on MACHINE."""
+    """Clear every fault on MACHINE (MACHINE `all`: on every GPU machine)."""
     from opsctl_lab.machines import clear
 
     return clear(machine, echo=click.echo)

@@ -170,8 +170,8 @@ def health_timer_stopped(machines):
             wait_until(lambda name=name: machines.node_state(name)[0] in ("idle", "mixed"), 120, f"{name} in service")
         yield machines
     finally:
+        lab_cli("clear", "all")
         for name in machines.gpu_nodes:
-            lab_cli("clear", name)
             machines.ssh(name, "systemctl start slurmd", check=False)
         # The timer must not see a result from before the clear: every node's checks pass in Prometheus first.
         run_node_checks(machines, machines.gpu_nodes)
@@ -216,8 +216,7 @@ def test_lustre_ost_down_on_gpu2_is_drained_named_and_resumed_after_a_clear(heal
 @pytest.mark.provision
 def test_lustre_ost_down_on_every_machine_stops_the_breaker_naming_storage(health_timer_stopped):
     machines = health_timer_stopped
-    for name in machines.gpu_nodes:
-        lab_cli("inject", name, "lustre-ost-down")
+    lab_cli("inject", "all", "lustre-ost-down")
     run_node_checks(machines, machines.gpu_nodes)
     wait_until(lambda: all(node_check_series(machines, "lustre-import-down").get(n) == 1 for n in machines.gpu_nodes),
                90, "Prometheus showing every machine's failed Lustre import")

@@ -182,3 +182,17 @@ def test_the_lab_machines_take_the_storage_faults(tmp_path):
         # Past the fault's check: only the machine is unknown here.
         with pytest.raises(LabError, match=r"^unknown GPU machine 'gpu2'; lab GPU machines: none$"):
             lifecycle.inject("gpu2", fault, settings=settings)
+
+
+def test_inject_and_clear_all_reach_every_gpu_machine_and_no_other(monkeypatch):
+    """`opsctl lab machines inject all lustre-ost-down`: a storage outage on every GPU machine at once."""
+    calls = []
+    monkeypatch.setattr(lifecycle, "_known", lambda settings: ["head", "stor1", "gpu1", "gpu2", "gpu3"])
+    monkeypatch.setattr(lifecycle, "_ssh_admin", lambda settings, machine, args: calls.append((machine, args)) or "")
+    settings = Settings(net=7, state_dir=Path("/nonexistent"), inventory_dir=Path("/nonexistent"),
+                        apt_cache_dir=Path("/nonexistent"))
+    lifecycle.inject("all", "lustre-ost-down", settings=settings)
+    lifecycle.clear("all", settings=settings)
+    lifecycle.inject("gpu2", "nfs-hung", settings=settings)
+    assert calls == [(n, ["inject", "lustre-ost-down"]) for n in ("gpu1", "gpu2", "gpu3")] + [
+        (n, ["clear"]) for n in ("gpu1", "gpu2", "gpu3")] + [("gpu2", ["inject", "nfs-hung"])]

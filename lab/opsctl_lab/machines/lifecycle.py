@@ -196,6 +196,11 @@ def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
     return result.stdout.strip()
 
 
+def _targets(settings: Settings, machine: str) -> list[str]:
+    """MACHINE, or every GPU machine for `all` (a shared service that fails: a storage outage)."""
+    return [n for n in _known(settings) if is_gpu_machine(n)] if machine == "all" else [machine]
+
+
 def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = None,
            echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
     NodeHardware(node=machine).inject(fault, gpu=gpu, hca=hca)  # bad input fails here, before any SSH
@@ -206,10 +211,14 @@ def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = N
         args += ["--gpu", str(gpu)]
     if hca is not None:
         args += ["--hca", str(hca)]
-    echo(_ssh_admin(settings or Settings(), machine, args))
+    settings = settings or Settings()
+    for name in _targets(settings, machine):
+        echo(_ssh_admin(settings, name, args))
     return ExitCode.OK
 
 
 def clear(machine: str, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
-    echo(_ssh_admin(settings or Settings(), machine, ["clear"]))
+    settings = settings or Settings()
+    for name in _targets(settings, machine):
+        echo(_ssh_admin(settings, name, ["clear"]))
     return ExitCode.OK
