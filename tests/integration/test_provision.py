@@ -377,7 +377,8 @@ def test_provisioning_user_logs_in_without_a_job(machines):
     (test_ssh_needs_a_job_on_the_node)."""
     node = machines.gpu_nodes[2]
     assert machines.provisioning_user != "root"
-    assert not machines.on_head(f"squeue -h -w {node}").strip()
+    # The previous test's job may still be completing (CG) while its epilog runs.
+    wait_until(lambda: not machines.on_head(f"squeue -h -w {node}").strip(), 60, f"no job on {node}", interval=1)
     out = machines.ssh(node, "id -un && sudo -n true && echo sudo-ok", user=machines.provisioning_user)
     assert out.stdout.split() == [machines.provisioning_user, "sudo-ok"]
     pam = machines.ssh(node, "grep -B1 pam_slurm_adopt /etc/pam.d/sshd").stdout
@@ -400,10 +401,12 @@ def test_provisioning_one_node_with_limit_changes_nothing(machines):
 @pytest.mark.provision
 @NEEDS_MACHINES
 def test_munge_key_rotation_keeps_slurm_working(machines):
-    """A rotated key reaches every host before any munged restarts; the controller's munged restarts
-    first, then the nodes'. Afterwards every host has the new key and jobs run across nodes."""
+    """A rotated key reaches every Slurm host before any munged restarts; the controller's munged restarts
+    first, then the nodes'. Afterwards every Slurm host has the new key and jobs run across nodes."""
+    slurm_hosts = [machines.head, *machines.gpu_nodes]  # the storage node runs no munge
+
     def key_sums():
-        return {h: machines.ssh(h, "sha256sum /etc/munge/munge.key").stdout.split()[0] for h in machines.hosts}
+        return {h: machines.ssh(h, "sha256sum /etc/munge/munge.key").stdout.split()[0] for h in slurm_hosts}
 
     before = key_sums()
     proc = playbook("--tags", "munge", "-e", "munge_rotate_key=true")

@@ -11,7 +11,6 @@ These tests provision nothing: test_provision.py (run first, in the same tier) p
 the fixture only checks that it did. Needs root and the lab machines (make deps-machines).
 """
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import yaml
 
 from tests.integration import test_provision
-from tests.integration.test_provision import BIN, ENV, NEEDS_MACHINES, REPO, Machines, recap, wait_until
+from tests.integration.test_provision import NEEDS_MACHINES, REPO, Machines, wait_until
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"), NEEDS_MACHINES,
               pytest.mark.provision]
@@ -111,18 +110,6 @@ def test_slurmd_requires_the_lab_mounts(machines):
         assert f"RequiresMountsFor={' '.join(required)}" in dropin
         shown = machines.ssh(node, "systemctl show slurmd -p RequiresMountsFor").stdout.strip()
         assert sorted(shown.removeprefix("RequiresMountsFor=").split()) == sorted(required), shown
-
-
-def test_a_second_run_of_the_storage_roles_changes_nothing(machines):
-    node = machines.gpu_nodes[0]
-    env = {**ENV, "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(inventory() / ".facts")}
-    run = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory()), "playbooks/site.yml",
-                          "--tags", "nfs_client,lustre_client", "--limit", f"{machines.head},{node}"],
-                         capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    hosts = recap(run.stdout)
-    assert set(hosts) == {machines.head, node}
-    assert all(h["changed"] == 0 and h["failed"] == 0 for h in hosts.values()), json.dumps(hosts)
 
 
 def test_epilog_drains_a_node_whose_required_mount_went_away(machines):
