@@ -146,9 +146,13 @@ def node_check_series(machines: Machines, check: str) -> dict[str, float]:
 def run_node_checks(machines: Machines, nodes: list[str]) -> None:
     """What the nodes' timers start, now, on all of them at once: the results are in the textfiles when
     this returns."""
+    def run(name: str) -> None:
+        started = machines.ssh(name, "systemctl start opsctl-node-check.service", check=False, timeout=120)
+        journal = machines.ssh(name, "journalctl -u opsctl-node-check.service -n 15 --no-pager", check=False)
+        assert started.returncode == 0, f"{name}: {started.stderr}\n{journal.stdout}"
+
     with ThreadPoolExecutor(len(nodes)) as pool:
-        list(pool.map(lambda name: machines.ssh(name, "systemctl start opsctl-node-check.service", timeout=120),
-                      nodes))
+        list(pool.map(run, nodes))
 
 
 def failing_node_checks(machines: Machines) -> dict[str, float]:
@@ -164,9 +168,12 @@ def health(machines: Machines, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def health_timer_stopped(machines):
-    """The head's health timer stopped, so that every drain and resume here is the test's own run; every
-    GPU machine in service first, and again after: faults cleared, opsctl's drains resumed."""
+    """The head's health timer and the GPU machines' node check timers stopped, so that every check, drain
+    and resume here is the test's own run, never one that overlaps a fault's change; every GPU machine in
+    service first, and again after: faults cleared, opsctl's drains resumed, the timers started."""
     machines.on_head("systemctl stop opsctl-health.timer")
+    for name in machines.gpu_nodes:
+        machines.ssh(name, "systemctl stop opsctl-node-check.timer && systemctl stop opsctl-node-check.service")
     try:
         clear_faults_and_resume(machines, "opsctl:")
         # Results from before (the InfiniBand tests' faults) must not count: fresh ones, all passing.
@@ -184,6 +191,8 @@ def health_timer_stopped(machines):
         run_node_checks(machines, machines.gpu_nodes)
         wait_until(lambda: failing_node_checks(machines) == {}, 60, "every node check passing in Prometheus")
         clear_faults_and_resume(machines, "opsctl:")
+        for name in machines.gpu_nodes:
+            machines.ssh(name, "systemctl start opsctl-node-check.timer")
         machines.on_head("systemctl start opsctl-health.timer")
 
 
