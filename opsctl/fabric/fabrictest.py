@@ -144,7 +144,7 @@ class ParamikoRemote:
         transport = self._client(host).get_transport()
         if transport is None or not transport.is_active():
             raise SourceUnavailable(f"{host}: the SSH connection closed")
-        return transport.open_session()
+        return open_session(transport, host)
 
     def start(self, host: str, command: str, ready: str, timeout: float) -> "ParamikoRunning":
         channel = self._session(host)
@@ -186,6 +186,30 @@ class ParamikoRemote:
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
+
+
+# sshd allows MaxSessions (10 by default) sessions on one connection; the rails of a round use up to 8,
+# and the channels of the round before may still be closing. A refused session is asked for again.
+SESSION_RETRY_SECONDS = 10.0
+
+
+class SessionOpener(Protocol):
+    def open_session(self) -> paramiko.Channel: ...
+
+
+def open_session(transport: SessionOpener, host: str, retry_seconds: float = SESSION_RETRY_SECONDS,
+                 sleep: Callable[[float], None] = time.sleep) -> paramiko.Channel:
+    deadline = time.monotonic() + retry_seconds
+    delay = 0.05
+    while True:
+        try:
+            return transport.open_session()
+        except paramiko.ChannelException as err:
+            if time.monotonic() + delay > deadline:
+                raise SourceUnavailable(f"{host}: sshd refused another session ({err}) for {retry_seconds:g}s; "
+                                        "raise its MaxSessions or lower ib.parallel") from err
+            sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 class ParamikoRunning:
