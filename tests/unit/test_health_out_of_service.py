@@ -48,3 +48,15 @@ def test_a_resume_plan_says_when_a_waiting_node_becomes_eligible(tmp_path):
     seconds = (datetime.fromisoformat(gpu040["eligible_at"]) - datetime.fromisoformat(match.group(1))).total_seconds()
     assert 0 <= seconds <= 5  # the second run's clock, a moment later
     assert all("eligible_at" not in n for n in doc["nodes"] if n["node"] != "gpu040")
+
+
+def test_a_node_slurm_powers_down_asap_is_neither_drained_nor_resumed(tmp_path):
+    # POWER_DRAIN: `scontrol power down asap` (Slurm 23.02+); the node powers off once its jobs end.
+    w = World(tmp_path, raw={"safety": {"resume_after": "0s"}},
+              gpu050=node("gpu050", "mixed", flags=("POWER_DRAIN",)),
+              gpu051=node("gpu051", "idle", flags=("DRAIN", "POWER_DRAIN"), reason=IB_REASON))
+    w.prom.breach("xid-79", "gpu050", "3")
+    code, nodes, summary = w.json("--drain", "--resume")
+    assert (nodes["gpu050"]["status"], nodes["gpu050"]["action"]) == ("fail", "skip:slurm-state")
+    assert nodes["gpu051"]["action"] == "skip:slurm-state"
+    assert w.slurm.calls == [] and summary["out_of_service"]["down"] == 1 and summary["drained"] == 0

@@ -10,6 +10,7 @@ import pytest
 
 from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.slurm import SlurmCliImpl, SlurmNode, process_nodes_output, process_sinfo_output
+from opsctl.slurm.base import IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS
 from opsctl.slurm.cli import parse_version
 from opsctl.slurm.partitions import select_partitions
 from opsctl.slurm.pyslurm_backend import PySlurmImpl
@@ -117,6 +118,52 @@ def test_manual_drains_are_owned_but_not_rules():
                                              ("idle", ("POWERED_DOWN",), True), ("idle", ("RESERVED",), False)])
 def test_out_of_service(state, flags, out):
     assert SlurmNode("n", state, flags, "").out_of_service is out
+
+
+# Every node state flag that Slurm 23.02 to 26.05 prints: node_state_flags[] of
+# src/common/slurm_protocol_defs.c and the node states of src/plugins/data_parser/v0.0.*/parsers.c
+# (SchedMD/slurm, tags slurm-23-02-0-1 to slurm-26-05-3-1).
+SLURM_FLAGS = ["BLOCKED", "CLOUD", "COMPLETING", "DRAIN", "DYNAMIC_FUTURE", "DYNAMIC_NORM", "EXTERNAL", "FAIL",
+               "INVALID_REG", "MAINTENANCE", "NOT_RESPONDING", "PERFCTRS", "PLANNED", "POWERED_DOWN", "POWERING_DOWN",
+               "POWERING_UP", "POWER_DOWN", "POWER_DOWN_ASAP", "POWER_DOWN_FORCE", "POWER_DRAIN", "POWER_UP",
+               "REBOOT_CANCELED", "REBOOT_ISSUED", "REBOOT_REQUESTED", "RESERVED", "RESUME", "UNDRAIN"]
+
+
+def test_every_flag_of_23_02_to_26_05_is_decided():
+    decided = OUT_OF_SERVICE_FLAGS | IN_SERVICE_FLAGS | {"DRAIN", "RESERVED"}
+    assert [f for f in SLURM_FLAGS if f not in decided] == []
+    assert not OUT_OF_SERVICE_FLAGS & IN_SERVICE_FLAGS
+
+
+@pytest.mark.parametrize("flag,out", [("POWER_DRAIN", True), ("POWER_UP", True), ("POWER_DOWN_ASAP", True),
+                                      ("POWER_DOWN_FORCE", True), ("DYNAMIC_FUTURE", True), ("EXTERNAL", True),
+                                      ("REBOOT_CANCELED", True), ("CLOUD", False), ("DYNAMIC_NORM", False),
+                                      ("BLOCKED", False), ("PLANNED", False), ("COMPLETING", False)])
+def test_newer_flags_that_take_a_node_out_of_service_hold_it(flag, out):
+    node = SlurmNode("n", "idle", (flag,), "")
+    assert node.out_of_service is out and (node.held_by_slurm == (flag,)) is out
+
+
+def test_a_power_drain_keeps_opsctls_own_drain_from_being_lifted():
+    node = SlurmNode("n", "idle", ("DRAIN", "POWER_DRAIN"), "opsctl:xid-79 gpu3 xid=79 count=1")
+    assert node.owned and not node.resumable and node.held_by_slurm == ("POWER_DRAIN",)
+
+
+@pytest.mark.parametrize("raw", [
+    {"state": ["DOWN", "SOME_FLAG_OF_2030"]},  # an unknown flag beside a down base state
+    {"state": ["SOME_FLAG_OF_2030", "DOWN"]},  # a release that lists a flag before the base state
+    {"state": ["IDLE", "SOME_FLAG_OF_2030", "NOT_RESPONDING"]},
+    {"state": "down", "state_flags": ["SOME_FLAG_OF_2030"]},  # 22.05's shape
+    {"state": ["INVALID"]},  # what Slurm prints for a base state it does not know
+])
+def test_an_unknown_flag_never_puts_a_node_back_in_service(raw):
+    node = process_nodes_output(json.dumps({"nodes": [{"name": "gpu001", **raw}]}))["gpu001"]
+    assert node.out_of_service and node.held_by_slurm and not node.resumable
+
+
+def test_an_unknown_flag_leaves_a_node_in_service_as_its_base_state_says():
+    node = process_nodes_output(json.dumps({"nodes": [{"name": "gpu001", "state": ["IDLE", "SOME_FLAG_OF_2030"]}]}))
+    assert not node["gpu001"].out_of_service and node["gpu001"].held_by_slurm == ()
 
 
 def test_default_partitions_are_those_with_gpu_nodes():
