@@ -3,6 +3,9 @@
 `evaluate` issues a fixed number of queries however many nodes there are: one per rule, plus three
 (presence, scrape age, identity), plus one listing the jobs only when a configured job has no target.
 `judge` is the pure decision over their answers.
+
+Errors: a configured job that the source does not know is a config error (exit 2); a source with no
+`up` series at all, or whose answers may be partial, is a source error (exit 3; --watch goes on).
 """
 
 import math
@@ -101,12 +104,22 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
 
 
 def _check_jobs(client: PromQuery, config: Config, up: list[Sample]) -> None:
-    """A configured job without any target is a config error, not a cluster of unknown nodes."""
+    """A configured job without any target is a config error, not a cluster of unknown nodes; but a
+    source without any `up` series at all (a Prometheus restarted without its data, a Thanos with a
+    store down), or one that says its answers may be partial, is a data source problem (exit 3)."""
     present = {s.labels.get("job", "") for s in up}
     missing = [(source, job) for source, job in config.prometheus.jobs.items() if job not in present]
     if not missing:
         return
     jobs = sorted({s.labels.get("job", "") for s in client.query("count by (job) (up)")} - {""})
+    url = getattr(client, "shown_url", None)  # PromClientImpl's, credentials redacted
+    where = f"Prometheus at {url}" if isinstance(url, str) else "Prometheus"
+    if not jobs:
+        raise SourceUnavailable(f"{where} has no `up` series at all (restarted without its data, or a store is "
+                                "down): no target can be judged")
+    if client.warnings:
+        raise SourceUnavailable(f"{where} has no target of job {missing[0][1]!r} and says its answers may be "
+                                f"partial: {client.warnings[0]}")
     source, job = missing[0]
     hint = " (or null if the site runs no node_exporter)" if source == "node" else ""
     raise ConfigError(f"config key prometheus.jobs.{source}: Prometheus has no target of job {job!r}{hint}; "
@@ -118,14 +131,20 @@ def _sources(identities: Identities, ages: list[Sample], config: Config) -> dict
     stale_after = duration_seconds(config.prometheus.stale_after)
     age_of = {(s.labels.get("job", ""), s.labels.get("instance", "")): s.value for s in ages}
     problems: dict[str, dict[str, Check]] = {}
+    # A target whose names disagree makes every node it may be unknown: the one it is filed under and
+    # the one it says it is (two targets with swapped labels: neither node can be judged).
+    for info in identities.targets.values():
+        if not info.conflict:
+            continue
+        for node in sorted({info.name, *info.conflict_names} - {""}):
+            problems.setdefault(node, {}).setdefault(info.source, _conflict_check(info.conflict))
     for node, by_source in identities.by_node().items():
         for source, targets in by_source.items():
-            conflicts = [info.conflict for _, info in targets if info.conflict]
-            if len(targets) > 1 or conflicts:
+            if source in problems.get(node, {}):
+                continue
+            if len(targets) > 1:
                 names = ", ".join(sorted(t.instance for t, _ in targets))
-                why = conflicts[0] if conflicts else f"{source} targets {names} all name {node}"
-                problems.setdefault(node, {})[source] = Check(id="identity-conflict", severity="fail",
-                                                              status="unknown", evidence=why)
+                problems.setdefault(node, {})[source] = _conflict_check(f"{source} targets {names} all name {node}")
                 continue
             target, _ = targets[0]
             state = "up" if identities.up.get(target) == 1 else "down"
@@ -135,6 +154,10 @@ def _sources(identities: Identities, ages: list[Sample], config: Config) -> dict
             if state != "up":
                 problems.setdefault(node, {})[source] = _data_check(source, state)
     return problems
+
+
+def _conflict_check(why: str) -> Check:
+    return Check(id="identity-conflict", severity="fail", status="unknown", evidence=why)
 
 
 def _data_check(source: str, state: str) -> Check:

@@ -9,8 +9,14 @@ A target's name comes from, in order:
   4. the host part of `instance`.
 The domain is stripped (`node_mapping.strip_domain`), except from a name that `names` gave.
 
-A name that two targets of one job claim, or a target whose series report different names, is an
-identity conflict: the node is unknown and never acted on.
+Identity conflicts make a node unknown, never acted on (check `identity-conflict`):
+  - a name that two targets of one job claim;
+  - a target whose series report different host names;
+  - a target whose target label and its own report of its host name disagree: the label says
+    node=gpu060, dcgm-exporter's Hostname (or node_exporter's nodename) says gpu061. Both names are
+    unknown, so that two targets with swapped labels drain neither node.
+Names are compared as short host names: the domain stripped, case-insensitive, after
+`node_mapping.names` (a site whose Slurm names differ from its host names maps one to the other there).
 """
 
 import ipaddress
@@ -38,14 +44,10 @@ class TargetInfo:
     source: str  # "dcgm" or "node"
     name: str = ""
     via: str = ""  # target-label, names, exporter, instance
-    reported: set[str] = field(default_factory=set)  # names the target reports about itself
+    reported: dict[str, str] = field(default_factory=dict)  # name the target reports -> the label it is in
     metrics: set[str] = field(default_factory=set)  # which of SELF_METRICS it exports
-
-    @property
-    def conflict(self) -> str:
-        if self.via == "exporter" and len(self.reported) > 1:
-            return f"{self.source} target reports several names: {', '.join(sorted(self.reported))}"
-        return ""
+    conflict: str = ""  # why this target's identity cannot be trusted ("" when it can)
+    conflict_names: set[str] = field(default_factory=set)  # the other node names the conflict involves
 
 
 def identity_query(config: Config) -> str:
@@ -76,6 +78,30 @@ def _strip(name: str, mapping: MappingConfig) -> str:
     if mapping.strip_domain and not _is_ip(name):
         name = name.split(".", 1)[0]
     return mapping.names.get(name, name)
+
+
+def host_key(name: str, mapping: MappingConfig) -> str:
+    """What two host names are compared by: the node name opsctl would give it, short, lower case."""
+    name = _strip(name, mapping)
+    return (name if _is_ip(name) else name.split(".", 1)[0]).lower()
+
+
+def find_conflict(target: Target, info: TargetInfo, label: str, mapping: MappingConfig) -> tuple[str, set[str]]:
+    """(why, the other node names involved) when what names this target disagrees, else ("", set())."""
+    keys = {host_key(name, mapping) for name in info.reported}
+    if info.via == "target-label":
+        mine = host_key(label, mapping)
+        others = sorted((name, by) for name, by in info.reported.items() if host_key(name, mapping) != mine)
+        if not others:
+            return "", set()
+        said = ", ".join(f"{by}={name}" for name, by in others)
+        why = f"{info.source} target {target.instance} is labelled {mapping.target_label}={label} but reports {said}"
+        return why, {_strip(name, mapping) for name, _ in others}
+    if info.via == "exporter" and len(keys) > 1:
+        names = sorted(info.reported)
+        why = f"{info.source} target {target.instance} reports several names: {', '.join(names)}"
+        return why, {_strip(name, mapping) for name in names} - {info.name}
+    return "", set()
 
 
 def name_of(labels: dict[str, str], mapping: MappingConfig, reported: Set[str] = frozenset()) -> tuple[str, str]:
@@ -115,10 +141,14 @@ class Identities:
             if info is None:
                 continue
             info.metrics.add(sample.labels.get("__name__", ""))
-            own = [sample.labels.get(lb, "") for lb in (*self.mapping.exporter_labels, "nodename")]
-            info.reported.update(n for n in own if n)
+            for label in (*self.mapping.exporter_labels, "nodename"):
+                if sample.labels.get(label):
+                    info.reported.setdefault(sample.labels[label], label)
         for target, info in self.targets.items():
-            info.name, info.via = name_of(labels_of[target], self.mapping, info.reported)
+            labels = labels_of[target]
+            info.name, info.via = name_of(labels, self.mapping, set(info.reported))
+            label = labels.get(self.mapping.target_label or "", "")
+            info.conflict, info.conflict_names = find_conflict(target, info, label, self.mapping)
 
     def target(self, labels: dict[str, str]) -> TargetInfo | None:
         return self.targets.get(Target(labels.get("job", ""), labels.get("instance", "")))

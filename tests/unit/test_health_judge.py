@@ -3,6 +3,7 @@ as Prometheus returns them (component and lab tiers run the same rules against a
 and VictoriaMetrics)."""
 
 import math
+import re
 
 import pytest
 
@@ -134,6 +135,40 @@ def test_two_targets_of_one_job_naming_one_node_are_an_identity_conflict():
     assert verdict.status == "unknown" and verdict.drain_checks() == [verdict.checks[-1]]  # kept, never acted on
     assert [c.id for c in verdict.checks if c.status == "unknown"] == ["identity-conflict"]
     assert "gpu001:9400, second:9400" in verdict.checks[0].evidence
+
+
+def swapped(hostnames):
+    """Identity answers where the dcgm target labelled node=N reports Hostname=hostnames.get(N, N)."""
+    return [Sample({**target(n, "dcgm"), "__name__": m, "Hostname": hostnames.get(n, n)}, 1.0) for n in NODES
+            for m in XID_METRICS]
+
+
+def test_two_targets_with_swapped_node_labels_make_both_nodes_unknown_naming_both_names():
+    # The target labelled gpu002 is the host gpu001 (its XID is gpu001's) and the other way round.
+    report = run(xid79("gpu002"), reported=swapped({"gpu001": "gpu002.cluster.example", "gpu002": "GPU001"}))
+    assert {n: v.status for n, v in report.nodes.items()} == {"gpu001": "unknown", "gpu002": "unknown",
+                                                               "gpu003": "ok"}
+    for name in ("gpu001", "gpu002"):
+        [conflict] = [c for c in report.nodes[name].checks if c.status == "unknown"]
+        assert conflict.id == "identity-conflict" and {"gpu001", "gpu002"} <= set(
+            re.findall(r"gpu00\d", conflict.evidence.lower()))
+    assert [c.evidence for c in report.nodes["gpu001"].checks][:1] == [
+        "dcgm target gpu001:9400 is labelled node=gpu001 but reports Hostname=gpu002.cluster.example"]
+    assert report.nodes["gpu002"].drain_checks() and not report.nodes["gpu001"].drain_checks()  # kept, not acted on
+
+
+def test_a_label_that_names_another_host_makes_that_host_unknown_too():
+    # gpu003's target says it is gpu001: gpu001's own data may be gpu003's, so neither is judged.
+    report = run(reported=swapped({"gpu003": "gpu001"}))
+    assert {n: v.status for n, v in report.nodes.items()} == {"gpu001": "unknown", "gpu002": "ok", "gpu003": "unknown"}
+    assert [c.evidence for c in report.nodes["gpu001"].checks] == [
+        "dcgm target gpu003:9400 is labelled node=gpu003 but reports Hostname=gpu001"]
+
+
+@pytest.mark.parametrize("hostname", ["gpu002", "GPU002", "gpu002.cluster.example", "Gpu002.Other.Domain"])
+def test_the_same_short_host_name_in_any_case_or_domain_is_no_conflict(hostname):
+    report = run(xid79("gpu002"), reported=swapped({"gpu002": hostname}))
+    assert report.nodes["gpu002"].status == "fail" and [c.id for c in report.nodes["gpu002"].checks] == ["xid-79"]
 
 
 @pytest.mark.parametrize("answers,message", [
