@@ -2,7 +2,10 @@
 backend. The CLI passes a Clients through click's context object; tests pass one holding fakes of
 the PromQuery and Slurm protocols (`CliRunner().invoke(main, args, obj=Clients(...))`)."""
 
+import os
+
 from opsctl.config import Config, load_config
+from opsctl.errors import ConfigError
 from opsctl.prom.client import PromClientImpl, PromQuery
 from opsctl.slurm import Slurm, make_slurm
 
@@ -12,6 +15,7 @@ class Clients:
         self._config = config
         self._prom = prom
         self._slurm = slurm
+        self._loaded_here = False
         self.config_path: str | None = None
         self.prometheus_url: str | None = None
         self.debug = False
@@ -22,9 +26,13 @@ class Clients:
         self.prometheus_url = prometheus_url
         return self
 
-    def config(self) -> Config:
+    def config(self, acting: bool = False) -> Config:
+        """The config; `acting` for a command that changes nodes, whose state directory must be the cluster's."""
         if self._config is None:
             self._config = load_config(self.config_path)
+            self._loaded_here = True
+        if acting and self._loaded_here:  # a config handed in (tests) is taken as it is
+            refuse_private_state_dir(self._config, self.config_path)
         return self._config
 
     def prom(self) -> PromQuery:
@@ -42,3 +50,17 @@ class Clients:
         if isinstance(self._prom, PromClientImpl):
             self._prom = None
         return self.prom()
+
+
+def refuse_private_state_dir(config: Config, config_path: str | None) -> None:
+    """One safety state per cluster: the lock, the budgets and the handled events that every acting run
+    shares live in the config's `state_dir`. OPSCTL_STATE_DIR naming another directory would give this run a
+    lock, budget and memory of its own (a re-drain of a node that a person repaired): for actions, refused."""
+    private = os.environ.get("OPSCTL_STATE_DIR")
+    if not private:
+        return
+    system = load_config(config_path, {k: v for k, v in os.environ.items() if k != "OPSCTL_STATE_DIR"}).state_dir
+    if os.path.realpath(private) != os.path.realpath(system):
+        raise ConfigError(f"OPSCTL_STATE_DIR={private} is for read-only runs: a command that changes nodes uses "
+                          f"the cluster's one state directory {system} (config state_dir), whose lock, budgets and "
+                          "handled events every run shares; unset OPSCTL_STATE_DIR")

@@ -2,6 +2,7 @@
 
 An OpsctlError exits with its own code. Anything else (a bug, a permission problem, a full disk) is
 unexpected: exit 3, one line, and the traceback only with `opsctl --debug`. It never exits 0 or 1.
+Ctrl-C exits 130 (128 + SIGINT, as shells report it), after the changes made so far.
 When the run had changed nodes before the error, each change is listed on stdout first. With --json,
 stdout carries the error as well, as one JSON object that programs can read:
   {"schema": 1, "error": "<the line>", "exit_code": 3, "done": ["<change made before the error>", ...]}
@@ -52,7 +53,12 @@ def one_line_errors(func: Callable[..., ExitCode | int | None]) -> Callable[...,
                 traceback.print_exception(err.__cause__, file=sys.stderr)
             click.echo(f"opsctl: error: {message}", err=True)
             sys.exit(int(err.exit_code))
-        except (KeyboardInterrupt, SystemExit, click.exceptions.Exit, click.ClickException):
+        except KeyboardInterrupt:  # Ctrl-C outside a change (the actor turns one during a change into Interrupted)
+            if as_json:
+                click.echo(error_json("interrupted", ExitCode.INTERRUPTED))
+            click.echo("opsctl: interrupted", err=True)
+            sys.exit(int(ExitCode.INTERRUPTED))
+        except (SystemExit, click.exceptions.Exit, click.ClickException):
             raise
         except Exception as err:  # noqa: BLE001 (the last line of defence: never exit 0 or 1 on a bug)
             if _debug():

@@ -31,7 +31,7 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
     if changes_only and (as_json or all_nodes):
         raise ConfigError("--changes-only prints what changed since the last run, not every node: "
                           "leave out --json and --all")
-    config = clients.config()
+    config = clients.config(acting=(drain or resume) and not dry_run)
     recorder = RunRecorder(config.metrics, serve=watch_s is not None, warn=lambda line: click.echo(line, err=True))
     changes = ChangeLog(StateDir(config.state_dir), run_kind(drain, resume, dry_run, scope)) if changes_only else None
 
@@ -87,14 +87,14 @@ def nodes(clients: Clients, as_json: bool) -> ExitCode:
 
 
 def drain(clients: Clients, hostlist: str, reason: str) -> ExitCode:
-    code, lines = manual_drain(clients.config(), clients.slurm(), hostlist, reason)
+    code, lines = manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason)
     for line in lines:
         click.echo(line, err=line.startswith("refused"))
     return code
 
 
 def resume(clients: Clients, hostlist: str, force: bool) -> ExitCode:
-    code, lines = manual_resume(clients.config(), clients.slurm(), hostlist, force)
+    code, lines = manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force)
     for line in lines:
         click.echo(line, err=line.startswith("refused"))
     return code

@@ -31,13 +31,11 @@ from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, SourceUnavailable, worst
 from opsctl.health.evaluate import Check
-from opsctl.remediation.audit import AuditLog
+from opsctl.remediation.act import RESUME, Actor, Change
 from opsctl.remediation.findings import FindingsResult, drain_findings, failing_check, shared_cause
-from opsctl.remediation.state import RunLock
 from opsctl.slurm import Slurm
 
 RULE = "ib-precheck"
-PREFIX = f"opsctl:{RULE}"
 
 
 @dataclass
@@ -116,28 +114,23 @@ def decide(config: Config, slurm: Slurm, reports: dict[str, dict[str, Any]], dry
 def resume_own(config: Config, slurm: Slurm, passed: list[str], dry_run: bool,
                now: float) -> tuple[list[str], list[str]]:
     """Resume the passing nodes that the precheck itself drained, and only those (compare and set)."""
-    audit = AuditLog(config.audit_log)
-    with RunLock(config.state_dir):
-        before = slurm.nodes()
-        mine = [n for n in passed if n in before and before[n].resumable and before[n].reason_rules() == [RULE]]
+    with Actor(config, slurm, now) as actor:
+        before = actor.nodes()
+        changes = [Change(node=n, event=RESUME, seen=before[n], checks=(RULE,),
+                          detail="the InfiniBand precheck passes")
+                   for n in passed if n in before and before[n].resumable and before[n].reason_rules() == [RULE]]
         if dry_run:
-            for name in mine:
-                audit.write("would-resume", node=name, checks=[RULE], reason=before[name].reason, dry_run=True,
-                            now=now)
-            return mine, [f"would resume {n}: the InfiniBand precheck passes" for n in mine]
-        current = slurm.nodes()
-        names = [n for n in mine if n in current and current[n].same_as(before[n])]
-        if names:
-            slurm.resume(names)
-        for name in names:
-            audit.write("resume", node=name, checks=[RULE], reason=before[name].reason, now=now,
-                        detail="the InfiniBand precheck passes")
-    return names, [f"resumed {n}: the InfiniBand precheck passes" for n in names]
+            for change in changes:
+                actor.would(change)
+            return [c.node for c in changes], [f"would resume {c.node}: the InfiniBand precheck passes"
+                                               for c in changes]
+        made = actor.apply(changes).made if changes else []
+    return [c.node for c in made], [f"resumed {c.node}: the InfiniBand precheck passes" for c in made]
 
 
 def quarantine(clients: Clients, results: str, as_json: bool, dry_run: bool) -> ExitCode:
     reports = read_reports(results)
-    outcome = decide(clients.config(), clients.slurm(), reports, dry_run)
+    outcome = decide(clients.config(acting=not dry_run), clients.slurm(), reports, dry_run)
     if as_json:
         click.echo(json.dumps({"schema": JSON_SCHEMA, "tested": sorted(reports), "quarantine": outcome.quarantine,
                                "passed": outcome.passed, "drained": outcome.drained, "resumed": outcome.resumed,

@@ -19,6 +19,7 @@ from opsctl.storage.check import StorageReport, storage_report
 
 def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: bool, node: str | None,
                window: float | None, sysfs_root: str | None) -> ExitCode:
+    clients.config(acting=drain)  # before anything reads it: --drain-self changes the node in Slurm
     report = check_report(clients, None, None, window, sysfs_root)
     storage = storage_report(clients.config().storage)
     found = results(report) + storage_results(storage)
@@ -29,7 +30,7 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
     if drain:
         # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
         drained, action = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0],
-                                     found)
+                                     found, report)
         code = worst(code, drained)  # a failing storage check still fails the command, though it drains nothing
     if as_json:
         click.echo(json.dumps({**report_dict(report), "checks": [r.__dict__ for r in found],

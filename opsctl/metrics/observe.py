@@ -1,7 +1,5 @@
 """Read the metric facts off one health run's result; the run itself never knows it is measured."""
 
-from dataclasses import replace
-
 from opsctl.health.catalog import Rule
 from opsctl.metrics.state import RunFacts
 from opsctl.remediation.run import RunResult
@@ -22,26 +20,9 @@ def needs_person(node: SlurmNode, rules: dict[str, Rule]) -> list[str]:
     return [r for r in node.reason_rules() if r not in rules or not rules[r].auto_resume]
 
 
-def after_run(result: RunResult) -> dict[str, SlurmNode]:
-    """Slurm's nodes as the run left them: read before it acted, then its own changes applied."""
-    slurm = dict(result.cluster)
-    if result.options.dry_run:
-        return slurm
-    for decision in result.plan.with_action("drain", "escalate"):
-        node = slurm.get(decision.node)
-        if node is not None:
-            flags = node.flags if "DRAIN" in node.flags else (*node.flags, "DRAIN")
-            slurm[decision.node] = replace(node, flags=flags, reason=decision.reason)
-    for decision in result.plan.with_action("resume"):
-        node = slurm.get(decision.node)
-        if node is not None:
-            slurm[decision.node] = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="")
-    return slurm
-
-
 def run_facts(result: RunResult) -> RunFacts:
     rules = {rule.id: rule for rule in result.report.rules}
-    slurm = after_run(result)
+    slurm = result.after or result.cluster  # as the run left them (the actor read them after its changes)
     facts = RunFacts(
         node_status={name: verdict.status for name, verdict in result.report.nodes.items()},
         breaker_tripped=result.plan.breaker,

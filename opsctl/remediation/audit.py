@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from opsctl.errors import ConfigError
+from opsctl.errors import ConfigError, StateUnwritable
 from opsctl.remediation.state import read_nofollow
 
 
@@ -70,7 +70,8 @@ class AuditLog:
             finally:
                 os.close(fd)
         except OSError as err:
-            raise ConfigError(f"audit log {self.path}: {err.strerror} (set audit_log or OPSCTL_STATE_DIR)") from None
+            # A change without its audit record must not look like a config mistake (exit 3, not 2).
+            raise StateUnwritable(f"audit log {self.path}: {err.strerror}") from None
 
     def read(self, node: str | None = None, limit: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """(records, warnings). A torn line (a crash while writing it) is skipped with a warning."""

@@ -13,11 +13,10 @@ import time
 from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config
-from opsctl.errors import ExitCode
+from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.remediation.audit import AuditLog
+from opsctl.remediation.act import DRAIN, Actor, Change
 from opsctl.remediation.plan import Plan, plan_drains
-from opsctl.remediation.state import RunLock, StateDir
 from opsctl.slurm import Slurm
 from opsctl.slurm.partitions import select_partitions
 
@@ -47,49 +46,54 @@ def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str)
 
 def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], stop: str, dry_run: bool,
                    now: float | None = None) -> FindingsResult:
-    """Drain the nodes of `found` (node -> its failing checks) unless `stop` (the caller's breaker) is set."""
+    """Drain the nodes of `found` (node -> its failing checks) unless `stop` (the caller's breaker) is set.
+
+    A node that is not a Slurm node of the judged partitions (an inventory that names nodes by FQDN while
+    slurm.conf uses short names) is named `skip:not-in-slurm` and makes the result exit 2: a culprit that
+    cannot be drained must never read as a clean run."""
     now = time.time() if now is None else now
-    audit = AuditLog(config.audit_log)
     result = FindingsResult()
-    if stop:
-        for node, checks in sorted(found.items()):
-            audit.write("refuse", node=node, checks=[c.id for c in checks], detail=stop, dry_run=dry_run, now=now)
-        result.plan.stop, result.plan.breaker = stop, True
-        result.lines.append(stop)
-        result.exit_code = ExitCode.SAFETY_STOP
-        return result
-    state = StateDir(config.state_dir)
-    with RunLock(config.state_dir):
-        cluster = select_partitions(slurm.nodes(), config.slurm.partitions)
+    with Actor(config, slurm, now) as actor:
+        if stop:
+            for node, checks in sorted(found.items()):
+                actor.refuse(node, stop, [c.id for c in checks], dry_run=dry_run)
+            result.plan.stop, result.plan.breaker = stop, True
+            result.lines.append(stop)
+            result.exit_code = ExitCode.SAFETY_STOP
+            return result
+        cluster = select_partitions(actor.nodes(), config.slurm.partitions)
         report = Report(nodes={n: NodeVerdict(n, status="fail", checks=list(c), in_slurm=n in cluster)
                                for n, c in found.items() if c}, rules=[])
-        plan = plan_drains(report, cluster, [], config.safety, len(state.recent("drains", now)), dry_run)
+        plan = plan_drains(report, cluster, [], config.safety, len(actor.state.recent("drains", now)), dry_run)
         result.plan = plan
         for decision in plan.refusals():
-            seen = decision.seen
-            audit.write("refuse", node=decision.node, checks=[c.id for c in found[decision.node]],
-                        detail=decision.detail, dry_run=dry_run, now=now, reason=seen.reason if seen else "",
-                        state=seen.state_text if seen else "")
+            actor.refuse(decision.node, decision.detail, [c.id for c in found[decision.node]], decision.seen,
+                         dry_run=dry_run)
             result.lines.append(f"refused {decision.node}: {decision.detail}")
-        for reason, batch in plan.drains().items():
-            current = slurm.nodes()  # compare and set: only nodes still as the plan saw them
-            names = [d.node for d in batch if d.seen is not None and d.node in current
-                     and current[d.node].same_as(d.seen)]
-            if not names:
-                continue
-            slurm.drain(names, reason)
-            for name in names:
-                audit.write("drain", node=name, checks=[c.id for c in found[name]], reason=reason, now=now,
-                            evidence="; ".join(c.evidence for c in found[name]))
-                result.lines.append(f"drained {name}: {reason}")
-                result.drained.append(name)
-            state.record("drains", len(names), now)
-        for decision in plan.with_action("would-drain"):
-            audit.write("would-drain", node=decision.node, checks=[c.id for c in decision.checks],
-                        reason=decision.reason, dry_run=True, now=now)
-            result.lines.append(f"would drain {decision.node}: {decision.reason}")
-            result.drained.append(decision.node)
+        for decision in plan.with_action("skip:not-in-slurm"):
+            detail = (f"not-in-slurm: {decision.node} is not a Slurm node of the judged partitions (do the "
+                      "inventory and slurm.conf name nodes alike?)")
+            actor.refuse(decision.node, detail, [c.id for c in found[decision.node]], dry_run=dry_run)
+            result.lines.append(f"skip:not-in-slurm {decision.node}: {detail.split(': ', 1)[1]}")
+            result.exit_code = ExitCode.USAGE
+        changes = [Change(node=d.node, event=DRAIN, seen=d.seen, reason=d.reason, checks=rule_ids(found[d.node]),
+                          evidence="; ".join(c.evidence for c in found[d.node]), values=d.values)
+                   for d in plan.with_action("drain", "would-drain") if d.seen is not None]
+        if dry_run:
+            for change in changes:
+                actor.would(change)
+                result.lines.append(f"would drain {change.node}: {change.reason}")
+                result.drained.append(change.node)
+        elif changes:
+            acted = actor.apply(changes)
+            result.lines += [f"refused {c.node}: {why}" for c, why in acted.dropped]
+            result.lines += [f"drained {c.node}: {c.reason}" for c in acted.made]
+            result.drained += [c.node for c in acted.made]
     if plan.stop:
         result.lines.append(plan.stop)
-        result.exit_code = ExitCode.SAFETY_STOP
+        result.exit_code = worst(result.exit_code, ExitCode.SAFETY_STOP)
     return result
+
+
+def rule_ids(checks: list[Check]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(c.id for c in checks))

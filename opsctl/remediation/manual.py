@@ -4,10 +4,12 @@ Manual drains carry `opsctl:manual <text>`, which `opsctl health --resume` never
 take the same lock as automatic runs and refuse to touch a node drained by someone else.
 """
 
+import time
+
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
+from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
 from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.state import RunLock
 from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 
@@ -25,50 +27,47 @@ def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
     text = " ".join(text.split())
     if not text:
         raise ConfigError("--reason must not be empty")
-    max_length = max_length or config.safety.reason_max_length
-    reason = f"{MANUAL_PREFIX} {text}"
-    if len(reason) > max_length:
-        reason = reason[: max_length - 3] + "..."
-    audit = AuditLog(config.audit_log)
-    try:
-        with RunLock(config.state_dir):
-            names, nodes = _targets(slurm, hostlist)
-            refused = [n for n in names if (nodes[n].out_of_service or nodes[n].reason) and not nodes[n].owned]
-            for name in refused:
-                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
-                            evidence=text, detail=f"not-owned: {nodes[name].state_text} "
-                            + ("with a reason opsctl did not set" if nodes[name].reason else "out of service"))
-            todo = [n for n in names if n not in refused]
-            if todo:
-                slurm.drain(todo, reason)
-                for name in todo:
-                    audit.write("drain", node=name, checks=["manual"], evidence=text, reason=reason)
-    except SafetyStop as err:
-        audit.write("refuse", node=hostlist, detail=str(err))
-        raise
-    lines = [f"drained {n}: {reason}" for n in todo]
-    lines += [f"refused {n}: drained by someone else ({nodes[n].reason or nodes[n].state})" for n in refused]
-    return (ExitCode.SAFETY_STOP if refused else ExitCode.OK), lines
+    reason = cap_reason(f"{MANUAL_PREFIX} {text}", max_length or config.safety.reason_max_length)
+    return _act(config, slurm, hostlist, DRAIN, reason, text, force=False)
 
 
 def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> tuple[ExitCode, list[str]]:
-    audit = AuditLog(config.audit_log)
+    return _act(config, slurm, hostlist, RESUME, "", "", force)
+
+
+def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, text: str,
+         force: bool) -> tuple[ExitCode, list[str]]:
+    """A person's drain or resume of the nodes of `hostlist`, through the actor; a node drained by someone
+    else is refused (a resume with --force takes it anyway, and the audit record says so)."""
+    now = time.time()
     try:
-        with RunLock(config.state_dir):
+        with Actor(config, slurm, now) as actor:
             names, nodes = _targets(slurm, hostlist)
-            refused = [n for n in names if nodes[n].reason and not nodes[n].owned and not force]
+            refused = [n for n in names if _foreign(nodes[n], event) and not force]
             for name in refused:
-                audit.write("refuse", node=name, reason=nodes[name].reason, state=nodes[name].state_text,
-                            detail="not-owned: drained by someone else; use --force to resume it anyway")
-            todo = [n for n in names if n not in refused]
-            if todo:
-                slurm.resume(todo)
-                for name in todo:
-                    audit.write("resume", node=name, checks=["manual"], reason=nodes[name].reason,
-                                detail="forced" if force and not nodes[name].owned else "")
+                node = nodes[name]
+                actor.refuse(name, "not-owned: " + (
+                    "drained by someone else; use --force to resume it anyway" if event == RESUME
+                    else f"{node.state_text} " + ("with a reason opsctl did not set" if node.reason
+                                                  else "out of service")), seen=node, evidence=text)
+            changes = [Change(node=n, event=event, seen=nodes[n], reason=reason, checks=("manual",), evidence=text,
+                              detail="forced" if force and event == RESUME and not nodes[n].owned else "")
+                       for n in names if n not in refused]
+            acted = actor.apply(changes) if changes else None
     except SafetyStop as err:
-        audit.write("refuse", node=hostlist, detail=str(err))
+        AuditLog(config.audit_log).write("refuse", node=hostlist, detail=str(err))
         raise
-    lines = [f"resumed {n}" for n in todo]
-    lines += [f"refused {n}: drained by someone else ({nodes[n].reason}); --force resumes it" for n in refused]
-    return (ExitCode.SAFETY_STOP if refused else ExitCode.OK), lines
+    made = acted.made if acted else []
+    lines = [f"drained {c.node}: {reason}" if event == DRAIN else f"resumed {c.node}" for c in made]
+    lines += [f"refused {c.node}: {why}" for c, why in (acted.dropped if acted else [])]
+    if event == DRAIN:
+        lines += [f"refused {n}: drained by someone else ({nodes[n].reason or nodes[n].state})" for n in refused]
+    else:
+        lines += [f"refused {n}: drained by someone else ({nodes[n].reason}); --force resumes it" for n in refused]
+    return (ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK), lines
+
+
+def _foreign(node: SlurmNode, event: str) -> bool:
+    if event == RESUME:
+        return bool(node.reason) and not node.owned
+    return (node.out_of_service or bool(node.reason)) and not node.owned

@@ -3,8 +3,9 @@
 Nothing here talks to Slurm or Prometheus, and nothing here changes a verdict: the plan is a set of
 Decisions, one per node that gets an action; `opsctl.remediation.run` carries it out.
 
-The safety limits count the whole judged cluster (every node in `slurm.partitions`), whatever
-`--nodes` narrows the acting to: two scoped runs never drain what one full run refuses.
+The safety limits count the whole judged cluster (every GPU node in `slurm.partitions`; every node
+there when none has a GPU), whatever `--nodes` narrows the acting to: two scoped runs never drain what
+one full run refuses, and CPU-only nodes in the same partition never raise the breaker's threshold.
 """
 
 import math
@@ -14,6 +15,7 @@ from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
+from opsctl.remediation.act import cap_reason
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 
@@ -67,16 +69,35 @@ class Plan:
 def drain_reason(checks: list[Check], max_length: int) -> str:
     """'opsctl:<rule-id>[,<rule-id>...] <evidence>; <evidence>', cut to max_length with '...'."""
     ids = ",".join(dict.fromkeys(c.id for c in checks))
-    text = f"{OWNED_PREFIX}{ids} " + "; ".join(c.evidence for c in checks)
-    return text if len(text) <= max_length else text[: max_length - 3] + "..."
+    return cap_reason(f"{OWNED_PREFIX}{ids} " + "; ".join(c.evidence for c in checks), max_length)
 
 
 def escalated_reason(node: SlurmNode, checks: list[Check], max_length: int) -> str:
     """opsctl's reason with the rules of a new event that needs a person appended to it."""
     rules = ",".join(dict.fromkeys([*node.reason_rules(), *(c.id for c in checks)]))
     tail = node.reason.split(" ", 1)[1] if " " in node.reason else ""
-    text = f"{OWNED_PREFIX}{rules} " + "; ".join([t for t in (tail, *(c.evidence for c in checks)) if t])
-    return text if len(text) <= max_length else text[: max_length - 3] + "..."
+    return cap_reason(f"{OWNED_PREFIX}{rules} " + "; ".join([t for t in (tail, *(c.evidence for c in checks)) if t]),
+                      max_length)
+
+
+def counted_nodes(cluster: dict[str, SlurmNode]) -> dict[str, SlurmNode]:
+    """The nodes the safety limits count: the GPU nodes (their Gres names a gpu), or every node when none
+    has one (a site whose slurm.conf declares no Gres)."""
+    gpu = {name: node for name, node in cluster.items() if node.has_gpus}
+    return gpu or cluster
+
+
+def out_of_service_room(cluster: dict[str, SlurmNode], safety: SafetyConfig,
+                        only_opsctl: bool = False) -> tuple[int, str]:
+    """(how many more nodes may go out of service, the refusal's words when none may). `only_opsctl` counts
+    the nodes out of service with an opsctl reason alone (a node's own check cannot judge the others)."""
+    counted = counted_nodes(cluster)
+    total = len(counted)
+    out_now = sum(1 for node in counted.values() if node.out_of_service and (node.owned or not only_opsctl))
+    room = max(0, math.floor(safety.max_out_of_service_fraction * total + 1e-9) - out_now)
+    what = "with an opsctl reason " if only_opsctl else ""
+    return room, (f"{out_now} of {total} nodes are out of service {what}; draining more would pass "
+                  f"safety.max_out_of_service_fraction {safety.max_out_of_service_fraction:g}").replace(" ;", ";")
 
 
 def breaker_limit(safety: SafetyConfig, cluster_nodes: int) -> float:
@@ -85,8 +106,9 @@ def breaker_limit(safety: SafetyConfig, cluster_nodes: int) -> float:
 
 def unknown_stop(report: Report, cluster: dict[str, SlurmNode], safety: SafetyConfig) -> str:
     """Too many judged nodes without usable data: monitoring looks broken (exit 4, read-only runs too)."""
-    total = len(cluster)
-    unknown = sum(1 for n in cluster if n in report.nodes and report.nodes[n].status == "unknown")
+    counted = counted_nodes(cluster)
+    total = len(counted)
+    unknown = sum(1 for n in counted if n in report.nodes and report.nodes[n].status == "unknown")
     if total and unknown > safety.unknown_max_fraction * total:
         return (f"circuit breaker: {unknown} of {total} nodes have no usable data (more than "
                 f"{safety.unknown_max_fraction:.0%}); monitoring looks broken, acting on none")
@@ -146,7 +168,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                 plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}", seen=node))
             else:
                 candidates.append(name)
-    total = len(cluster)
+    total = len(counted_nodes(cluster))
     limit = breaker_limit(safety, total)
     stop = unknown_stop(report, cluster, safety)
     if len(candidates) > limit:
@@ -163,14 +185,11 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
             plan.set(Decision(name, "skip:circuit-breaker", breaker_detail(stop), seen=cluster[name]))
         return _narrow(plan, scope)
     budget = max(0, min(safety.max_drains_per_run, safety.max_drains_per_hour - drains_last_hour))
-    out_now = sum(1 for node in cluster.values() if node.out_of_service)
-    room = max(0, math.floor(safety.max_out_of_service_fraction * total + 1e-9) - out_now)
+    room, full = out_of_service_room(cluster, safety)
     for index, name in enumerate(acting):
         if index >= min(budget, room):
             if room < budget:
-                why, detail = "out-of-service-limit", (
-                    f"{out_now} of {total} nodes are out of service; draining more would pass "
-                    f"safety.max_out_of_service_fraction {safety.max_out_of_service_fraction:g}")
+                why, detail = "out-of-service-limit", full
             else:
                 why, detail = "budget", (f"drain budget spent ({safety.max_drains_per_run} per run, "
                                          f"{safety.max_drains_per_hour} per hour)")

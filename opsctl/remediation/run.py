@@ -1,38 +1,50 @@
-"""One `opsctl health` run: evaluate, then (with --drain / --resume) plan and act, auditing everything.
+"""One `opsctl health` run, as a straight line: read, judge, evidence, plan, act, report.
 
 Order matters for safety: the lock is taken first, Slurm and Prometheus are read completely, and only
 then is anything changed. Any failure to read, and any answer that Prometheus marks as partial, stops
-the run before a single node is touched. Right before each `scontrol` change Slurm is read again, and
-a node whose state or reason changed since the plan is left alone. Handled events are written before
-the change, as an intent, and settled after it.
+the run before a single node is touched. The changes go through the one actor (remediation/act.py),
+which compares and sets against Slurm, writes the intent (handled events, budgets) before scontrol and
+audits after it.
 """
 
 import contextlib
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ConfigError, ExitCode, OpsctlError, SourceUnavailable, worst
+from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.health.evidence import Evidence, read_evidence
 from opsctl.prom.client import PromQuery, redact
+from opsctl.remediation.act import DRAIN, ESCALATE, RESUME, Actor, Change
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.memory import HandledMemory, records_for
 from opsctl.remediation.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
-from opsctl.remediation.state import RunLock, StateDir
+from opsctl.remediation.state import StateDir
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOptions:
     drain: bool = False
     resume: bool = False
     dry_run: bool = False
     scope: str | None = None  # a Slurm hostlist: act on (and show) these nodes only
+
+    @property
+    def planning(self) -> bool:
+        """--dry-run alone means "show the drain plan"."""
+        return self.drain or self.resume or self.dry_run
+
+    @property
+    def drains(self) -> bool:
+        return self.drain or (self.dry_run and not self.resume)
+
+    @property
+    def acting(self) -> bool:
+        return (self.drain or self.resume) and not self.dry_run
 
 
 @dataclass
@@ -45,6 +57,7 @@ class RunResult:
     done: list[str] = field(default_factory=list)
     started: float = 0.0  # the run's clock (Unix time): what the JSON `time` and --watch lines show
     cluster: dict[str, SlurmNode] = field(default_factory=dict)  # the judged nodes as Slurm showed them
+    after: dict[str, SlurmNode] = field(default_factory=dict)  # ... and as the run left them
 
 
 class RunAborted(OpsctlError):
@@ -60,78 +73,54 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
                done: list[str] | None = None) -> RunResult:
     """`done` collects a line per change made, so that the caller can show them if the run fails."""
     started = time.monotonic()
-    if options.dry_run and not (options.drain or options.resume):
-        options.drain = True  # --dry-run alone means "show the drain plan"
-    acting = (options.drain or options.resume) and not options.dry_run
-    planning = options.drain or options.resume
     done = [] if done is None else done
     now = time.time() if now is None else now
     audit = AuditLog(config.audit_log)
-    rules = load_catalog(config)
-    lock = RunLock(config.state_dir) if acting else contextlib.nullcontext()
     try:
-        with lock:
-            result = Run(config, options, rules, prom, slurm, audit, StateDir(config.state_dir), done,
-                         now).execute()
+        with Actor(config, slurm, now, done=done, lock=options.acting) as actor:
+            result = Run(config, options, load_catalog(config), prom, actor, now).execute()
     except Exception as err:
-        if planning:
+        if options.planning:
             with contextlib.suppress(OpsctlError):  # the audit log itself may be what failed
                 detail = str(err) if isinstance(err, OpsctlError) else f"unexpected error: {type(err).__name__}: {err}"
                 audit.write("refuse" if not done else "error",
                             detail=redact(detail + (f"; done before it: {'; '.join(done)}" if done else "")),
                             dry_run=options.dry_run)
-        if done:
-            raise RunAborted(err, done) from err
+        if done and not isinstance(err, RunAborted):
+            raise RunAborted(err, list(done)) from err
         raise
     result.seconds = time.monotonic() - started
-    result.options = options
-    result.done = done
-    result.started = now
     return result
 
 
 class Run:
-    def __init__(self, config: Config, options: RunOptions, rules: list[Rule], prom: PromQuery, slurm: Slurm,
-                 audit: AuditLog, state: StateDir, done: list[str], now: float):
-        self.config, self.options, self.rules, self.prom, self.slurm = config, options, rules, prom, slurm
-        self.audit, self.state, self.done, self.now = audit, state, done, now
-        self.acting = (options.drain or options.resume) and not options.dry_run
+    def __init__(self, config: Config, options: RunOptions, rules: list[Rule], prom: PromQuery, actor: Actor,
+                 now: float):
+        self.config, self.options, self.rules, self.prom = config, options, rules, prom
+        self.actor, self.now = actor, now
+        self.state = StateDir(config.state_dir)
 
     def execute(self) -> RunResult:
-        options, now = self.options, self.now
-        every = self.slurm.nodes()
+        every = self.actor.nodes()
         cluster = select_partitions(every, self.config.slurm.partitions)
-        scope = self._scope(cluster) if options.scope else None
+        scope = self._scope(cluster)
         memory = self.state.handled()
-        memory.prune(now)
+        memory.prune(self.now)
         # Intents whose drain is in Slurm now: the change was made, a crash came before settling it.
         memory.settle(n for n, node in cluster.items() if node.owned)
-        report = evaluate(self.prom, self.rules, self.config, cluster.keys(), memory, now, set(every) - set(cluster))
-        plan = Plan()
-        code = ExitCode.OK
+        self.actor.memory = memory if self.options.acting else None
+        report = evaluate(self.prom, self.rules, self.config, cluster.keys(), memory, self.now,
+                          set(every) - set(cluster))
+        plan, after, code = Plan(), cluster, ExitCode.OK
         if report.warnings:
             # Thanos, Mimir or VictoriaMetrics said an answer may be partial: act on nothing.
-            if options.drain or options.resume:
-                self.audit.write("refuse", detail="partial answer: " + "; ".join(report.warnings[:3]),
-                                 dry_run=options.dry_run, now=now)
+            if self.options.planning:
+                self.actor.refuse("", "partial answer: " + "; ".join(report.warnings[:3]), dry_run=self.options.dry_run)
             code = ExitCode.SOURCE_DOWN
         else:
             evidence = self._evidence(report, cluster, memory, scope)
-            if options.drain:
-                plan = plan_drains(report, cluster, self.rules, self.config.safety,
-                                   len(self.state.recent("drains", now)), options.dry_run, scope)
-            if options.resume:
-                plan = plan_resumes(report, cluster, self.rules, evidence, self.state.healthy_since(),
-                                    duration_seconds(self.config.safety.resume_after), self.config.safety,
-                                    len(self.state.recent("resumes", now)), options.dry_run, now, scope, plan)
-            for decision in plan.refusals():
-                seen = decision.seen
-                self.audit.write("refuse", node=decision.node, checks=[c.id for c in decision.checks],
-                                 detail=decision.detail, dry_run=options.dry_run, now=now,
-                                 reason=seen.reason if seen else "", state=seen.state_text if seen else "")
-            if self.acting:
-                self.state.save_handled(memory)
-            self._carry_out(plan, memory)
+            plan = self._plan(report, cluster, evidence, scope)
+            after = self._act(plan, memory, cluster)
             plan.stop = plan.stop or unknown_stop(report, cluster, self.config.safety)  # read-only runs too
             if plan.stop:
                 code = ExitCode.SAFETY_STOP
@@ -139,11 +128,13 @@ class Run:
             report.nodes = {n: v for n, v in report.nodes.items() if n in scope}
         if any(v.status == "fail" for v in report.nodes.values()):
             code = worst(code, ExitCode.FAILING)
-        shown = cluster if scope is None else {n: node for n, node in cluster.items() if n in scope}
-        return RunResult(report=report, exit_code=code, plan=plan, cluster=shown)
+        return RunResult(report=report, exit_code=code, plan=plan, options=self.options, done=self.actor.done,
+                         started=self.now, cluster=_within(cluster, scope), after=_within(after, scope))
 
-    def _scope(self, cluster: dict[str, SlurmNode]) -> set[str]:
-        names = set(self.slurm.expand(self.options.scope or ""))
+    def _scope(self, cluster: dict[str, SlurmNode]) -> set[str] | None:
+        if not self.options.scope:
+            return None
+        names = set(self.actor.slurm.expand(self.options.scope))
         outside = sorted(names - set(cluster))
         if outside:
             raise ConfigError(f"--nodes: not Slurm nodes of the judged partitions (slurm.partitions): "
@@ -154,10 +145,10 @@ class Run:
                   scope: set[str] | None) -> dict[tuple[str, str], Evidence]:
         """Positive evidence for resume candidates, and for level records that may read ok again."""
         wanted = resume_candidates(report, cluster, self.rules, scope) if self.options.resume else {}
-        if self.acting:
+        if self.options.acting:
             for rule_id, nodes in memory.level_rules().items():
                 wanted.setdefault(rule_id, set()).update(n for n in nodes if n in report.nodes)
-        evidence = read_evidence(self.prom, self.rules, wanted, report)
+        evidence = read_evidence(self.prom, self.rules, wanted, report, {n: s.reason for n, s in cluster.items()})
         by_id = {rule.id: rule for rule in self.rules}
         ok_again = [(node, rule_id, device) for (node, rule_id), found in evidence.items()
                     for device, value in found.values if rule_id in by_id and found.status != "unknown"
@@ -165,99 +156,56 @@ class Run:
         memory.forget(ok_again)
         return evidence
 
-    # ---- carrying the plan out -----------------------------------------------------------------
-    def _unchanged(self, plan: Plan, decisions: list[Decision]) -> list[Decision]:
-        """Compare and set: read Slurm again; keep the decisions whose node is as the plan saw it."""
-        current = self.slurm.nodes()
-        kept = []
-        for decision in decisions:
-            now_seen = current.get(decision.node)
-            if decision.seen is not None and now_seen is not None and now_seen.same_as(decision.seen):
-                kept.append(decision)
-                continue
-            state = now_seen.state_text if now_seen else "gone"
-            why = f"changed: Slurm changed since the plan (now {state})"
-            without(plan, decision.node, why)
-            self.audit.write("refuse", node=decision.node, detail=why, now=self.now, state=state,
-                             reason=now_seen.reason if now_seen else "")
-        return kept
+    def _plan(self, report: Report, cluster: dict[str, SlurmNode], evidence: dict[tuple[str, str], Evidence],
+              scope: set[str] | None) -> Plan:
+        options, safety = self.options, self.config.safety
+        plan = Plan()
+        if options.drains:
+            plan = plan_drains(report, cluster, self.rules, safety, len(self.state.recent("drains", self.now)),
+                               options.dry_run, scope)
+        if options.resume:
+            # Too many nodes without data stops resumes too: the same monitoring failure that would hide a
+            # fault from --drain would hide it from the resume evidence.
+            stop = unknown_stop(report, cluster, safety)
+            plan.stop, plan.breaker = plan.stop or stop, plan.breaker or bool(stop)
+            plan = plan_resumes(report, cluster, self.rules, evidence, self.state.healthy_since(),
+                                duration_seconds(safety.resume_after), safety,
+                                len(self.state.recent("resumes", self.now)), options.dry_run, self.now, scope, plan)
+        for decision in plan.refusals():
+            self.actor.refuse(decision.node, decision.detail, [c.id for c in decision.checks], decision.seen,
+                              dry_run=options.dry_run)
+        return plan
 
-    def _carry_out(self, plan: Plan, memory: HandledMemory) -> None:
-        if not self.acting:
+    def _act(self, plan: Plan, memory: HandledMemory, cluster: dict[str, SlurmNode]) -> dict[str, SlurmNode]:
+        """Carry the plan out through the actor; the judged nodes as Slurm shows them after."""
+        if not self.options.acting:
             for decision in plan.with_action("would-drain", "would-resume", "would-escalate"):
-                self.audit.write(decision.action, node=decision.node, checks=[c.id for c in decision.checks],
-                                 reason=decision.reason or (decision.seen.reason if decision.seen else ""),
-                                 values=decision.values, dry_run=True, now=self.now)
-            return
-        for reason, batch in plan.drains().items():
-            self._change("drain", plan, batch, memory, functools.partial(self._drain, reason=reason))
-        for decision in plan.with_action("escalate"):
-            self._change("escalate", plan, [decision], memory, functools.partial(self._set_reason,
-                                                                                 reason=decision.reason))
-        if not self.options.resume:
-            return
-        resumes = plan.with_action("resume")
-        self.state.save_healthy_since({n: t for n, t in plan.healthy_since.items()
-                                       if n not in {d.node for d in resumes}})
-        if resumes:
-            self._change("resume", plan, resumes, memory, self.slurm.resume)
-
-    def _drain(self, names: list[str], reason: str) -> None:
-        self.slurm.drain(names, reason)
-
-    def _set_reason(self, names: list[str], reason: str) -> None:
-        self.slurm.set_reason(names, reason)
-
-    def _change(self, event: str, plan: Plan, batch: list[Decision], memory: HandledMemory,
-                apply: Callable[[list[str]], None]) -> None:
-        batch = self._unchanged(plan, batch)
-        if not batch:
-            return
-        names = [d.node for d in batch]
-        for decision in batch:  # the intent first: a crash after scontrol must not lose the memory
-            memory.add(records_for(decision.node, decision.checks, self.now))
+                self.actor.would(self._change(decision, decision.action.removeprefix("would-")))
+            return cluster
         self.state.save_handled(memory)
-        try:
-            apply(names)
-        except SourceUnavailable:
-            self._settle_after_failure(event, batch, memory)
-            raise
-        for decision in batch:  # first what was done, so that any later error still lists it
-            self._audit_done(event, decision)
-        memory.settle(names)
-        self.state.save_handled(memory)
-        if event in ("drain", "resume"):
-            self.state.record(f"{event}s", len(names), self.now)
+        changes = [self._change(d, DRAIN) for d in plan.with_action("drain")]
+        changes += [self._change(d, ESCALATE) for d in plan.with_action("escalate")]
+        if self.options.resume:
+            resumes = plan.with_action("resume")
+            self.state.save_healthy_since({n: t for n, t in plan.healthy_since.items()
+                                           if n not in {d.node for d in resumes}})
+            changes += [self._change(d, RESUME) for d in resumes]
+        if not changes:
+            return cluster
+        acted = self.actor.apply(changes)
+        for change, why in acted.dropped:
+            without(plan, change.node, why)
+        return {n: acted.nodes.get(n, node) for n, node in cluster.items()}
 
-    def _settle_after_failure(self, event: str, batch: list[Decision], memory: HandledMemory) -> None:
-        """scontrol said no: keep the memory of the nodes it changed anyway, forget the rest."""
-        try:
-            current = self.slurm.nodes()
-        except OpsctlError:
-            return  # cannot tell: the intents stay, which errs on never draining again
-        def made_it(decision: Decision) -> bool:
-            node = current.get(decision.node)
-            if node is None:
-                return False
-            return not node.drained if event == "resume" else node.reason == decision.reason
+    def _change(self, decision: Decision, event: str) -> Change:
+        seen = decision.seen
+        assert seen is not None, f"a {event} decision without the Slurm node it rests on"
+        checks = tuple(c.id for c in decision.checks) or tuple(seen.reason_rules())
+        return Change(node=decision.node, event=event, seen=seen, reason=decision.reason, checks=checks,
+                      evidence=decision.reason.split(" ", 1)[1] if " " in decision.reason else "",
+                      values=decision.values, handled=tuple(records_for(decision.node, decision.checks, self.now)),
+                      healthy_s=decision.healthy_s if event == RESUME else None)
 
-        made = [d.node for d in batch if made_it(d)]
-        memory.settle(made)
-        memory.drop_intents(d.node for d in batch if d.node not in made)
-        self.state.save_handled(memory)
-        for decision in batch:
-            if decision.node in made:
-                self._audit_done(event, decision)
-            else:
-                self.audit.write(f"{event}-failed", node=decision.node, checks=[c.id for c in decision.checks],
-                                 reason=decision.reason, now=self.now)
 
-    def _audit_done(self, event: str, decision: Decision) -> None:
-        seen_reason = decision.seen.reason if decision.seen else ""
-        evidence = decision.reason.split(" ", 1)[1] if " " in decision.reason else ""
-        checks = [c.id for c in decision.checks] or (decision.seen.reason_rules() if decision.seen else [])
-        self.done.append(f"{event} {decision.node}" + (f": {decision.reason}" if decision.reason else ""))
-        self.audit.write(event, node=decision.node, checks=checks, evidence=evidence,
-                         reason=decision.reason or seen_reason, values=decision.values, now=self.now,
-                         state=decision.seen.state_text if decision.seen else "",
-                         healthy_seconds=decision.healthy_s if event == "resume" else None)
+def _within(nodes: dict[str, SlurmNode], scope: set[str] | None) -> dict[str, SlurmNode]:
+    return nodes if scope is None else {n: node for n, node in nodes.items() if n in scope}

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from opsctl.errors import ConfigError, SafetyStop
+from opsctl.errors import ConfigError, SafetyStop, StateUnwritable
 from opsctl.remediation.memory import HandledMemory
 
 HOUR = 3600.0
@@ -37,14 +37,14 @@ def secure_dir(path: Path, create: bool) -> bool:
         info = os.lstat(path)
     except FileNotFoundError:
         return False
-    except OSError as err:
-        raise ConfigError(f"state directory {path}: {err.strerror} (set state_dir or OPSCTL_STATE_DIR)") from None
+    except OSError as err:  # a read-only or full filesystem, a permission error: not the config's fault
+        raise StateUnwritable(f"state directory {path}: {err.strerror}") from None
     where = f"state directory {path}"
     if not stat.S_ISDIR(info.st_mode):
         raise ConfigError(f"{where}: not a directory (a symlink is refused); set state_dir or OPSCTL_STATE_DIR")
     if info.st_uid != os.geteuid():
-        raise ConfigError(f"{where}: owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); "
-                          "use a directory of your own")
+        raise ConfigError(f"{where}: owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}); run "
+                          "opsctl as the user that owns it (root on a provisioned cluster)")
     if info.st_mode & 0o022:
         raise ConfigError(f"{where}: writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
                           f"chmod go-w {path}")
@@ -89,16 +89,13 @@ class StateDir:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, self.path / name)
-        except OSError as err:
-            raise ConfigError(f"state file {self.path / name}: {err.strerror}") from None
+        except OSError as err:  # a full disk or a permission error: the safety record may be missing (exit 3)
+            raise StateUnwritable(f"state file {self.path / name}: {err.strerror}") from None
 
     # ---- budgets: times of past drains and resumes -------------------------------------------
     def recent(self, kind: str, now: float) -> list[float]:
         """Times of the `kind` ("drains" or "resumes") within the last hour."""
         return [t for t in self._load("budget.json", {}).get(kind, []) if now - t < HOUR]
-
-    def drains_last_hour(self, now: float) -> list[float]:
-        return self.recent("drains", now)
 
     def record(self, kind: str, count: int, now: float) -> None:
         if count:
@@ -160,8 +157,9 @@ class RunLock:
         secure_dir(self.path.parent, create=True)
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as err:
-            raise ConfigError(f"lock {self.path}: {err.strerror}") from None
+        except OSError as err:  # a symlink planted in its place is the config's problem; a full disk is not
+            error = ConfigError if err.errno == errno.ELOOP else StateUnwritable
+            raise error(f"lock {self.path}: {err.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:

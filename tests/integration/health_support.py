@@ -29,8 +29,10 @@ class HealthLab:
                "slurm": {"backend": "cli"}, **FAST}
         if safety:
             raw["safety"] = safety
-        self.config.write_text(yaml.safe_dump(raw))
         self.state = tmp / "state"
+        # The test's own state directory is its config's, as a cluster's is (actions refuse a private one).
+        raw.update(state_dir=str(self.state), audit_log=str(self.state / "audit.jsonl"))
+        self.config.write_text(yaml.safe_dump(raw))
         self.touched: set[str] = set()
 
     def env(self) -> dict:

@@ -98,7 +98,8 @@ class Health:
         self.config.write_text(yaml.safe_dump({
             "prometheus": {"url": lab.prometheus_url, "scrape_interval": f"{lab.scrape_interval}s"},
             "slurm": slurm, "catalog": {"files": [str(self.catalog)], "disable": shipped},
-            "safety": {"resume_after": "1s", "max_out_of_service_fraction": 1.0}}))
+            "safety": {"resume_after": "1s", "max_out_of_service_fraction": 1.0},
+            "state_dir": str(tmp / "state"), "audit_log": str(tmp / "state" / "audit.jsonl")}))
 
     def flag(self, *nodes):
         """lab-flag fails on these nodes (and reads ok, with positive evidence, on every other)."""

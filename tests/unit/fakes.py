@@ -7,10 +7,16 @@ expression return that series; `value(...)` sets what the rule's own expression 
 returns for a node, which by default is a healthy value for every node.
 """
 
+import json
 import re
 import signal
 from dataclasses import replace
 
+from click.testing import CliRunner
+
+from opsctl.cli import main
+from opsctl.commands.context import Clients
+from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.identity import SELF_METRICS
@@ -19,6 +25,11 @@ from opsctl.slurm.base import SlurmNode
 
 DEVICE = {"gpu": "0", "device": "mlx5_0", "finding": "ib-port-state mlx5_0", "mount": "/home",
           "target": "lustre-OST0002", "": ""}
+
+
+def devices(rule: Rule) -> list[str]:
+    """The devices a healthy node has a series for: every one the config expects (Rule.devices), else one."""
+    return list(rule.devices) or [DEVICE[rule.device_label]]
 
 
 def ok_value(rule: Rule) -> float:
@@ -95,7 +106,7 @@ class FakeProm:
             if expr == rule.expr:
                 raw = self.raw.get(rule.id, {})
                 return [self._series(rule, n, d, v) for n in self.nodes
-                        for d, v in raw.get(n, [(DEVICE[rule.device_label], ok_value(rule))])]
+                        for d, v in raw.get(n, [(d, ok_value(rule)) for d in devices(rule)])]
         raise AssertionError(f"FakeProm: unexpected query {expr!r}")
 
 
@@ -167,3 +178,33 @@ def gpu_nodes(n=64, **over):
 
 def node(name, state="idle", flags=(), reason="", partitions=("gpu",)):
     return SlurmNode(name, state, tuple(flags), reason, partitions=partitions, gres="gpu:h200:8")
+
+
+IB_REASON = "opsctl:ib-down mlx5_0 state_id=1"
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+class World:
+    """A 64-node cluster, its Prometheus and Slurm, and a state directory."""
+
+    def __init__(self, tmp_path, n=64, raw=None, **slurm_over):
+        self.tmp = tmp_path
+        # No metrics address: a unit test opens no socket (a --watch would serve /metrics by default).
+        raw = {"metrics": {"listen_address": None}, **(raw or {})}
+        self.config = parse_config(raw, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+        self.slurm = FakeSlurm(gpu_nodes(n, **slurm_over))
+        self.prom = FakeProm(self.config, list(self.slurm.state))
+
+    def run(self, *args):
+        res = CliRunner().invoke(main, list(args), obj=Clients(self.config, self.prom, self.slurm))
+        self.stdout, self.stderr = res.stdout, res.stderr
+        return res.exit_code
+
+    def json(self, *args):
+        code = self.run("health", "--json", *args)
+        doc = json.loads(self.stdout)
+        return code, {n["node"]: n for n in doc["nodes"]}, doc["summary"]
+
+    def audit(self):
+        path = self.tmp / "state" / "audit.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tests.unit.fakes import node
-from tests.unit.test_health_commands import IB_REASON, World
+from tests.unit.fakes import IB_REASON, World, node
 
 
 def refusals(world: World) -> list[dict]:

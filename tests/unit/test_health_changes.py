@@ -8,8 +8,7 @@ import pytest
 
 from opsctl.errors import SourceUnavailable
 from opsctl.remediation.state import StateDir
-from tests.unit.fakes import node
-from tests.unit.test_health_commands import IB_REASON, ISO, World
+from tests.unit.fakes import IB_REASON, ISO, World, node
 
 XID = "xid-79 gpu3 xid=79 count=1"
 SUMMARY = r"64 nodes: (\d+) ok, 0 warn, (\d+) fail, 0 unknown(; out of service: [^;]+)?; \d+ queries in \d+\.\d\ds"

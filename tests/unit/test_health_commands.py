@@ -7,43 +7,10 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner
 
-from opsctl.cli import main
-from opsctl.commands.context import Clients
-from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.remediation.state import RunLock, StateDir
-from tests.unit.fakes import FakeProm, FakeSlurm, gpu_nodes, node
-
-IB_REASON = "opsctl:ib-down mlx5_0 state_id=1"
-ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-class World:
-    """A 64-node cluster, its Prometheus and Slurm, and a state directory."""
-
-    def __init__(self, tmp_path, n=64, raw=None, **slurm_over):
-        self.tmp = tmp_path
-        # No metrics address: a unit test opens no socket (a --watch would serve /metrics by default).
-        raw = {"metrics": {"listen_address": None}, **(raw or {})}
-        self.config = parse_config(raw, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
-        self.slurm = FakeSlurm(gpu_nodes(n, **slurm_over))
-        self.prom = FakeProm(self.config, list(self.slurm.state))
-
-    def run(self, *args):
-        res = CliRunner().invoke(main, list(args), obj=Clients(self.config, self.prom, self.slurm))
-        self.stdout, self.stderr = res.stdout, res.stderr
-        return res.exit_code
-
-    def json(self, *args):
-        code = self.run("health", "--json", *args)
-        doc = json.loads(self.stdout)
-        return code, {n["node"]: n for n in doc["nodes"]}, doc["summary"]
-
-    def audit(self):
-        path = self.tmp / "state" / "audit.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+from tests.unit.fakes import IB_REASON, ISO, World, node
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from opsctl.config import parse_config
 from opsctl.errors import ConfigError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.units import clock_events, fill
-from tests.unit.test_health_commands import World
+from tests.unit.fakes import World
 
 
 def rules(raw=None):

@@ -3,6 +3,7 @@ atomic write, and the refusal to let a metrics problem change a run. Serving the
 scraping them is tested in tests/integration (the lab's Prometheus)."""
 
 import os
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -42,7 +43,20 @@ def result(failing=(), slurm_over=None, n=20, unknown=(), dry_run=False, resume=
         plan = plan_resumes(report, slurm, RULES, evidence, {n: NOW - 3600 for n in slurm}, 600, CONFIG.safety, 0,
                             dry_run, NOW, plan=plan)
     return RunResult(report=report, exit_code=ExitCode.FAILING if failing else ExitCode.OK, plan=plan,
-                     options=RunOptions(drain=True, resume=resume, dry_run=dry_run), cluster=slurm)
+                     options=RunOptions(drain=True, resume=resume, dry_run=dry_run), cluster=slurm,
+                     after=slurm if dry_run else carried_out(slurm, plan))
+
+
+def carried_out(slurm: dict, plan) -> dict:
+    """Slurm after the plan's changes, as the actor reads it back after a run."""
+    after = dict(slurm)
+    for decision in plan.with_action("drain", "escalate"):
+        node = after[decision.node]
+        after[decision.node] = replace(node, flags=(*dict.fromkeys((*node.flags, "DRAIN")),), reason=decision.reason)
+    for decision in plan.with_action("resume"):
+        node = after[decision.node]
+        after[decision.node] = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="")
+    return after
 
 
 def samples(state: MetricsState) -> dict:

@@ -1,16 +1,11 @@
-"""`opsctl node check`: its metrics for node_exporter's textfile collector, and --drain-self, which
-drains the node for its own failed checks and resumes only its own drain (a fake of the Slurm protocol;
-the lab tier runs the command against real Slurm)."""
+"""`opsctl node check`: its metrics for node_exporter's textfile collector, written for node_exporter's
+textfile collector (--drain-self: test_node_check_drain_self.py)."""
 
-from opsctl.config import parse_config
-from opsctl.errors import ExitCode
 from opsctl.fabric.check import h200_ndr, judge
 from opsctl.fabric.collect import live_snapshot
-from opsctl.nodecheck import REASON_PREFIX, CheckResult, drain_self, metrics_text, results, write_textfile
-from opsctl.remediation.audit import AuditLog
+from opsctl.nodecheck import metrics_text, results, write_textfile
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
-from tests.unit.fakes import FakeSlurm, node
 
 T0 = 1_800_000_000.0
 
@@ -43,42 +38,3 @@ def test_the_textfile_is_written_whole_and_only_as_prom(tmp_path):
         assert "must be an absolute path ending in .prom" in str(err)
     else:
         raise AssertionError("a non-.prom textfile was accepted")
-
-
-def config_for(tmp_path):
-    return parse_config({}, "t", env={"OPSCTL_STATE_DIR": str(tmp_path / "state")})
-
-
-def test_a_failing_node_drains_itself_once_and_resumes_itself_when_it_passes(tmp_path):
-    config = config_for(tmp_path)
-    slurm = FakeSlurm({"gpu007": node("gpu007")})
-    failing = found_on(tmp_path, ("ib-down", "mlx5_2"))
-    code, line = drain_self(config, slurm, "gpu007", failing)
-    assert code == ExitCode.FAILING
-    assert slurm.nodes()["gpu007"].reason == f"{REASON_PREFIX} ib-port-state mlx5_2"
-    assert line == f"drained gpu007: {REASON_PREFIX} ib-port-state mlx5_2"
-    assert drain_self(config, slurm, "gpu007", failing)[1].startswith("gpu007 stays drained")
-    passing = [CheckResult("ib-port-state", "node", False)]
-    assert drain_self(config, slurm, "gpu007", passing) == (ExitCode.OK, "resumed gpu007: every node check passes")
-    assert not slurm.nodes()["gpu007"].drained
-    events = [(r["event"], r["checks"]) for r in AuditLog(config.audit_log).read()[0]]
-    assert events == [("drain", ["node-check"]), ("resume", ["node-check"])]
-
-
-def test_a_drain_someone_else_set_is_left_alone_either_way(tmp_path):
-    config = config_for(tmp_path)
-    slurm = FakeSlurm({"gpu007": node("gpu007", flags=["DRAIN"], reason="ticket-123 bad dimm")})
-    failing = found_on(tmp_path, ("ib-down", "mlx5_2"))
-    assert drain_self(config, slurm, "gpu007", failing)[1].startswith("gpu007 left alone")
-    assert drain_self(config, slurm, "gpu007", [CheckResult("ib-port-state", "node", False)]) == (ExitCode.OK, "")
-    assert slurm.nodes()["gpu007"].reason == "ticket-123 bad dimm" and slurm.calls == []
-
-
-def test_a_storage_check_never_drains_the_node_itself(tmp_path):
-    """A storage outage fails every node at once: only `opsctl health` and its breaker may act on it."""
-    config = config_for(tmp_path)
-    slurm = FakeSlurm({"gpu007": node("gpu007")})
-    storage = [CheckResult("lustre-import-down", "lustre-OST0002", True), CheckResult("storage-mount-hung", "/home",
-                                                                                      True)]
-    assert drain_self(config, slurm, "gpu007", found_on(tmp_path) + storage) == (ExitCode.OK, "")
-    assert slurm.calls == [] and not slurm.nodes()["gpu007"].drained

@@ -298,7 +298,7 @@ def test_level_records_end_when_the_rule_reads_ok_and_windows_expire():
 # ---- state directory, lock, audit log -------------------------------------------------------------
 def test_state_budget_and_handled_events_persist(tmp_path):
     state = StateDir(tmp_path / "state")
-    assert state.drains_last_hour(NOW) == [] and state.handled().records == []
+    assert state.recent("drains", NOW) == [] and state.handled().records == []
     state.record("drains", 2, NOW - 3700)
     state.record("drains", 3, NOW)
     state.record("resumes", 1, NOW)
@@ -311,7 +311,7 @@ def test_state_budget_and_handled_events_persist(tmp_path):
 def test_corrupt_state_is_a_clear_error(tmp_path):
     (tmp_path / "budget.json").write_text("{")
     with pytest.raises(ConfigError, match="budget.json is unreadable"):
-        StateDir(tmp_path).drains_last_hour(NOW)
+        StateDir(tmp_path).recent("drains", NOW)
 
 
 def test_a_state_directory_others_can_write_is_refused(tmp_path):

@@ -1,0 +1,217 @@
+"""The one way opsctl changes a node in Slurm: drain, resume, and a new reason on its own drain (escalate).
+
+Every command that acts on nodes (`opsctl health --drain/--resume`, `drain`, `resume`, `ib fabric-test
+--drain`, `ib quarantine`, `node check --drain-self`) builds Changes and hands them to an Actor; nothing
+else calls the Slurm client's drain, resume or set_reason (tests/unit/test_act.py fails if something does).
+
+The Actor is entered once per run and holds the run lock for it. For each batch of changes that share one
+scontrol call, in this order:
+
+1. compare and set: Slurm is read again, and a change whose node no longer shows what the decision rested
+   on (its flags and reason, and whether its base state is in service) is dropped and audited;
+2. intent: the handled-event records and the budget (drains and resumes per hour) are written to the
+   state directory before scontrol runs, so a crash, SIGKILL or a full audit disk after it still counts
+   the change: the next run can never drain past the budget or re-drain what a person repaired;
+3. scontrol;
+4. audit: one fsync'd record per change. `done` lists each change as it is made, so that any error after
+   it (the audit log's disk full: exit 3; Ctrl-C: exit 130, with an audit record) still says what was done.
+
+A reason longer than safety.reason_max_length is cut with "..." here, once, for every command.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from opsctl.config.schema import Config
+from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
+from opsctl.remediation.audit import AuditLog
+from opsctl.remediation.memory import Handled, HandledMemory
+from opsctl.remediation.state import RunLock, StateDir
+from opsctl.slurm import Slurm, SlurmNode
+
+DRAIN, RESUME, ESCALATE = "drain", "resume", "escalate"
+# The budget each event spends (escalate re-words opsctl's own drain: it takes no node out of service).
+BUDGET = {DRAIN: "drains", RESUME: "resumes"}
+
+
+def cap_reason(reason: str, max_length: int) -> str:
+    """A Slurm reason cut to max_length with '...' (scontrol takes any length; sinfo and people do not)."""
+    return reason if len(reason) <= max_length else reason[: max_length - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Change:
+    node: str
+    event: str  # drain | resume | escalate
+    seen: SlurmNode  # Slurm as the decision saw it: the change is made only if it still shows this
+    reason: str = ""  # the reason a drain or an escalation sets
+    checks: tuple[str, ...] = ()  # rule ids, for the audit record
+    evidence: str = ""
+    values: tuple[dict[str, object], ...] = ()  # the metric values behind it
+    handled: tuple[Handled, ...] = ()  # handled-event records, written as an intent before scontrol
+    healthy_s: float | None = None  # a resume: how long the node has been healthy
+    detail: str = ""  # why, in words, for the audit record
+
+    @property
+    def line(self) -> str:
+        return f"{self.event} {self.node}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass
+class Acted:
+    """What one apply did: the changes made, those dropped (node, why), and the nodes as Slurm showed them
+    after the last change (so that no caller replays its plan to learn the outcome)."""
+
+    made: list[Change] = field(default_factory=list)
+    dropped: list[tuple[Change, str]] = field(default_factory=list)
+    failed: list[Change] = field(default_factory=list)
+    nodes: dict[str, SlurmNode] = field(default_factory=dict)
+
+
+class Actor:
+    """`with Actor(config, slurm, now) as actor: actor.apply(changes)`; `actor.done` lists what was done."""
+
+    def __init__(self, config: Config, slurm: Slurm, now: float, memory: HandledMemory | None = None,
+                 done: list[str] | None = None, lock: bool = True):
+        self.config, self.slurm, self.now = config, slurm, now
+        self.audit = AuditLog(config.audit_log)
+        self.state = StateDir(config.state_dir)
+        self.memory = memory
+        self.done = [] if done is None else done
+        self._lock: contextlib.AbstractContextManager[object] = (
+            RunLock(config.state_dir) if lock else contextlib.nullcontext())
+
+    def __enter__(self) -> "Actor":
+        self._lock.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._lock.__exit__(kind, err, trace)
+
+    def nodes(self) -> dict[str, SlurmNode]:
+        return self.slurm.nodes()
+
+    def refuse(self, node: str, detail: str, checks: tuple[str, ...] | list[str] = (), seen: SlurmNode | None = None,
+               dry_run: bool = False, evidence: str = "") -> None:
+        """An audit record of a change opsctl decided not to make, and why."""
+        self.audit.write("refuse", node=node, checks=checks, detail=detail, dry_run=dry_run, now=self.now,
+                         reason=seen.reason if seen else "", state=seen.state_text if seen else "",
+                         evidence=evidence)
+
+    def would(self, change: Change) -> None:
+        """The audit record of a --dry-run: what apply would have done."""
+        self.audit.write(f"would-{change.event}", node=change.node, checks=change.checks, dry_run=True,
+                         reason=change.reason or change.seen.reason, values=change.values, now=self.now)
+
+    def apply(self, changes: list[Change]) -> Acted:
+        """Make the changes, one scontrol call per event and reason, each batch compared and set first."""
+        acted = Acted()
+        try:
+            for batch in _batches(changes):
+                self._apply_batch(batch, acted)
+        except KeyboardInterrupt:
+            with contextlib.suppress(OpsctlError):
+                self.audit.write("interrupted", now=self.now, detail="Ctrl-C; done before it: "
+                                 + ("; ".join(self.done) or "nothing"))
+            raise Interrupted(list(self.done)) from None
+        except OpsctlError as err:
+            if self.done and not getattr(err, "done", None):
+                err.done = list(self.done)  # type: ignore[attr-defined]  # shown by the CLI, exit code kept
+            raise
+        return acted
+
+    def _apply_batch(self, batch: list[Change], acted: Acted) -> None:
+        current = self.slurm.nodes()
+        acted.nodes = current
+        kept = []
+        for change in batch:
+            now_seen = current.get(change.node)
+            if now_seen is not None and now_seen.same_as(change.seen):
+                kept.append(change)
+                continue
+            state = now_seen.state_text if now_seen else "gone"
+            why = f"changed: Slurm changed since the plan (now {state})"
+            acted.dropped.append((change, why))
+            self.audit.write("refuse", node=change.node, detail=why, now=self.now, state=state,
+                             reason=now_seen.reason if now_seen else "", checks=change.checks)
+        if not kept:
+            return
+        self._intend(kept)
+        names = [c.node for c in kept]
+        event, reason = kept[0].event, kept[0].reason
+        try:
+            if event == DRAIN:
+                self.slurm.drain(names, reason)
+            elif event == RESUME:
+                self.slurm.resume(names)
+            else:
+                self.slurm.set_reason(names, reason)
+        except SourceUnavailable:
+            self._settle_after_failure(kept, acted)
+            raise
+        self._made(kept, acted)
+
+    def _intend(self, batch: list[Change]) -> None:
+        """Handled records and the budget, on disk before scontrol runs."""
+        if self.memory is not None:
+            for change in batch:
+                self.memory.add(change.handled)
+            self.state.save_handled(self.memory)
+        kind = BUDGET.get(batch[0].event)
+        if kind:
+            self.state.record(kind, len(batch), self.now)
+
+    def _made(self, batch: list[Change], acted: Acted) -> None:
+        for change in batch:  # first what was done, so that a failing audit write still lists it
+            self.done.append(change.line)
+        acted.made += batch
+        for change in batch:
+            self._audit_made(change)
+        if self.memory is not None:
+            self.memory.settle(c.node for c in batch)
+            self.state.save_handled(self.memory)
+        with contextlib.suppress(SourceUnavailable):
+            acted.nodes = self.slurm.nodes()
+
+    def _audit_made(self, change: Change) -> None:
+        self.audit.write(change.event, node=change.node, checks=change.checks, evidence=change.evidence,
+                         reason=change.reason or change.seen.reason, values=change.values, now=self.now,
+                         state=change.seen.state_text, detail=change.detail,
+                         healthy_seconds=change.healthy_s if change.event == RESUME else None)
+
+    def _settle_after_failure(self, batch: list[Change], acted: Acted) -> None:
+        """scontrol said no: keep the memory of the nodes it changed anyway, forget the rest's intents."""
+        try:
+            current = self.slurm.nodes()
+        except OpsctlError:
+            return  # cannot tell: the intents stay, which errs on never draining again
+
+        def made_it(change: Change) -> bool:
+            node = current.get(change.node)
+            if node is None:
+                return False
+            return not node.drained if change.event == RESUME else node.reason == change.reason
+
+        made = [c for c in batch if made_it(c)]
+        acted.failed += [c for c in batch if c not in made]
+        if self.memory is not None:
+            self.memory.drop_intents(c.node for c in batch if c not in made)
+            self.state.save_handled(self.memory)
+        if made:
+            self._made(made, acted)
+        for change in acted.failed:
+            self.audit.write(f"{change.event}-failed", node=change.node, checks=change.checks,
+                             reason=change.reason, now=self.now)
+
+
+def _batches(changes: list[Change]) -> list[list[Change]]:
+    """Drains (by reason) first, then escalations, then resumes: one scontrol call per batch."""
+    order = {DRAIN: 0, ESCALATE: 1, RESUME: 2}
+    grouped: dict[tuple[str, str], list[Change]] = {}
+    for change in changes:
+        key = (change.event, change.reason if change.event != RESUME else "")
+        grouped.setdefault(key, []).append(change)
+    return [grouped[key] for key in sorted(grouped, key=lambda k: order[k[0]])]
+
