@@ -132,11 +132,13 @@ def _sources(identities: Identities, ages: list[Sample], config: Config) -> dict
     age_of = {(s.labels.get("job", ""), s.labels.get("instance", "")): s.value for s in ages}
     problems: dict[str, dict[str, Check]] = {}
     # A target whose names disagree makes every node it may be unknown: the one it is filed under and
-    # the one it says it is (two targets with swapped labels: neither node can be judged).
-    for info in identities.targets.values():
-        if not info.conflict:
-            continue
-        for node in sorted({info.name, *info.conflict_names} - {""}):
+    # the one it says it is (two targets with swapped labels: neither node can be judged). A node's
+    # evidence is about its own target first.
+    conflicted = [info for info in identities.targets.values() if info.conflict]
+    for info in conflicted:
+        problems.setdefault(info.name, {}).setdefault(info.source, _conflict_check(info.conflict))
+    for info in conflicted:
+        for node in sorted(info.conflict_names - {info.name}):
             problems.setdefault(node, {}).setdefault(info.source, _conflict_check(info.conflict))
     for node, by_source in identities.by_node().items():
         for source, targets in by_source.items():

@@ -1,8 +1,9 @@
 """Every way a site's Prometheus may name its targets, end to end against a real Prometheus and
 VictoriaMetrics: the `node` target label, explicit node_mapping.names, what the exporters report
 about themselves behind IP targets (dcgm-exporter's Hostname, node_exporter's node_uname_info in a
-UTS namespace of its own), and two targets claiming one name. Each mode has its own scrape jobs on
-one pair of databases."""
+UTS namespace of its own), two targets claiming one name, and two hosts whose `node` labels are
+swapped (each exporter reports its own host name under the other's label). Each mode has its own
+scrape jobs on one pair of databases."""
 
 import os
 import shutil
@@ -23,6 +24,7 @@ from tests.component.promlab import (
     NodeExporter,
     Running,
     Tsdb,
+    drain_decisions,
     evaluate_everywhere,
     loopback,
     wait,
@@ -35,20 +37,22 @@ pytestmark = pytest.mark.skipif(
 
 
 class Site(Running):
-    """Scrape jobs per mode: labelled (node label), ip (IP targets; the exporters report FQDNs) and
-    conflict (two dcgm targets report the same Hostname)."""
+    """Scrape jobs per mode: labelled (node label), ip (IP targets; the exporters report FQDNs),
+    conflict (two dcgm targets report the same Hostname) and swapped (node labels swapped; the
+    exporters report their own host names, Hostname and nodename)."""
 
     def __init__(self, tmp):
         self.dcgm, self.nodeexp, jobs = {}, {}, []
 
-        def add(job, name, host, reported, labelled=False, node_exporter=True):
+        def add(job, name, host, reported, labelled=False, node_exporter=True, label=None):
+            label = label or (name if labelled else None)
             dcgm = DcgmEndpoint(reported, host)
             self.dcgm[(job, name)] = dcgm
-            jobs.append((f"dcgm_{job}", dcgm.address, name if labelled else None))
+            jobs.append((f"dcgm_{job}", dcgm.address, label))
             if node_exporter:
                 exp = NodeExporter(reported, tmp, dcgm.hw, host, uname=None if labelled else reported)
                 self.nodeexp[(job, name)] = exp
-                jobs.append((f"node_{job}", exp.address, name if labelled else None))
+                jobs.append((f"node_{job}", exp.address, label))
 
         add("labelled", "gpu071", "127.0.0.1", "gpu071", labelled=True)
         add("labelled", "gpu072", "127.0.0.1", "gpu072", labelled=True)
@@ -56,6 +60,8 @@ class Site(Running):
         add("ip", "gpu074", loopback(4), "gpu074.cluster.example")
         add("conflict", "a", loopback(5), "gpu075", node_exporter=False)
         add("conflict", "b", loopback(6), "gpu075")
+        add("swapped", "gpu076", loopback(7), "gpu076.cluster.example", label="gpu077")
+        add("swapped", "gpu077", loopback(8), "GPU077", label="gpu076")
         scrape = {}
         for job, address, label in jobs:
             scrape.setdefault(job, []).append({"targets": [address], "labels": {"node": label} if label else {}})
@@ -93,10 +99,12 @@ def judged(site, cfg, slurm_nodes):
 
 def with_xid(site, job, name):
     site.dcgm[(job, name)].hw.inject("xid:79", gpu=2)
-    selector = f'DCGM_EXP_XID_ERRORS_COUNT{{xid="79", instance="{site.address(job, name)}"}}'
-    # Both databases hold the scrape before anything is judged: VictoriaMetrics makes new samples
-    # searchable a few seconds after Prometheus does.
-    wait(lambda: all(tsdb.query(selector) for tsdb in site.tsdbs.values()), what="the XID scraped by both")
+    rule = next(r for r in load_catalog(config(site, job)) if r.id == "xid-79")
+    instance = site.address(job, name)
+    # Both databases return the rule's own alert series before anything is judged: VictoriaMetrics makes
+    # new samples searchable a few seconds after Prometheus does, and a rule holds for a while.
+    wait(lambda: all(any(s["metric"].get("instance") == instance for s in tsdb.query(rule.alert_expr()))
+                     for tsdb in site.tsdbs.values()), what="the XID held in both databases")
 
 
 @pytest.fixture(autouse=True)
@@ -131,6 +139,19 @@ def test_a_name_claimed_by_two_targets_is_unknown_and_never_drained(site):
     with_xid(site, "conflict", "a")
     verdicts = judged(site, config(site, "conflict"), ["gpu075"])
     assert verdicts == {"gpu075": ("unknown", True, ["identity-conflict", "xid-79"])}
+
+
+def test_swapped_node_labels_make_both_nodes_unknown_and_drain_neither(site):
+    with_xid(site, "swapped", "gpu076")  # filed under gpu077 by its label
+    cfg = config(site, "swapped")
+    report, _, rules = evaluate_everywhere(site.tsdbs, cfg, ["gpu076", "gpu077"])
+    conflicts = ["identity-conflict", "identity-conflict"]  # dcgm's Hostname and node_exporter's nodename
+    assert judged(site, cfg, ["gpu076", "gpu077"]) == {
+        "gpu076": ("unknown", True, conflicts), "gpu077": ("unknown", True, [*conflicts, "xid-79"])}
+    evidence = sorted(c.evidence.replace(site.address("swapped", "gpu076"), "A") for c in report.nodes["gpu077"].checks
+                      if c.id == "identity-conflict")
+    assert evidence[0] == "dcgm target A is labelled node=gpu077 but reports Hostname=gpu076.cluster.example"
+    assert drain_decisions(report, rules, ["gpu076", "gpu077"]) == {"gpu077": "skip:unknown"}
 
 
 def test_a_job_without_targets_is_a_config_error_naming_it(site):
