@@ -13,18 +13,19 @@ LNet: the node's one NI, 10.10.1.<n>@o2ib on bond0 (the storage port), besides t
 
 The node faults change it: `mount-missing` drops /shared from mountinfo, `lustre-ost-down` makes the
 import of lustre-OST0002 DISCONN, `lfs check servers` fail it and `lfs df` leave it out (`-v`: "inactive
-device"), `lnet-down` takes the o2ib NI down, so that no server answers `lctl ping`, and `nfs-hung` puts a
-FIFO where the probe file of /home goes: the check's child blocks opening it for writing, as a stat of a
-hung NFS mount blocks, until the check gives up on it.
+device"), `lnet-down` takes the o2ib NI down, so that no server answers `lctl ping`, and `nfs-hung` makes /home
+hang: a FUSE mount whose server never answers sits on its mount point (opsctl_lab.hung_mount), so the
+check's child blocks in its stat, as on a hung NFS mount, until the check gives up on it.
+
+The probe directory /home/.opsctl-probe has mode 1777 (root_squash needs the squashed user to write
+there), so any user may put names in it, as on a real cluster.
 """
 
-import os
 import re
-import socket
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl_lab import hung_mount
 from opsctl_lab.hardware import NodeHardware, stable_int
 from opsctl_lab.ib_sysfs import write_if_changed
 
@@ -47,6 +48,7 @@ MOUNTS = (
 )
 MISSING_MOUNT = "/shared"
 HUNG_MOUNT = "/home"
+HUNG_PIDFILE = "nfs-hung.pid"  # the hung mount's holder (opsctl_lab.hung_mount), beside mountinfo
 FSNAME = "lustre"
 TARGETS = [f"{FSNAME}-OST{i:04x}" for i in range(4)] + [f"{FSNAME}-MDT0000"]
 DOWN_TARGET = f"{FSNAME}-OST0002"
@@ -119,28 +121,27 @@ def mountstats(base: Path, hw: NodeHardware) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_storage(root: Path, base: Path, hw: NodeHardware, host: str | None = None) -> None:
-    """mountinfo and mountstats under root, the mount points under base, and the hung probe FIFO as the
-    nfs-hung fault says. `host` names the probe file as `opsctl node check` on that host does."""
+def write_storage(root: Path, base: Path, hw: NodeHardware) -> None:
+    """mountinfo and mountstats under root, the mount points under base, and the hung /home as the nfs-hung
+    fault says (its holder's PID file under root)."""
     root.mkdir(parents=True, exist_ok=True)
     write_if_changed(root / "mountinfo", mountinfo(base, hw))
     write_if_changed(root / "mountstats", mountstats(base, hw))
-    host = host or socket.gethostname()
     for mount in MOUNTS:
-        mount_dir(base, mount.point).mkdir(parents=True, exist_ok=True)
-        probe = probe_dir(base, mount)
-        if probe is None:
-            continue
-        probe.mkdir(exist_ok=True)
-        probe.chmod(0o1777)  # as under root_squash: the squashed user writes the probe
-        fifo = probe / f".opsctl-probe-{host}"
+        point = mount_dir(base, mount.point)
         hung = mount.point == HUNG_MOUNT and hw.node_fault("nfs-hung")
-        is_fifo = fifo.exists() and stat.S_ISFIFO(fifo.lstat().st_mode)
-        if hung and not is_fifo:
-            fifo.unlink(missing_ok=True)
-            os.mkfifo(fifo)
-        elif not hung and is_fifo:
-            fifo.unlink()
+        if mount.point == HUNG_MOUNT and not hung:
+            hung_mount.release(point, root / HUNG_PIDFILE)
+        if hung and hung_mount.mounted(point):
+            hung_mount.hang(point, root / HUNG_PIDFILE)  # keeps it (or mounts it again if its holder died)
+            continue  # anything below a hung mount point would wait too
+        point.mkdir(parents=True, exist_ok=True)
+        probe = probe_dir(base, mount)
+        if probe is not None:
+            probe.mkdir(exist_ok=True)
+            probe.chmod(0o1777)  # as under root_squash: the squashed user writes the probe
+        if hung:
+            hung_mount.hang(point, root / HUNG_PIDFILE)
 
 
 def imports(hw: NodeHardware) -> list[tuple[str, str, str]]:

@@ -1,12 +1,12 @@
 """Record each health run into the metrics, and publish them: served while `--watch` runs, written to
 node_exporter's textfile directory after a one-shot run.
 
-The textfile is replaced atomically (written beside it, then renamed), so node_exporter never reads
-half a file. A textfile that cannot be written is reported on stderr and never changes the run's exit
-code: metrics must not stop opsctl from draining.
+The textfile is replaced atomically and durably (opsctl.fileio.write_atomic: a new file with a random
+name beside it, created O_EXCL|O_NOFOLLOW, then renamed), so node_exporter never reads half a file and
+a name planted in the textfile directory is never followed. A textfile that cannot be written is
+reported on stderr and never changes the run's exit code: metrics must not stop opsctl from draining.
 """
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 
 from opsctl.config.schema import MetricsConfig
 from opsctl.errors import ConfigError, OpsctlError, SafetyStop
+from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.metrics.observe import run_facts
 from opsctl.metrics.state import MetricsState
 from opsctl.remediation.run import RunResult
@@ -78,11 +79,11 @@ class RunRecorder:
 
     def _restore(self, path: Path) -> None:
         try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return
+            text = read_nofollow(path)  # a symlink or FIFO planted there is refused, never followed or waited on
         except OSError as err:
             self.warn(f"opsctl: warning: metrics.textfile {path}: {err.strerror}; counters start again from 0")
+            return
+        if text is None:
             return
         try:
             self.state.restore(text)
@@ -91,11 +92,7 @@ class RunRecorder:
                       "counters start again from 0")
 
     def _write(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         try:
-            tmp.write_bytes(generate_latest(self.registry))
-            tmp.chmod(0o644)
-            os.replace(tmp, path)
+            write_atomic(path, generate_latest(self.registry), 0o644)
         except OSError as err:
-            tmp.unlink(missing_ok=True)
-            self.warn(f"opsctl: warning: metrics.textfile {path}: {err.strerror}; metrics not written")
+            self.warn(f"opsctl: warning: metrics.textfile {path}: {err.strerror or err}; metrics not written")

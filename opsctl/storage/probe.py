@@ -2,35 +2,22 @@
 runs in a child process that the check waits for with a timeout and then abandons: the check itself
 never hangs. The children of all mounts run at once, so the check takes one timeout at most.
 
-Where a probe directory is configured, the child also writes a probe file there, reads it back and
+Where a probe directory is configured, the child also writes a new probe file there, reads it back and
 removes it: a mount that answers stat but refuses writes (read-only, quota, a server gone read-only) is
-found too. The file name carries the host name, so nodes that share the directory never collide.
+found too. The child is opsctl.storage.probe_child: the file has a random name, created O_EXCL|O_NOFOLLOW,
+so nothing a user plants in a shared probe directory can block, fail or redirect it; the host name in
+the name keeps what nodes that share the directory leave there apart.
 """
 
-import os
-import secrets
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 # Runs with -I (isolated: no site packages, no environment), so it starts fast and imports nothing of ours.
-_CHILD = """
-import os, sys
-path, probe, token = sys.argv[1], sys.argv[2], sys.argv[3]
-os.stat(path)
-if probe:
-    with open(probe, "w") as out:
-        out.write(token)
-        out.flush()
-        os.fsync(out.fileno())
-    with open(probe) as back:
-        read = back.read()
-    os.unlink(probe)
-    if read != token:
-        sys.exit("the probe file read back differs from what was written")
-"""
+CHILD = str(Path(__file__).with_name("probe_child.py"))
 
 
 @dataclass(frozen=True)
@@ -40,17 +27,12 @@ class ProbeResult:
     detail: str = ""
 
 
-def probe_file(probe_dir: str) -> str:
-    return os.path.join(probe_dir, f".opsctl-probe-{socket.gethostname()}")
-
-
 def probe_mounts(points: dict[str, str | None], timeout: float) -> dict[str, ProbeResult]:
     """Mount point -> result, for {mount point: probe directory or None}."""
     started = time.monotonic()
     children = {}
     for point, probe_dir in points.items():
-        argv = [sys.executable, "-I", "-c", _CHILD, point, probe_file(probe_dir) if probe_dir else "",
-                secrets.token_hex(8)]
+        argv = [sys.executable, "-I", CHILD, point, probe_dir or "", socket.gethostname()]
         children[point] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     results = {}

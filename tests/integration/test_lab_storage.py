@@ -1,10 +1,16 @@
 """Storage health on the simulated cluster, end to end: a storage fault injected with `opsctl lab
 inject`, `opsctl node check` of the node (its emulated mounts and Lustre tools) writing its textfile,
 the real node_exporter and Prometheus carrying it, and `opsctl health --drain` / `--resume` acting on it
-through real Slurm; a Lustre outage on every node, which the breaker stops naming storage; and `opsctl
-lab reset`, which removes node check results and Prometheus' record of them."""
+through real Slurm; a Lustre outage on every node, which the breaker stops naming storage; `opsctl
+lab reset`, which removes node check results and Prometheus' record of them; and an unprivileged user's
+FIFOs, directories and symlinks at every name the probe file ever had, which the probe walks past."""
 
+import hashlib
 import json
+import os
+import shutil
+import socket
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -17,6 +23,24 @@ from tests.integration.health_support import HealthLab
 pytestmark = pytest.mark.lab
 NODE = "gpu044"  # the health tests' range; their table module has cleared it by now
 HUNG_NODE = "gpu045"
+PLANTED_NODE = "gpu058"
+NOBODY = 65534
+PLAIN_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or "python3"  # one that nobody may run
+# Run as nobody with the probe directory's descriptor (argv[1]): plants argv[2] (fifo, directory, symlink to
+# argv[3], file) at each name after it. The descriptor reaches the directory whatever the modes of the lab's path.
+PLANT = """
+import os, sys
+fd, kind, target, names = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+for name in names:
+    if kind == "fifo":
+        os.mkfifo(name, 0o666, dir_fd=fd)
+    elif kind == "directory":
+        os.mkdir(name, 0o777, dir_fd=fd)
+    elif kind == "symlink":
+        os.symlink(target, name, dir_fd=fd)
+    else:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd))
+"""
 
 
 @pytest.fixture
@@ -124,3 +148,44 @@ def test_lab_reset_removes_node_check_results_and_their_history(h):
     assert "emptied Prometheus' history of past faults" in reset.stdout and "gpu046" in reset.stdout.splitlines()[-1]
     assert not list(h.lab.lab_dir.glob("nodes/*/textfile/*.prom"))
     assert prometheus_query(h.lab, "opsctl_node_check") == []
+
+
+def plant_as_nobody(probe_dir, kind: str, target, names: list[str]) -> None:
+    fd = os.open(probe_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        subprocess.run([PLAIN_PYTHON, "-I", "-c", PLANT, str(fd), kind, str(target), *names], user=NOBODY,
+                       group=NOBODY, extra_groups=[], pass_fds=(fd,), check=True, timeout=30)
+    finally:
+        os.close(fd)
+
+
+def test_what_a_user_plants_in_the_probe_directory_neither_blocks_fails_nor_redirects_the_probe(h, tmp_path):
+    """The probe directory is mode 1777, as on a real /home under root_squash: nobody plants a FIFO, a
+    directory, a symlink to a file outside the mount and a file of its own at every name the probe file
+    has had (`.opsctl-probe-<host>` until the random names; the lab named it after the lab node or the
+    lab host), and at names of the new form."""
+    probe_dir = h.lab.lab_dir / "nodes" / PLANTED_NODE / "storage" / "mnt" / "home" / ".opsctl-probe"
+    assert probe_dir.stat().st_mode & 0o1777 == 0o1777
+    victim = tmp_path / "outside" / "shadow"
+    victim.parent.mkdir()
+    victim.write_text("root:$6$notreally:19000:0:99999:7:::\n")
+    victim.parent.chmod(0o755)
+    before = hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_mtime_ns
+    old_names = sorted({f".opsctl-probe-{socket.gethostname()}", f".opsctl-probe-{PLANTED_NODE}"})
+    new_form = [f".opsctl-probe-{socket.gethostname()}-{'0' * 16}", f".opsctl-probe-{socket.gethostname()}-{'f' * 16}"]
+    try:
+        for kind in ("fifo", "directory", "symlink", "file"):
+            names = [f"{name}{suffix}" for name in old_names for suffix in ("", ".tmp")] + new_form
+            plant_as_nobody(probe_dir, kind, victim, names)
+            assert {(p.name, p.lstat().st_uid) for p in probe_dir.iterdir()} == {(n, NOBODY) for n in names}
+            started = time.monotonic()
+            code, storage = node_check(h, PLANTED_NODE)
+            assert time.monotonic() - started < 6  # storage.timeout_seconds: nothing waited on a planted FIFO
+            assert code == 0 and storage["findings"] == [], (kind, storage)
+            assert sorted(p.name for p in probe_dir.iterdir()) == sorted(names)  # the probe's own file is gone
+            assert (hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_mtime_ns) == before, kind
+            for planted in probe_dir.iterdir():
+                os.rmdir(planted) if kind == "directory" else planted.unlink()
+    finally:
+        for planted in probe_dir.iterdir():
+            os.rmdir(planted) if planted.is_dir() and not planted.is_symlink() else planted.unlink()

@@ -13,6 +13,7 @@ from opsctl.storage.lustre import parse_check_servers, parse_df, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl.storage.mountstats import parse_mountstats
 from opsctl.storage.probe import ProbeResult
+from opsctl_lab import hung_mount
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools import lctl, lfs, lnetctl
 from opsctl_lab.storage_view import MGS_NID, MOUNTS, mount_dir, write_storage
@@ -24,7 +25,7 @@ def view(tmp_path, *faults):
     hw = NodeHardware(node="gpu002")
     for fault in faults:
         hw.inject(fault, now=0.0)
-    write_storage(tmp_path / "storage", tmp_path / "mnt", hw, host="gpu002")
+    write_storage(tmp_path / "storage", tmp_path / "mnt", hw)
     return hw
 
 
@@ -47,14 +48,20 @@ def test_a_healthy_node_mounts_home_shared_and_lustre(tmp_path):
     assert all(mount_dir(tmp_path / "mnt", m.point).is_dir() for m in MOUNTS)
 
 
-def test_mount_missing_drops_shared_and_nfs_hung_puts_a_fifo_where_the_probe_goes(tmp_path):
+def test_mount_missing_drops_shared_and_nfs_hung_hangs_the_home_mount_point(tmp_path, monkeypatch):
+    # The hang is a FUSE mount (root, a holder process: tests/integration/test_lab_storage.py); here, where
+    # it goes and when it ends.
+    calls = []
+    monkeypatch.setattr(hung_mount, "hang", lambda point, pidfile: calls.append(("hang", point, pidfile)))
+    monkeypatch.setattr(hung_mount, "release", lambda point, pidfile: calls.append(("release", point, pidfile)))
     hw = view(tmp_path, "mount-missing", "nfs-hung")
     assert str(tmp_path / "mnt/shared") not in parse_mountinfo((tmp_path / "storage/mountinfo").read_text())
-    fifo = tmp_path / "mnt/home/.opsctl-probe/.opsctl-probe-gpu002"
-    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    pidfile = tmp_path / "storage/nfs-hung.pid"
+    assert calls == [("hang", tmp_path / "mnt/home", pidfile)]
+    assert stat.S_IMODE((tmp_path / "mnt/home/.opsctl-probe").stat().st_mode) == 0o1777
     hw.clear()
-    write_storage(tmp_path / "storage", tmp_path / "mnt", hw, host="gpu002")
-    assert not fifo.exists()
+    write_storage(tmp_path / "storage", tmp_path / "mnt", hw)
+    assert calls[1:] == [("release", tmp_path / "mnt/home", pidfile)]
     assert str(tmp_path / "mnt/shared") in parse_mountinfo((tmp_path / "storage/mountinfo").read_text())
 
 
