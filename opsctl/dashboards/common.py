@@ -92,9 +92,10 @@ def rule_thresholds(rule: Rule) -> db.ThresholdsConfig:
 
 
 def panel_expr(rule: Rule) -> str:
-    """The rule's PromQL for plotting: the value it compares with the threshold, over Grafana's rate
-    interval instead of the rule's hold (a hold of 5m would hide a fault for 5 minutes)."""
-    return rule.expr.replace(f"[{rule.hold}]", "[$__rate_interval]")
+    """The rule's PromQL for plotting: the value it compares with the threshold, without the hold (a
+    hold of 5m would hide a fault for 5 minutes): a range over Grafana's rate interval instead of the
+    rule's hold, and the value before opsctl's hold wrapper (Rule.plot_expr) for the rules it holds."""
+    return (rule.plot_expr or rule.expr).replace(f"[{rule.hold}]", "[$__rate_interval]")
 
 
 def mapping(values: dict[int, tuple[str, str]]) -> list[dm.ValueMapping]:

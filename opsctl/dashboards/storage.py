@@ -47,6 +47,10 @@ def build(site: Site) -> db.Dashboard:
                                   ("lustre-mgs-unreachable", "Lustre MGS unreachable (1)", "nid")):
         picked = f'label_replace({checks}, "{label}", "$1", "device", "(.*)")'
         dash = dash.with_panel(rule_graph(site, rule_id, title, picked))
+    # node-check and the storage rules judge the last results the node check wrote: how old they are.
+    stamps = f"opsctl_node_check_timestamp_seconds{{{site.node_exporter}, {site.on_node()}}}"
+    dash = dash.with_panel(rule_graph(site, "node-check-stale", "age of the node check results", stamps, unit="s",
+                                      width=24))
     retransmissions = f"opsctl_node_nfs_rpc_retransmissions_total{{{site.node_exporter}, {site.on_node()}}}"
     dash = dash.with_panel(rule_graph(site, "nfs-retransmissions", "NFS retransmissions/s", retransmissions,
                                       width=24))

@@ -2,13 +2,21 @@
 
 Loading turns the YAML into Rule objects with every placeholder filled in from the config, so the
 PromQL that `opsctl health` runs and the PromQL that `opsctl rules export` writes are the same text.
+
+Every rule holds for at least two scrape intervals (`prometheus.scrape_interval`): its effective hold is
+max(hold, 2 x scrape_interval), so one missed scrape of one series never drains a node.
+  - A rule whose expr uses ${hold} in a range selector holds by itself: the effective hold goes there.
+  - Any other rule is wrapped (`held`): its value is the least breaching one over the hold, sampled once
+    per scrape interval (min_over_time for > and >=, max_over_time for < and <=), and only for series
+    that already existed before the hold began. A value that breached at one scrape only, or a series
+    that appeared breaching (a new node-check finding, a GPU that went missing from one scrape), waits.
 """
 
 import itertools
 import operator
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -62,6 +70,10 @@ class Rule:
     xid: int | None = None
     memory: str = "none"
     domain: str = "node"
+    plot_expr: str = ""  # the value before the hold wrapper (dashboards plot it); "" when expr holds by itself
+    # The device label values every node is expected to have a series for, healthy or not (the resume
+    # evidence needs each of them): GPUs 0..gpus_per_node-1, the configured IB rails; () when unknown.
+    devices: tuple[str, ...] = ()
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -163,16 +175,19 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     source = merged.get("source", "dcgm")
     if source not in ("dcgm", "node"):
         raise ConfigError(f"{where}: source must be dcgm or node")
-    hold = str(merged.get("hold", "0s"))
     try:
-        duration_seconds(hold)
+        hold = effective_hold(str(merged.get("hold", "0s")), config)
         threshold = float(merged["threshold"])
         xid = int(merged["xid"]) if merged.get("xid") is not None else None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
-    expr = Template(str(merged["expr"])).safe_substitute(hold=hold)
+    raw_expr = " ".join(str(merged["expr"]).split())
+    expr = Template(raw_expr).safe_substitute(hold=hold)
     if "${" in expr:
         raise ConfigError(f"{where}: unknown placeholder in expr: {expr[expr.index('${'):][:30]}")
+    plot_expr = ""
+    if "${hold}" not in raw_expr:
+        plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, config.prometheus.scrape_interval)
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -187,24 +202,67 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     if unknown_formats(evidence):
         raise ConfigError(f"{where}: evidence: unknown format {unknown_formats(evidence)[0]} (one of "
                           f"{', '.join(FORMATS)})")
-    return Rule(id=rid, source=source, device_label=str(merged.get("device_label", "")), expr=" ".join(expr.split()),
+    return Rule(id=rid, source=source, device_label=str(merged.get("device_label", "")), expr=expr,
                 op=merged["op"], threshold=threshold, hold=hold, severity=merged["severity"],
                 action=merged["action"], auto_resume=auto_resume,
                 evidence=evidence,
                 description=" ".join(str(merged["description"]).split()),
                 remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory,
-                domain=domain)
+                domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config))
+
+
+def _devices(label: str, config: Config) -> tuple[str, ...]:
+    if label == "gpu":
+        return tuple(str(gpu) for gpu in range(config.hardware.gpus_per_node))
+    if label == "device":  # the rails that the rules see: hardware.ib_devices is PromQL-anchored
+        return tuple(rail for rail in config.ib.rails if re.fullmatch(config.hardware.ib_devices, rail))
+    return ()
+
+
+def effective_hold(hold: str, config: Config) -> str:
+    """max(hold, 2 x prometheus.scrape_interval), in the rule's own spelling when that is longer."""
+    floor = 2 * duration_seconds(config.prometheus.scrape_interval)
+    return hold if duration_seconds(hold) >= floor else _duration(floor)
+
+
+def _duration(seconds: int) -> str:
+    """120 -> '2m', 90 -> '90s', 7200 -> '2h': a PromQL duration."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def held(expr: str, op: str, threshold: float, hold: str, step: str) -> str:
+    """`expr` held for `hold`: per series, the value that breaches least over the hold (sampled every
+    `step`, the scrape interval), so the result breaches only when every sample in the hold does; and
+    only series that existed before the hold began (a series that appeared breaching has held for no
+    time at all). NaN stays NaN, so the NaN-aware alert form (Rule.alert_expr) still sees it.
+    For == the value is the maximum unless that is the threshold, then the minimum: it equals the
+    threshold only when every sample did. For != it is the threshold when any sample equalled it."""
+    window = f"({expr})[{hold}:{step}]"
+    t = _number(threshold)
+    if op in (">", ">="):
+        value = f"min_over_time({window})"
+    elif op in ("<", "<="):
+        value = f"max_over_time({window})"
+    elif op == "==":
+        value = f"(max_over_time({window}) != {t}) or min_over_time({window})"
+    else:
+        value = f"min_over_time((({expr}) == {t})[{hold}:{step}]) or max_over_time({window})"
+    return f"({value}) and count_over_time({window} offset {hold})"
 
 
 def _check_windows(expr: str, config: Config, where: str) -> None:
     """A range window shorter than two scrape intervals may hold no sample at all, and then the rule
-    returns nothing for the node: it reads as ok. Refuse such a rule before it can."""
+    returns nothing for the node: it reads as ok. Refuse such a rule before it can. (${hold} is never
+    that short: it is the effective hold. This catches a window written into the expr.)"""
     scrape = duration_seconds(config.prometheus.scrape_interval)
     for window in _RANGE.findall(expr):
         if duration_seconds(window) < 2 * scrape:
             raise ConfigError(f"{where}: its range window [{window}] is shorter than two scrape intervals "
                               f"(prometheus.scrape_interval {config.prometheus.scrape_interval}), so it may hold no "
-                              f"sample and read as ok; raise its hold to at least {2 * scrape}s")
+                              f"sample and read as ok; make it at least {2 * scrape}s, or write [${{hold}}]")
 
 
 def load_catalog(config: Config) -> list[Rule]:
@@ -238,8 +296,3 @@ def load_catalog(config: Config) -> list[Rule]:
         entries = {rid: entry for rid, entry in entries.items() if entry[0].get("source", "dcgm") != "node"}
     rules = [_build(raw, config, label) for raw, label in entries.values()]
     return rules
-
-
-def with_rules(rules: list[Rule], **changes: Any) -> list[Rule]:
-    """Copies of the rules with fields changed (used by the benchmark and tests)."""
-    return [replace(rule, **changes) for rule in rules]

@@ -7,6 +7,7 @@ An evidence template names a value and, after a colon, how to show it: `${value:
   gbps          bytes per second -> Gb/s: 25000000000 -> 200
   clock_events  DCGM clock event reason mask -> flag names and the mask: 72 -> HW_SLOWDOWN,HW_THERMAL (0x48)
   celsius       degrees -> with the unit: 92 -> 92°C
+  age           seconds -> minutes and seconds: 312 -> 5m12s, 300 -> 5m, 42.5 -> 42s
 """
 
 import math
@@ -51,8 +52,18 @@ def celsius(value: float) -> str:
     return f"{plain(value)}°C"
 
 
+def age(value: float) -> str:
+    if not math.isfinite(value) or value < 0:
+        return str(value)
+    seconds = int(value)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
 FORMATS: dict[str, Callable[[float], str]] = {"ib_state": ib_state, "gbps": gbps, "clock_events": clock_events,
-                                              "celsius": celsius}
+                                              "celsius": celsius, "age": age}
 PLACEHOLDER = re.compile(r"\$\{(value|threshold)(?::([a-z_]+))?\}")
 
 

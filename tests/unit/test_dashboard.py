@@ -138,8 +138,23 @@ def test_one_site_threshold_moves_opsctls_verdict_its_alert_rule_and_its_dashboa
 def test_health_panels_plot_the_rules_promql_with_the_rate_interval_for_the_hold():
     gpu = DASHBOARDS["opsctl-gpu.json"]
     expr = by_title(gpu, "sbe-storm")["targets"][0]["expr"]
-    assert expr.startswith('(rate(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"}[$__rate_interval]))')
+    assert expr.startswith('(rate(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"}[$__rate_interval]) '
+                           'and DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"} offset 5m)')
     assert 'gpu=~"$gpu"' in expr and 'node=~"$node"' in expr
+
+
+def test_rules_that_opsctl_holds_plot_their_value_without_the_hold():
+    """gpu-count is held for two scrape intervals in the alert and in `opsctl health`; its panel plots the
+    count itself, so a GPU that drops out shows at once."""
+    expr = by_title(DASHBOARDS["opsctl-gpu.json"], "gpu-count")["targets"][0]["expr"]
+    assert expr.startswith('(count by (node, job, instance) (DCGM_FI_DEV_GPU_TEMP{job="dcgm"})') and "[1m:" not in expr
+
+
+def test_the_storage_dashboard_shows_how_old_the_node_check_results_are():
+    panel = by_title(DASHBOARDS["opsctl-storage.json"], "node-check-stale")
+    assert panel["targets"][0]["expr"].startswith(
+        '(time() - max by (node, job, instance) (opsctl_node_check_timestamp_seconds{job="node"}))')
+    assert panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1] == {"color": "orange", "value": 300}
 
 
 def test_job_names_and_node_label_come_from_the_config():
@@ -164,7 +179,7 @@ def test_the_storage_row_plots_every_storage_rule_of_the_catalog():
     row = titles.index("Mount health and Lustre imports")
     shown = {title.split(":")[0] for title in titles[row + 1:]}
     rules = load_catalog(parse_config({}, "t", {}))
-    assert shown == {r.id for r in rules if r.domain == "storage"}
+    assert shown == {r.id for r in rules if r.domain == "storage"} | {"node-check-stale"}
     assert all(p["type"] != "text" for p in storage[row + 1:])
 
 

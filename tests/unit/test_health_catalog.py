@@ -1,12 +1,16 @@
-"""The rule catalog: shipped defaults, user extension and override, and the Prometheus export."""
+"""The rule catalog: shipped defaults, user extension and override, holds, and the Prometheus export."""
+
+import re
 
 import pytest
 import yaml
 
 from opsctl.config import parse_config
+from opsctl.config.schema import duration_seconds
 from opsctl.errors import ConfigError
-from opsctl.health.catalog import load_catalog
+from opsctl.health.catalog import held, load_catalog
 from opsctl.health.export import alert_name, render_prometheus_rules
+from opsctl.health.units import age
 
 DRAIN_XIDS = [48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 154, 155]
 REPORT_XIDS = [13, 31, 43, 45, 68, 63, 92, 94]
@@ -55,21 +59,98 @@ def test_hold_is_in_the_promql():
     assert rules["gpu-temp-high"].alert_expr() == f"({expr}) unless (({expr}) <= 80 > -Inf < +Inf)"
 
 
-@pytest.mark.parametrize("hold,interval", [("30s", None), ("50s", "30s"), ("10s", "6s")])
-def test_a_window_shorter_than_two_scrape_intervals_is_refused_naming_the_rule(hold, interval):
+@pytest.mark.parametrize("hold,interval,effective", [("30s", None, "1m"), ("50s", "30s", "1m"), ("10s", "6s", "12s"),
+                                                     ("0s", "45s", "90s"), ("2m", "30s", "2m")])
+def test_a_hold_shorter_than_two_scrape_intervals_is_raised_to_two(hold, interval, effective):
     raw = {"catalog": {"overrides": {"ib-down": {"hold": hold}}}}
     if interval:
         raw["prometheus"] = {"scrape_interval": interval}
+    rule = rules_of(raw)["ib-down"]
+    assert rule.hold == effective
+    assert f"[{effective}])" in rule.expr and f"[{hold}]" not in rule.expr.replace(f"[{effective}]", "")
+
+
+def test_a_short_range_window_written_into_the_expr_is_refused_naming_the_rule():
+    expr = 'max_over_time(node_infiniband_state_id{job="${node}"}[30s])'
+    raw = {"catalog": {"overrides": {"ib-down": {"expr": expr}}}}
     with pytest.raises(ConfigError, match="rule 'ib-down': its range window .* shorter than two scrape intervals") \
             as err:
         rules_of(raw)
     assert err.value.exit_code == 2
 
 
-def test_shipped_holds_fit_the_default_scrape_interval():
-    rules = rules_of()  # loads: every window is at least two default (30s) scrape intervals
-    assert rules["ib-down"].hold == rules["ib-degraded"].hold == "1m"
-    assert rules_of({"prometheus": {"scrape_interval": "5s"}, "catalog": {"overrides": {"ib-down": {"hold": "10s"}}}})
+@pytest.mark.parametrize("interval", ["30s", "45s", "5s"])
+def test_every_rule_holds_for_at_least_two_scrape_intervals(interval):
+    """One missed scrape of one series must not drain a node: every rule, the ones without a hold of their
+    own too, holds for max(hold, 2 x scrape_interval), inside its PromQL."""
+    rules = load_catalog(parse_config({"prometheus": {"scrape_interval": interval}}, "t", {}))
+    scrape = duration_seconds(interval)
+    for rule in rules:
+        assert duration_seconds(rule.hold) >= 2 * scrape, rule.id
+        if rule.plot_expr:  # held by opsctl: sampled once per scrape over the hold, and existing before it
+            assert f")[{rule.hold}:{interval}]" in rule.expr and f"offset {rule.hold})" in rule.expr, rule.id
+            assert rule.plot_expr in rule.expr
+        else:  # holds by itself: its range selectors span the hold
+            assert f"[{rule.hold}]" in rule.expr, rule.id
+    by_id = {r.id: r for r in rules}
+    assert not by_id["ib-down"].plot_expr and by_id["gpu-count"].plot_expr
+
+
+def test_gpu_count_takes_the_most_gpus_seen_over_the_hold():
+    """A GPU series missing from one scrape lowers the count at that scrape only: the rule reads the
+    highest count over the hold, so only a GPU gone for the whole hold fails it."""
+    rule = rules_of()["gpu-count"]
+    inner = rule.plot_expr
+    assert rule.hold == "1m" and inner.startswith("count by (node, job, instance) (DCGM_FI_DEV_GPU_TEMP")
+    assert rule.expr == f"(max_over_time(({inner})[1m:30s])) and count_over_time(({inner})[1m:30s] offset 1m)"
+
+
+@pytest.mark.parametrize("op,value", [
+    (">", "min_over_time((E)[1m:30s])"), (">=", "min_over_time((E)[1m:30s])"),
+    ("<", "max_over_time((E)[1m:30s])"), ("<=", "max_over_time((E)[1m:30s])"),
+    ("==", "(max_over_time((E)[1m:30s]) != 79) or min_over_time((E)[1m:30s])"),
+    ("!=", "min_over_time(((E) == 79)[1m:30s]) or max_over_time((E)[1m:30s])"),
+])
+def test_the_held_value_is_the_one_that_breaches_least(op, value):
+    assert held("E", op, 79.0, "1m", "30s") == f"({value}) and count_over_time((E)[1m:30s] offset 1m)"
+
+
+def test_the_gauge_xid_rule_is_held_with_its_equality():
+    rule = rules_of({"catalog": {"xid_source": "gauge"}})["xid-79"]
+    assert (rule.op, rule.threshold) == ("==", 79)
+    assert rule.expr.startswith('((max_over_time((DCGM_FI_DEV_XID_ERRORS{job="dcgm"})[1m:30s]) != 79) or ')
+
+
+COUNTER = re.compile(r"\b(increase|rate)\((\w+\{.*?\})\[([0-9]+[smh])\]\)")
+
+
+def test_every_counter_rule_needs_the_series_at_the_window_start():
+    """MetricsQL counts a young series' first sample as an increase: every increase() and rate() of the
+    catalog is joined with its own counter at the window's start, so both engines agree."""
+    found = 0
+    for rule in rules_of().values():
+        for _, selector, window in COUNTER.findall(rule.expr):
+            found += 1
+            assert window == rule.hold, rule.id
+            assert f"[{window}]) and {selector} offset {window}" in rule.expr, (rule.id, selector)
+        assert "delta(" not in rule.expr and "irate(" not in rule.expr
+    assert found == 1 + 1 + 1 + 4 + 3 + 1  # ecc-dbe-new, pcie-replays, sbe-storm, nvlink, ib-errors, nfs
+
+
+def test_node_check_stale_warns_and_its_threshold_is_overridable():
+    rule = rules_of()["node-check-stale"]
+    assert (rule.severity, rule.action, rule.source, rule.device_label, rule.op, rule.threshold) == \
+        ("warn", "report", "node", "", ">", 300)
+    assert 'time() - max by (node, job, instance) (opsctl_node_check_timestamp_seconds{job="node"})' in rule.expr
+    assert rule.format_evidence("", 312) == "node checks last ran 5m12s ago (threshold 5m)"
+    assert rules_of({"catalog": {"overrides": {"node-check-stale": {"threshold": 900}}}})["node-check-stale"] \
+        .threshold == 900
+    assert "node-check-stale" not in rules_of({"prometheus": {"jobs": {"node": None}}})
+
+
+@pytest.mark.parametrize("seconds,text", [(312, "5m12s"), (300, "5m"), (42.5, "42s"), (3725, "1h2m5s"), (0, "0s")])
+def test_ages_are_written_in_hours_minutes_and_seconds(seconds, text):
+    assert age(seconds) == text
 
 
 def test_every_rule_keeps_the_target_labels_and_gpu_count_uses_them_too():
@@ -155,3 +236,4 @@ def test_export_matches_the_evaluated_promql():
         assert alert["labels"] == {"severity": rule.severity, "action": rule.action, "rule_id": rule.id}
         assert "for" not in alert  # the hold is inside the PromQL, so alerts and opsctl agree
     assert "[75s]" in alerts["ib-down"]["expr"]
+    assert "[1m:30s]" in alerts["gpu-count"]["expr"]  # held for two scrape intervals, as opsctl holds it
