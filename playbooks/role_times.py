@@ -2,7 +2,7 @@
 callback (`make provision` enables it; `python playbooks/role_times.py DIR`).
 
 The junit callback times every task on every host (testcase `time`, from the task's start to that
-host's result) and names the task's file (`classname="roles/slurm/tasks/main.yml:12"`). A task's wall
+host's result) and names the task's file (`classname="roles/slurm_common/tasks/main.yml:12"`). A task's wall
 time is that of its slowest host; a role's is the sum over its tasks. Tasks outside a role (fact
 gathering, play tasks) are summed as "(outside roles)". The per-role profile callbacks
 (`profile_roles`, `profile_tasks`) live in the ansible.posix collection, which ansible-core lacks.

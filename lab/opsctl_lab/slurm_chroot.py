@@ -38,7 +38,7 @@ SUITES = {"trixie": "24.11", "sid": "26.05"}
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "mount"]
 RECIPE_VERSION = "1"
 STAMP = ".opsctl-chroot-recipe"
-CHECKER = Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "slurm" / "files" / "opsctl-slurm-check"
+CHECKER = Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "slurm_common" / "files" / "opsctl-slurm-check"
 # Inside a private mount namespace: bind the root onto itself (so that / is a mount point in the chroot
 # and a command there may make its own private namespace, as the slurm role's checker does), mount
 # /proc, /sys and /dev into it, then run the command there.

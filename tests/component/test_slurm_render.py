@@ -4,7 +4,7 @@ host's, Debian 12), 24.11 and 26.05 (debootstrap chroots of Debian 13 and unstab
 Each release's own parser (`slurmd -G`, with the GPU device files made in a private mount namespace)
 reads the files, and each release's own man pages judge every key the role writes and the role's table
 of release differences. Also: the preflight's refusals, the playbook's syntax with both inventories, and
-the internal slurm role's guard.
+the internal slurm_common role's guard.
 
 cgroup/v2 on this host: slurmd's cgroup/v2 plugin needs a pure cgroup v2 host ("Hybrid mode is not
 supported" in 22.05, "/sys/fs/cgroup is not a valid cgroup2 mountpoint" in 24.11 and 26.05). On a hybrid
@@ -26,7 +26,7 @@ import yaml
 
 from tests.unit.test_roles_static import LAB_HOSTS, PLAYBOOKS, REPO, ROLES, load_yaml
 
-CHECKER = ROLES / "slurm" / "files" / "opsctl-slurm-check"
+CHECKER = ROLES / "slurm_common" / "files" / "opsctl-slurm-check"
 BIN = Path(sys.executable).parent
 
 # release -> (Debian suite of its chroot, None for this host's own; the package version)
@@ -69,7 +69,7 @@ def render_playbook(renders: dict[str, dict], facts: dict, facts_by_host: dict |
         # This host's own facts (Debian 12): the platform the role loads its variables for.
         {"name": "Render the Slurm files", "hosts": "controller", "gather_facts": True, "gather_subset": ["min"],
          "tasks": [{"name": f"Render {directory}",
-                    "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "render"},
+                    "ansible.builtin.include_role": {"name": "slurm_common", "tasks_from": "render"},
                     "vars": {"slurm_render_dir": directory, **variables}}
                    for directory, variables in renders.items()]},
     ], sort_keys=False)
@@ -302,7 +302,7 @@ def man_param(release: str):
 def test_release_table_is_the_releases_cgroup_conf(release):
     """The role's table of release differences is each release's own cgroup.conf(5)."""
     keys, v1_only, v2_only = man_keys(man_page(release, "cgroup.conf"))
-    table = load_yaml(ROLES / "slurm" / "vars" / "main.yml")["_slurm_releases"][release]
+    table = load_yaml(ROLES / "slurm_common" / "vars" / "main.yml")["_slurm_releases"][release]
     assert (set(table["cgroup_keys"]), set(table["cgroup_v1_only"]), set(table["cgroup_v2_only"])) == \
         (keys, v1_only, v2_only)
 
@@ -350,7 +350,7 @@ REFUSALS = {
 
 @pytest.fixture(scope="module")
 def refusals(tmp_path_factory) -> dict[str, str]:
-    """Each case's variables through the slurm role's preflight, in one ansible-playbook run: case -> the
+    """Each case's variables through the slurm_common role's preflight, in one ansible-playbook run: case -> the
     message it was refused with ('' when it passed)."""
     tmp = tmp_path_factory.mktemp("refusals")
     facts_play = yaml.safe_load(render_playbook({}, LAB_FACTS))[0]
@@ -359,7 +359,7 @@ def refusals(tmp_path_factory) -> dict[str, str]:
         "name": "Preflight", "hosts": "controller", "gather_facts": True, "gather_subset": ["min"],
         "tasks": [{"name": f"Case {case}",
                    "block": [{"name": "Preflight", "vars": variables,
-                              "ansible.builtin.include_role": {"name": "slurm", "tasks_from": "preflight"}}],
+                              "ansible.builtin.include_role": {"name": "slurm_common", "tasks_from": "preflight"}}],
                    "rescue": [{"name": "Refused", "ansible.builtin.debug": {
                        "msg": f"REFUSED {case}: {{{{ ansible_failed_result.msg }}}}"}}]}
                   for case, (variables, _message) in REFUSALS.items()]}], sort_keys=False))
@@ -388,9 +388,9 @@ def test_site_syntax(tmp_path, inventory):
 def test_the_internal_slurm_role_refuses_to_run_alone(tmp_path):
     playbook = tmp_path / "alone.yml"
     playbook.write_text(yaml.safe_dump([{"name": "Alone", "hosts": "controller", "gather_facts": False,
-                                         "roles": [{"role": "slurm"}]}]))
+                                         "roles": [{"role": "slurm_common"}]}]))
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab_inventory(tmp_path)), str(playbook),
                            *local_args()], capture_output=True, text=True, timeout=120, env=ansible_env(tmp_path),
                           cwd=REPO)
     assert proc.returncode != 0
-    assert "the slurm role is internal: use slurm_controller or slurm_compute" in proc.stdout
+    assert "the slurm_common role is internal: use slurm_controller or slurm_compute" in proc.stdout

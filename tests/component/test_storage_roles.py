@@ -199,14 +199,28 @@ def test_lustre_units_require_lnet_and_verify_against_a_stand_in_only_when_not_a
     ({"lustre_client_mounts": [{"fs_name": "", "path": "/lustre"}]}, "lustre_client_mounts: every mount needs fs_name"),
     ({"lustre_client_mounts": [{"fs_name": "x", "path": "/lustre"}, {"fs_name": "y", "path": "/lustre"}]},
      "lustre_client_mounts: more than one mount on /lustre"),
-    ({"lustre_client_lnet_networks": [{"net": "o2ib", "interfaces": ["ib-none"]}]},
-     "lustre_client_lnet_networks: network o2ib must be o2ib or tcp"),
 ])
 def test_lustre_preflight_refuses_bad_variables_naming_them(tmp_path, variables, message):
     lo = {"lustre_client_lnet_networks": [{"net": "tcp", "interfaces": ["lo"]}],
           "lustre_client_install_packages": False}
     proc = run_role(tmp_path, "lustre_client", "preflight", gather=True, **{**LUSTRE, **lo, **variables})
     assert recap(proc)[1] == 1 and message in proc.stdout, proc.stdout[-3000:]
+
+
+def test_lnet_interfaces_the_node_lacks_are_refused_naming_the_variable(tmp_path):
+    """Not an inventory check (lnet_interfaces.yml, after the node's netdevs are read): an interface this host
+    does not have is refused, lo passes; the preflight (inventory only) leaves interfaces alone."""
+    missing = {"lustre_client_lnet_networks": [{"net": "o2ib", "interfaces": ["ib-none"]}],
+               "lustre_client_install_packages": False}
+    proc = run_role(tmp_path, "lustre_client", "lnet_interfaces", gather=True, **{**LUSTRE, **missing})
+    assert recap(proc)[1] == 1 and "lustre_client_lnet_networks: network o2ib must be o2ib or tcp" in proc.stdout, \
+        proc.stdout[-3000:]
+    present = {**missing, "lustre_client_lnet_networks": [{"net": "tcp", "interfaces": ["lo"]}]}
+    assert recap(run_role(tmp_path, "lustre_client", "lnet_interfaces", gather=True, **{**LUSTRE, **present}))[1] == 0
+    # site.yml's preflight play runs before the NVIDIA/DOCA stack makes the IPoIB netdevs: its checks pass.
+    preflight = run_role(tmp_path, "lustre_client", "preflight", gather=True,
+                         **{**LUSTRE, **missing, "lustre_client_mgs_nids": ["10.20.2.10@o2ib"]})
+    assert recap(preflight)[1] == 0, preflight.stdout[-3000:]
 
 
 def test_lnet_conf_is_lnetctl_import_yaml_with_one_ni_per_interface(tmp_path):

@@ -83,7 +83,7 @@ def test_every_platform_role_has_a_file_per_supported_platform_and_the_family_fl
 
 def test_roles_with_platform_files_load_them():
     assert set(PLATFORM_ROLES) == {"lustre_client", "munge", "nfs_client", "node_exporter", "nvidia", "prometheus",
-                                   "slurm"}
+                                   "slurm_common"}
     for role in PLATFORM_ROLES:
         text = (ROLES / role / "tasks" / "platform.yml").read_text()
         assert "lookup('ansible.builtin.first_found', ansible_facts | platform_vars_files(role_path))" in text
@@ -93,9 +93,10 @@ def test_roles_with_platform_files_load_them():
 def test_each_platforms_own_pins_fit_it(platform):
     """A distribution version in vars/<platform>.yml is a build for that platform (Ubuntu 22.04's Slurm
     is too old and is refused by the preflight instead)."""
-    for role, key in (("munge", "version"), ("node_exporter", "version"), ("prometheus", "version"),
-                      ("slurm", "distribution_version")):
-        value = load_yaml(ROLES / role / "vars" / f"{platform}.yml")[f"_{role}_platform"][key]
+    for role, prefix, key in (("munge", "munge", "version"), ("node_exporter", "node_exporter", "version"),
+                              ("prometheus", "prometheus", "version"),
+                              ("slurm_common", "slurm", "distribution_version")):
+        value = load_yaml(ROLES / role / "vars" / f"{platform}.yml")[f"_{prefix}_platform"][key]
         assert value and PLATFORM.version_misfit(value, platform) == "", (role, value)
 
 
@@ -141,14 +142,14 @@ def test_holds_cover_every_pinned_production_package():
 
 
 def test_slurm_release_table_is_complete():
-    releases = load_yaml(ROLES / "slurm" / "vars" / "main.yml")["_slurm_releases"]
+    releases = load_yaml(ROLES / "slurm_common" / "vars" / "main.yml")["_slurm_releases"]
     assert list(releases) == ["22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05"]
     for release, keys in releases.items():
         assert set(keys) == {"epilog_timeout_key", "slurm_conf_unknown", "cgroup_keys", "cgroup_v1_only",
                              "cgroup_v2_only"}, release
         assert keys["epilog_timeout_key"] not in keys["slurm_conf_unknown"]
         assert set(keys["cgroup_v1_only"]) | set(keys["cgroup_v2_only"]) <= set(keys["cgroup_keys"])
-        defaults = load_yaml(ROLES / "slurm" / "defaults" / "main.yml")["slurm_cgroup_config_default"]
+        defaults = load_yaml(ROLES / "slurm_common" / "defaults" / "main.yml")["slurm_cgroup_config_default"]
         assert set(defaults) <= set(keys["cgroup_keys"]) and not set(defaults) & set(keys["cgroup_v1_only"])
 
 

@@ -7,6 +7,7 @@
 - both inventories use the same groups;
 - only the plays tagged `slurm` read slurm_config (so a `--tags slurm` run shows all it changes);
 - the opsctl timer's service runs `opsctl health` with options the CLI has (--changes-only among them).
+- site.yml's first play runs every role's preflight.yml, and a preflight file changes no host.
 Rendering the Slurm files and checking them with slurmd: tests/component/test_slurm_render.py.
 """
 
@@ -67,6 +68,33 @@ def test_argument_specs_match_defaults(role):
     defaults_file = ROLES / role / "defaults" / "main.yml"
     defaults = load_yaml(defaults_file) if defaults_file.exists() else {}
     assert spec_problems(defaults or {}, load_yaml(ROLES / role / "meta" / "argument_specs.yml")) == []
+
+
+def entry_point_drift(spec: dict) -> list[str]:
+    """Options of an entry point other than main (tasks_from) that main also has, with another type, default,
+    element type or requirement (a description may be shorter)."""
+    entries = spec["argument_specs"]
+    main_options = entries["main"]["options"]
+
+    def kind(option: dict) -> dict:
+        return {k: v for k, v in option.items() if k != "description"}
+
+    return [f"{entry}: {key}" for entry, body in entries.items() if entry != "main"
+            for key, option in (body.get("options") or {}).items()
+            if key in main_options and kind(option) != kind(main_options[key])]
+
+
+@pytest.mark.parametrize("role", ROLE_NAMES)
+def test_entry_points_spell_options_as_main_does(role):
+    assert entry_point_drift(load_yaml(ROLES / role / "meta" / "argument_specs.yml")) == []
+
+
+def test_entry_point_drift_is_caught():
+    option = {"description": "x", "type": "int", "default": 1}
+    spec = {"argument_specs": {"main": {"options": {"a": option, "c": option}},
+                               "preflight": {"options": {"a": {**option, "default": 2}, "b": option,
+                                                         "c": {**option, "description": "shorter"}}}}}
+    assert entry_point_drift(spec) == ["preflight: a"]
 
 
 def test_every_role_has_defaults_and_argument_specs():
@@ -260,12 +288,61 @@ def test_inventories_differ_only_in_variables():
 
 
 def test_only_the_slurm_plays_read_slurm_config():
-    """test_provision.py changes one slurm_config setting in a `--check --tags slurm` run and asserts
-    every file and handler that would change: that is the whole effect only while no role outside the
-    slurm plays of site.yml reads slurm_config."""
+    """tests/integration/provision/test_provision_1_runs.py changes one slurm_config setting in a
+    `--check --tags slurm` run and asserts every file and handler that would change: that is the whole
+    effect only while no role outside the slurm plays of site.yml reads slurm_config."""
     plays = load_yaml(PLAYBOOKS / "site.yml")
     slurm_roles = {role["role"] for play in plays if "slurm" in play.get("tags", []) for role in play.get("roles", [])}
-    slurm_roles.add("slurm")  # the internal role the slurm_* roles import
+    slurm_roles.add("slurm_common")  # the internal role the slurm_* roles import
     readers = {path.relative_to(ROLES).parts[0] for path in ROLES.rglob("*")
                if path.is_file() and "slurm_config" in path.read_text(errors="replace")}
     assert readers and readers <= slurm_roles, sorted(readers - slurm_roles)
+
+
+# ---- preflight: every role's inventory checks, before any host changes -----------------------------
+# What a preflight file may do: check, load variables, and run read-only commands on the control host.
+PREFLIGHT_MODULES = {"ansible.builtin.assert", "ansible.builtin.import_tasks", "ansible.builtin.include_vars",
+                     "ansible.builtin.set_fact", "ansible.builtin.command"}
+
+
+def preflight_problems(tasks_dir: Path, name: str = "preflight.yml") -> list[str]:
+    """Tasks of tasks_dir/name (and the files it imports) that could change a host."""
+    problems = []
+    for task in load_yaml(tasks_dir / name) or []:
+        module = next((k for k in task if k.startswith("ansible.")), "")
+        if module not in PREFLIGHT_MODULES:
+            problems.append(f"{name}: {task.get('name')}: {module or 'no module'}")
+        elif module == "ansible.builtin.import_tasks":
+            problems += preflight_problems(tasks_dir, task[module])
+        elif module == "ansible.builtin.command" and not (
+                task.get("delegate_to") == "localhost" and task.get("changed_when") is False):
+            problems.append(f"{name}: {task.get('name')}: a command not on the control host, or not read-only")
+    return problems
+
+
+def test_the_preflight_play_runs_every_roles_preflight_first():
+    """site.yml's first play, tagged always, includes tasks/preflight.yml of every role that has one; no role
+    names its checks otherwise (validate.yml); and a preflight file changes no host."""
+    plays = load_yaml(PLAYBOOKS / "site.yml")
+    first = plays[0]
+    assert first["name"] == "Preflight" and first["tags"] == ["always"] and first["any_errors_fatal"] is True
+    included = {task["ansible.builtin.include_role"]["name"] for task in first["tasks"]
+                if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"}
+    with_preflight = {path.parents[1].name for path in ROLES.glob("*/tasks/preflight.yml")}
+    assert {"nfs_client", "lustre_client", "grafana", "alertmanager", "opsctl", "slurm_common"} <= with_preflight
+    assert included == with_preflight
+    assert not sorted(ROLES.glob("*/tasks/validate.yml"))
+    for role in sorted(with_preflight):
+        assert preflight_problems(ROLES / role / "tasks") == [], role
+
+
+def test_preflight_problems_names_a_task_that_changes_a_host(tmp_path):
+    (tmp_path / "preflight.yml").write_text(yaml.safe_dump([
+        {"name": "Check", "ansible.builtin.assert": {"that": True}},
+        {"name": "More", "ansible.builtin.import_tasks": "more.yml"}]))
+    (tmp_path / "more.yml").write_text(yaml.safe_dump([
+        {"name": "Write", "ansible.builtin.copy": {"content": "x", "dest": "/x"}},
+        {"name": "Run", "ansible.builtin.command": "true", "changed_when": False}]))
+    assert preflight_problems(tmp_path) == [
+        "more.yml: Write: ansible.builtin.copy",
+        "more.yml: Run: a command not on the control host, or not read-only"]

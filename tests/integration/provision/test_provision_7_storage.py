@@ -8,15 +8,13 @@
   Prometheus on the head has their results, and `opsctl health` there drains, resumes, or stops naming
   storage. slurmd does not start while a required mount is missing.
 
-test_provision.py provisions the machines first (CI runs it before this file). The node check timers run
+The session's `provisioned` fixture (conftest.py) provisions the machines. The node check timers run
 once a minute; the tests stop them and run the timer's command at once rather than wait. Needs root,
 systemd-nspawn and `make deps-machines`.
 """
 
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -25,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.test_provision import (
+from tests.integration.provision.support import (
+    NEEDS_MACHINES,
+    NEEDS_ROOT,
     Machines,
     changed_tasks,
     clear_faults_and_resume,
@@ -34,8 +34,7 @@ from tests.integration.test_provision import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
-              pytest.mark.skipif(shutil.which("systemd-nspawn") is None, reason="make deps-machines")]
+pytestmark = [NEEDS_ROOT, NEEDS_MACHINES]
 
 STORAGE = "stor1"
 EXPORT_ROOT = "/srv/nfs"  # nfs_server_root
@@ -44,9 +43,9 @@ SQUASHED_UID = 65534  # nfs_server_anonymous_uid
 
 
 @pytest.fixture(scope="module")
-def machines():
-    """The machines test_provision.py provisioned (and proved to change nothing on a second run)."""
-    machines = Machines()
+def machines(machines):
+    """The session's provisioned machines (conftest.py; proved to change nothing on a second run), with their
+    storage machine serving."""
     assert STORAGE in machines.hosts, "no storage machine: `opsctl lab machines up` then `make provision`"
     machines.ssh(STORAGE, "systemctl is-active nfs-ganesha")
     return machines

@@ -7,8 +7,9 @@ there, never installed into /etc/systemd/system nor started (inventory/lab/group
 /shared and /lustre are real bind mounts on the GPU machines (shared.mount and lustre.mount, written by
 the lab's hardware emulation), so slurmd's RequiresMountsFor= and the epilog's check act on real mounts.
 
-These tests provision nothing: test_provision.py (run first, in the same tier) provisions the machines;
-the fixture only checks that it did. Needs root and the lab machines (make deps-machines).
+These tests provision nothing of their own: they use the session's provisioned machines (conftest.py), or
+with OPSCTL_LAB_INVENTORY a lab of one's own, provisioned already; the fixture checks that slurmd runs.
+Needs root and the lab machines (make deps-machines).
 """
 
 import os
@@ -18,37 +19,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration import test_provision
-from tests.integration.test_provision import NEEDS_MACHINES, REPO, Machines, wait_until
+from tests.integration.provision.support import NEEDS_MACHINES, NEEDS_ROOT, REPO, Machines, wait_until
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"), NEEDS_MACHINES,
-              pytest.mark.provision]
+pytestmark = [NEEDS_ROOT, NEEDS_MACHINES, pytest.mark.provision]
 
 RENDER_DIR = "/etc/opsctl/storage-units"
 GROUP_VARS = REPO / "inventory" / "lab" / "group_vars"
 
 
-def inventory() -> Path:
-    """The lab inventory: test_provision's, or the one OPSCTL_LAB_INVENTORY names (a lab of its own)."""
-    return Path(os.environ.get("OPSCTL_LAB_INVENTORY") or test_provision.INVENTORY)
-
-
 @pytest.fixture(scope="module")
-def machines(monkeypatch_module):
-    inv = inventory()
-    assert (inv / "hosts.yml").exists(), f"no lab machines ({inv}/hosts.yml): run test_provision.py first"
-    monkeypatch_module.setattr(test_provision, "INVENTORY", inv)
-    built = Machines()
+def machines(request):
+    """The machines of the session's `provisioned` fixture (conftest.py), or, when OPSCTL_LAB_INVENTORY
+    names the inventory of a lab of one's own, that lab's machines, provisioned already."""
+    own = os.environ.get("OPSCTL_LAB_INVENTORY")
+    if own:
+        assert (Path(own) / "hosts.yml").exists(), f"no lab machines ({own}/hosts.yml)"
+        built = Machines(Path(own))
+    else:
+        built = request.getfixturevalue("provisioned")["machines"]
     for node in built.gpu_nodes:
         active = built.ssh(node, "systemctl is-active slurmd", check=False).stdout.strip()
-        assert active == "active", f"{node}: slurmd is {active}: the machines are not provisioned (test_provision.py)"
+        assert active == "active", f"{node}: slurmd is {active}: the machines are not provisioned"
     return built
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 def lab_vars(group: str) -> dict:

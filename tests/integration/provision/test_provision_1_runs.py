@@ -1,0 +1,90 @@
+"""The provisioning runs themselves (the session's `provisioned` fixture, conftest.py): `make provision`
+against the lab machines with no failed task and its phase times; the restart of the machines in between,
+which keeps a fault and a drain that `lab machines reset` then clears; the second run, which must change
+nothing; and, in check mode, that one slurm.conf setting would change exactly the files that depend on it
+and fire exactly their handlers. First of the provision modules: the other tests change the machines.
+"""
+
+import json
+
+import pytest
+import yaml
+
+from tests.integration.provision.support import (
+    INVENTORY,
+    NEEDS_MACHINES,
+    NEEDS_ROOT,
+    changed_tasks,
+    lab_cli,
+    playbook,
+    recap,
+)
+
+pytestmark = [NEEDS_ROOT]
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_provision_has_no_failed_task_and_prints_phase_times(provisioned):
+    first = provisioned["runs"][0]
+    hosts = recap(first)
+    assert set(hosts) == set(provisioned["machines"].hosts)
+    assert all(h["failed"] == 0 and h["unreachable"] == 0 for h in hosts.values()), hosts
+    assert "== provision: playbooks/site.yml on inventory/lab:" in first
+    assert "== provision: lab machines" in first
+    # The time per role, from ansible-core's junit callback, after the recap: one line per role that ran.
+    summary = first.split("== provision: time per role", 1)[1].split("\n== provision:", 1)[0].splitlines()[1:]
+    timed = {line.split()[0]: float(line.split()[-2]) for line in summary}
+    assert {"common", "slurm_common", "total"} <= set(timed) and timed["total"] > 0, summary
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_machines_up_reports_the_fault_and_drain_it_finds_and_reset_clears_them(provisioned):
+    up, reset = provisioned["restart"]["up"], provisioned["restart"]["reset"]
+    assert "  faults gpu1: pcie-replays gpu3" in up, up
+    drained = [line.split() for line in up.splitlines() if line.split()[1:2] == ["gpu2"]]
+    assert drained and drained[0][0] == "drain" and "ticket-123 bad dimm" in " ".join(drained[0]), up
+    assert not any(line.split()[:1] == ["idle"] and "gpu2" in line for line in up.splitlines()), up
+    assert "cleared gpu1: pcie-replays gpu3" in reset and "resumed gpu2 (drain)" in reset, reset
+    machines = provisioned["machines"]
+    assert all(machines.drained(node) is None for node in machines.gpu_nodes)
+    # Nothing left to clear or resume; the head's timer may have written its state meanwhile, which a
+    # reset empties again (the wording of a clean lab: tests/unit/test_lab_machines_state.py).
+    again = lab_cli("reset").splitlines()
+    assert not [line for line in again if line.startswith(("cleared ", "resumed "))], again
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_provision_after_a_restart_changes_nothing(provisioned):
+    """The second run of the module, after the machines restarted: the lab and the roles agree on
+    every file the lab writes at a machine's start (/etc/hosts among them)."""
+    hosts = recap(provisioned["runs"][1])
+    assert hosts and all(h == {"changed": 0, "unreachable": 0, "failed": 0} for h in hosts.values()), \
+        (hosts, sorted(changed_tasks(provisioned["runs"][1])))
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_one_variable_changes_exactly_its_files_and_handlers(machines):
+    """SlurmdTimeout lives in slurm.conf only: slurm.conf would change on every Slurm host, slurmctld
+    restart on the controller and slurmd on the compute nodes; nothing else. A check-mode run with
+    --diff says what a run would change, task by task and handler by handler, and changes nothing, so
+    nothing has to be put back (the first provision and the munge rotation make real changes and
+    restarts). Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a
+    `--tags slurm` run shows all that would change."""
+    lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
+    changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": 299}}
+    # What a real run would change: the file, and slurmctld's start time (a restart).
+    state = "md5sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmctld"
+    before = machines.on_head(state)
+    proc = playbook("--check", "--diff", "--tags", "slurm", "-e", json.dumps(changed))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    head, gpus = machines.head, machines.gpu_nodes
+    expected = {("slurm_common : Template slurm.conf", host) for host in [head, *gpus]}
+    expected |= {("handler slurm_common : Restart slurmctld", head)}
+    expected |= {("handler slurm_common : Restart slurmd", gpu) for gpu in gpus}
+    assert changed_tasks(proc.stdout) == expected
+    assert "\n-SlurmdTimeout=300\n" in proc.stdout and "\n+SlurmdTimeout=299\n" in proc.stdout
+    assert machines.on_head(state) == before, "check mode changed the file or restarted slurmctld"

@@ -1,0 +1,44 @@
+"""The provisioned cluster's monitoring: Prometheus on the head scrapes every exporter with node labels, and
+the opsctl health timer has fired and exited 0 or 1. Alerts, Alertmanager and Grafana:
+test_provision_5_observability.py.
+"""
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.integration.provision.support import NEEDS_MACHINES, NEEDS_ROOT, wait_until
+
+pytestmark = [NEEDS_ROOT]
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_prometheus_scrapes_every_exporter_with_node_labels(machines):
+    url = f"http://{machines.addr(machines.head)}:9090/api/v1/targets"
+
+    def targets():
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            active = json.load(resp)["data"]["activeTargets"]
+        got = {(t["labels"]["job"], t["labels"].get("node")): t["health"] for t in active}
+        return got if all(h == "up" for h in got.values()) and len(got) >= len(machines.hosts) else None
+
+    got = wait_until(targets, 90, "every target up")
+    expected = {("node", h) for h in machines.hosts} | {("dcgm", h) for h in machines.gpu_nodes}
+    assert expected <= set(got)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
+    def last_run():
+        props = dict(line.split("=", 1) for line in machines.on_head(
+            "systemctl show opsctl-health.service -p ExecMainExitTimestampMonotonic -p ExecMainStatus "
+            "-p Result").splitlines() if "=" in line)
+        return props if props.get("ExecMainExitTimestampMonotonic", "0") != "0" else None
+
+    props = wait_until(last_run, 75, "opsctl-health.service to have run")
+    assert props["ExecMainStatus"] in ("0", "1"), props
+    assert props["Result"] == "success", props
+    assert "opsctl-health.timer" in machines.on_head("systemctl list-timers --no-pager opsctl-health.timer")
