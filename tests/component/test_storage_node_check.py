@@ -15,7 +15,8 @@ import yaml
 from opsctl.config import parse_config
 from opsctl.storage.check import ask_lnet, ask_lustre
 from opsctl.storage.mountinfo import parse_mountinfo
-from opsctl.storage.probe import probe_file, probe_mounts
+from opsctl.storage.probe import probe_mounts
+from opsctl_lab import hung_mount
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import MGS_NID, mount_dir, node_nid, write_storage
@@ -31,10 +32,13 @@ def test_a_mount_that_answers_and_a_probe_that_writes_and_reads_back(tmp_path):
 
 
 def test_a_probe_that_blocks_is_hung_within_the_timeout(tmp_path):
-    # A FIFO without a reader blocks the child's open for writing, as a hung mount blocks a stat.
-    os.mkfifo(probe_file(str(tmp_path)))
+    # A FUSE mount that never answers blocks the child's stat, as a hung NFS mount does (opsctl_lab.hung_mount).
+    hung_mount.hang(tmp_path, tmp_path.parent / "hang.pid")
     started = time.monotonic()
-    results = probe_mounts({str(tmp_path): str(tmp_path), "/": None}, timeout=1.5)
+    try:
+        results = probe_mounts({str(tmp_path): str(tmp_path), "/": None}, timeout=1.5)
+    finally:
+        hung_mount.release(tmp_path, tmp_path.parent / "hang.pid")
     assert time.monotonic() - started < 4
     assert results[str(tmp_path)].status == "hung" and results[str(tmp_path)].detail == "no answer within 1.5s"
     assert results["/"].status == "ok"
@@ -106,7 +110,7 @@ def test_node_check_reports_a_missing_and_a_hung_mount_and_never_hangs(tmp_path)
     write_tree(sysfs, NodeHardware(node=socket.gethostname()))
     hung = tmp_path / "hung"
     hung.mkdir()
-    os.mkfifo(probe_file(str(hung)))
+    hung_mount.hang(hung, tmp_path / "hang.pid")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"storage": {"timeout_seconds": 2, "mounts": [
         {"path": "/", "fstype": ROOT_FSTYPE},
@@ -114,8 +118,11 @@ def test_node_check_reports_a_missing_and_a_hung_mount_and_never_hangs(tmp_path)
         {"path": str(hung), "fstype": ROOT_FSTYPE, "probe_dir": str(hung)}]}}))
     textfile = tmp_path / "node-check.prom"
     started = time.monotonic()
-    out = opsctl("node", "check", "--json", "--window", "0", "--sysfs-root", str(sysfs), "--config", str(config),
-                 "--textfile", str(textfile), check=False, timeout=60)
+    try:
+        out = opsctl("node", "check", "--json", "--window", "0", "--sysfs-root", str(sysfs), "--config",
+                     str(config), "--textfile", str(textfile), check=False, timeout=60)
+    finally:
+        hung_mount.release(hung, tmp_path / "hang.pid")
     assert time.monotonic() - started < 30
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)

@@ -12,6 +12,7 @@ import pytest
 
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl.storage.mountstats import parse_mountstats
+from opsctl_lab import hung_mount
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware
 from opsctl_lab.hwtools import admin, common
@@ -157,13 +158,15 @@ def test_mount_missing_stops_shared_mount_then_moves_its_source_and_clear_undoes
     assert capsys.readouterr().out.splitlines()[-1].endswith(": cleared 2 fault(s)")
 
 
-def test_nfs_hung_puts_the_fifo_where_node_check_writes_its_probe(machine):
+def test_nfs_hung_hangs_the_home_mount_point(machine, monkeypatch):
     root, storage, calls = machine
-    fifo = root / "home/.opsctl-probe" / f".opsctl-probe-{socket.gethostname()}"
+    hangs = []  # the FUSE mount itself needs root and /dev/fuse: opsctl_lab.hung_mount, tests/component
+    monkeypatch.setattr(hung_mount, "hang", lambda point, pidfile: hangs.append(("hang", point)))
+    monkeypatch.setattr(hung_mount, "release", lambda point, pidfile: hangs.append(("release", point)))
     assert admin.main(["inject", "nfs-hung"]) == 0
-    assert stat.S_ISFIFO(fifo.lstat().st_mode) and calls == []
+    assert hangs[-1] == ("hang", root / "home") and calls == []
     assert admin.main(["clear"]) == 0
-    assert not fifo.exists() and calls == [("start", "/shared", True)]
+    assert hangs[-1] == ("release", root / "home") and calls == [("start", "/shared", True)]
 
 
 def test_outside_a_machine_no_unit_is_touched_and_the_mounts_are_under_the_storage(tmp_path, monkeypatch):
