@@ -1,5 +1,5 @@
 """A webhook receiver for Alertmanager's notifications, and Alertmanager's API as the tests use it
-(tests/component/test_alertmanager.py, tests/integration/test_provision.py)."""
+(tests/component/test_alertmanager.py, tests/integration/provision/test_provision_5_observability.py)."""
 
 import json
 import threading

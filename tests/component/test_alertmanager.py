@@ -2,7 +2,7 @@
 inventory, checked by amtool, and run in the real Alertmanager (Debian's prometheus-alertmanager)
 with a webhook receiver in this process: notifications are grouped by node and rule, a drained node
 does not page again per GPU, and a tripped circuit breaker silences the per-node alerts it explains.
-The same role in the lab machines, fed by Prometheus: tests/integration/test_provision.py."""
+The same role in the lab machines, fed by Prometheus: tests/integration/provision/test_provision_5_observability.py."""
 
 import json
 import os

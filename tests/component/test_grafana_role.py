@@ -1,7 +1,8 @@
 """The grafana role refuses to run without a fit admin password, trusts a downloaded APT signing key
 only with the fingerprint it is told, and its checker refuses what Grafana must not get. The role's
 full run (in lab mode: its one line, the rendered and checked files, the password in a 0600 file and
-never in the output) is tested where it runs, on the lab machines (tests/integration/test_provision.py)."""
+never in the output) is tested where it runs, on the lab machines
+(tests/integration/provision/test_provision_5_observability.py)."""
 
 import functools
 import json

@@ -2,7 +2,7 @@
 local) into a temporary directory: the kernel server's exports and nfs.conf (the lab serves with Ganesha,
 so only here are they checked), Ganesha's config, and the preflight's one-line refusals that name the
 variable. The role's full run, on the lab's storage machine with real NFS-Ganesha and a real disk:
-tests/integration/test_provision_storage.py."""
+tests/integration/provision/test_provision_7_storage.py."""
 
 import pytest
 

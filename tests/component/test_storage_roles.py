@@ -13,7 +13,7 @@ temporary directory, with this host's systemd as the judge:
 - lnet.conf is `lnetctl import` YAML with one local NI per interface;
 - slurm_compute's epilog drains a node whose required mount is not a mount point.
 The roles' full runs on real machines, with the units installed nowhere (the lab's render-only mode):
-tests/integration/test_provision_storage_clients.py.
+tests/integration/provision/test_provision_8_storage_clients.py.
 """
 
 import importlib.util
