@@ -20,7 +20,6 @@ person's drain, or one that names another rule too, is left alone (as LBNL NHC d
 did not set).
 """
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.fabric.check import CHECKS, Report
+from opsctl.fileio import write_atomic
 from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
 from opsctl.remediation.plan import out_of_service_room
 from opsctl.slurm import OWNED_PREFIX, Slurm, SlurmNode
@@ -85,16 +85,13 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
 
 
 def write_textfile(path: Path, text: str) -> None:
-    """Atomically: node_exporter never reads half a file."""
+    """Atomically (opsctl.fileio): node_exporter never reads half a file, and a name planted in the
+    directory is never followed."""
     if not (path.is_absolute() and path.name.endswith(".prom")):
         raise ConfigError(f"--textfile {path}: must be an absolute path ending in .prom")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        tmp.write_text(text)
-        tmp.chmod(0o644)
-        os.replace(tmp, path)
+        write_atomic(path, text, mode=0o644)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"--textfile {path}: {err.strerror}") from err
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.errors import ConfigError, StateUnwritable
-from opsctl.remediation.state import read_nofollow
+from opsctl.fileio import read_nofollow
 
 
 def current_user() -> str:

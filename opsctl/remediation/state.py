@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opsctl.errors import ConfigError, SafetyStop, StateUnwritable
+from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.remediation.memory import HandledMemory
 
 HOUR = 3600.0
@@ -51,16 +52,6 @@ def secure_dir(path: Path, create: bool) -> bool:
     return True
 
 
-def read_nofollow(path: Path) -> str | None:
-    """The file's text, None when it does not exist. A symlink raises OSError (ELOOP)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "r") as handle:
-        return handle.read()
-
-
 class StateDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -80,15 +71,8 @@ class StateDir:
 
     def _save(self, name: str, data: object) -> None:
         self._ensure()
-        tmp = self.path / f".{name}.{os.getpid()}"
         try:
-            tmp.unlink(missing_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(json.dumps(data, indent=1, sort_keys=True))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path / name)
+            write_atomic(self.path / name, json.dumps(data, indent=1, sort_keys=True), mode=0o600)
         except OSError as err:  # a full disk or a permission error: the safety record may be missing (exit 3)
             raise StateUnwritable(f"state file {self.path / name}: {err.strerror}") from None
 

@@ -292,3 +292,24 @@ def test_secrets_stay_out_of_output_and_audit(h):
     history = h.opsctl("history", "--json").stdout
     for text in (proc.stdout, proc.stderr, dead.stderr, history, (h.state / "audit.jsonl").read_text()):
         assert "5ecret" not in text
+
+
+def test_a_run_killed_right_after_its_scontrol_has_already_counted_the_drain(h, tmp_path):
+    """SIGKILL between scontrol and the records after it: the budget and the handled event were written
+    before scontrol ran (an intent), so the next run neither drains past the budget nor forgets the event."""
+    scontrol = tmp_path / "scontrol-then-killed"
+    scontrol.write_text('#!/bin/sh\nscontrol "$@"; rc=$?\ncase " $* " in *" update "*) kill -KILL $PPID;; esac\n'
+                        'exit $rc\n')
+    scontrol.chmod(0o755)
+    raw = yaml.safe_load(h.config.read_text())
+    raw["slurm"]["scontrol"] = str(scontrol)
+    h.config.write_text(yaml.safe_dump(raw))
+    h.inject("gpu058", "xid:79", gpu=2)
+    h.wait_statuses("gpu058", {"gpu058": "fail"})
+    proc = h.opsctl("health", "--drain", "--nodes", "gpu058")
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
+    assert h.slurm()["gpu058"].reason.startswith("opsctl:xid-79 gpu2")
+    budget = json.loads((h.state / "budget.json").read_text())
+    assert len(budget["drains"]) == 1
+    handled = json.loads((h.state / "handled.json").read_text())
+    assert [(r["node"], r["rule"]) for r in handled] == [("gpu058", "xid-79")]

@@ -3,6 +3,7 @@ the same tree the real node_exporter reads): it passes when healthy, and fails n
 each fault is injected with `opsctl lab inject`."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -67,3 +68,40 @@ def test_node_check_drains_the_node_itself_and_resumes_it_once_the_fault_clears(
     # A resumed node reads idle* until slurmctld's next ping reaches its slurmd.
     lab.wait_until(lambda: lab.sinfo_states()[NODE] == "idle", 120, f"{NODE} idle", interval=2)
     assert 'device="mlx5_5"' not in textfile.read_text()
+
+
+def drain_self(lab, node: str):
+    return opsctl("node", "check", "--drain-self", "--node", node, "--window", "0", "--sysfs-root",
+                  str(lab.lab_dir / "nodes" / node / "sys"), env=lab.env, check=False)
+
+
+def test_a_drain_that_names_another_rule_too_stays_after_a_passing_self_check(lab):
+    """`opsctl health` joins rule ids: a node-check drain that an XID 79 joined needs a person."""
+    reason = "opsctl:node-check,xid-79 ib-port-state mlx5_5; gpu3 xid 79"
+    lab.run("scontrol", "update", f"nodename={NODE}", "state=drain", f"reason={reason}")
+    try:
+        proc = drain_self(lab, NODE)
+        assert (proc.returncode, "resumed" in proc.stdout) == (0, False), proc.stdout + proc.stderr
+        assert lab.run("sinfo", "-h", "-n", NODE, "-o", "%E").stdout.strip() == reason
+    finally:
+        lab.run("scontrol", "update", f"nodename={NODE}", "state=resume")
+
+
+def test_sm_down_on_every_node_drains_no_node_itself_and_each_says_why(lab):
+    """The subnet manager down puts every port of every node in INIT: each node's own check fails, and none
+    may drain itself for it (only `opsctl health`, which sees them all, decides)."""
+    names = [f"gpu{i:03d}" for i in range(1, lab.nodes + 1)]
+    opsctl("lab", "inject", "all", "sm-down", env=lab.env)
+    try:
+        lab.wait_until(lambda: all(h["state"] == "INIT" for h in check(lab, "--window", "0")[1]["hcas"]), 30,
+                       "every port in INIT")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            procs = dict(zip(names, pool.map(lambda n: drain_self(lab, n), names), strict=True))
+        wrong = {n: (p.returncode, p.stdout[-200:], p.stderr[-200:]) for n, p in procs.items()
+                 if p.returncode != 1 or f"{n} not drained: ib-port-state" not in p.stdout
+                 or "every rail is INIT" not in p.stdout}
+        assert not wrong, wrong
+        reasons = lab.run("sinfo", "-h", "-N", "-o", "%N %E").stdout
+        assert "opsctl:node-check" not in reasons
+    finally:
+        opsctl("lab", "clear", "all", env=lab.env)
