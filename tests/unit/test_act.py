@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
+from opsctl.errors import ExitCode
 from opsctl.remediation.act import Actor, Change
+from opsctl.remediation.findings import drain_findings, failing_check
 from opsctl.remediation.state import StateDir
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
 
@@ -155,3 +157,13 @@ def test_an_action_with_a_private_state_directory_is_refused_and_a_read_only_run
     result = CliRunner().invoke(main, ["drain", "gpu001", "--reason", "x", "--config", str(site)],
                                 obj=Clients(slurm=slurm))
     assert result.exit_code == 0 and slurm.nodes()["gpu001"].drained
+
+
+def test_a_culprit_that_is_not_a_slurm_node_is_named_and_exits_2(tmp_path):
+    """fabric-test's inventory names nodes by FQDN while slurm.conf uses short names: never a silent 0."""
+    config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+    slurm = FakeSlurm(gpu_nodes(8))
+    found = {"gpu003.cluster.example": [failing_check("ib-fabric", "mlx5_5", "mlx5_5 dead")]}
+    result = drain_findings(config, slurm, found, "", dry_run=False, now=NOW)
+    assert result.exit_code == ExitCode.USAGE and slurm.calls == []
+    assert any(line.startswith("skip:not-in-slurm gpu003.cluster.example:") for line in result.lines), result.lines
