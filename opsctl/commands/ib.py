@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from opsctl.commands.context import Clients
-from opsctl.commands.render import JSON_SCHEMA
+from opsctl.commands.render import JSON_SCHEMA, table
 from opsctl.errors import ExitCode
 from opsctl.fabric.check import PROFILES, Port, Report, judge
 from opsctl.fabric.collect import capture_snapshot, live_snapshot
@@ -27,7 +27,7 @@ def ib_check(clients: Clients, profile_name: str | None, as_json: bool, from_pat
 def check_report(clients: Clients, profile_name: str | None, from_path: str | None, window: float | None,
                  sysfs_root: str | None) -> Report:
     config = clients.config()
-    profile = PROFILES[profile_name or config.ib.profile](devices=config.hardware.ib_devices,
+    profile = PROFILES[profile_name or config.ib.profile](devices=config.ib.rails_regex,
                                                           firmware=config.ib.firmware)
     if from_path is not None:
         return judge(capture_snapshot(Path(from_path)), profile)
@@ -74,8 +74,7 @@ def _table(report: Report) -> str:
         rate = port.rate_text or (f"{port.rate_gbps:g} Gb/sec" if port.rate_gbps is not None else "-")
         rows.append((port.device, str(port.port), port.state or "-", port.phys_state or "-", rate,
                      port.firmware or "-", pcie, ",".join(report.failed_checks(port.device)) or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [table(rows)]
     lines += [f"{f.check}: {f.device + ': ' if f.device else ''}{f.detail}" for f in report.findings]
     lines += [f"not checked: {check}: {why}" for check, why in sorted(report.skipped.items())]
     window = f", counters over {report.window_seconds:g}s" if report.window_seconds else ""

@@ -120,12 +120,10 @@ def render_table(result, all_nodes: bool = False) -> str:
             continue
         evidence = "; ".join([w for w in [_waiting(result, verdict.node), evidence_text(verdict)] if w])
         rows.append((node_name(verdict), verdict.status, action, evidence))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]}".rstrip() for r in rows]
     tail = "\n".join(summary_lines(result))
     if len(rows) == 1:
         return tail
-    return "\n".join(lines) + "\n" + tail
+    return table(rows) + "\n" + tail
 
 
 def node_name(verdict: NodeVerdict) -> str:
@@ -176,15 +174,18 @@ def render_history(records: list[dict]) -> str:
         if r.get("dry_run"):
             detail = f"[dry-run] {detail}"
         rows.append((r.get("time", ""), r.get("user", ""), r.get("event", ""), r.get("node", ""), detail))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    return "\n".join(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]:{widths[3]}}  {r[4]}".rstrip()
-                     for r in rows)
+    return table(rows)
 
 
 def render_nodes(nodes) -> str:
     rows = [("NODE", "STATE", "FLAGS", "OWNER", "REASON")]
     for node in nodes.values():
         rows.append((node.name, node.state, ",".join(node.flags) or "-", node.owner or "-", node.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join(f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:{widths[2]}}  {r[3]:{widths[3]}}  {r[4]}".rstrip()
-                     for r in rows)
+    return table(rows)
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as columns two spaces apart, each as wide as its widest cell; the last column is not padded."""
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join([*(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)),
+                                str(row[-1])]).rstrip() for row in rows)
