@@ -1,6 +1,6 @@
 """The opsctl config file (see docs/health.md, "Configuration")."""
 
-from opsctl.config.schema import Config, duration_seconds, load_config, parse_config
+from opsctl.config.schema import Config, Duration, duration_seconds, load_config, parse_config
 from opsctl.errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "duration_seconds", "load_config", "parse_config"]
+__all__ = ["Config", "ConfigError", "Duration", "duration_seconds", "load_config", "parse_config"]

@@ -51,11 +51,11 @@ class Site:
 
     @property
     def dcgm(self) -> str:
-        return f'job="{self.config.prometheus.dcgm_job}"'
+        return f'job="{self.config.prometheus.jobs["dcgm"]}"'
 
     @property
     def node_exporter(self) -> str:
-        return f'job="{self.config.prometheus.node_job}"'
+        return f'job="{self.config.prometheus.jobs.get("node")}"'
 
     @property
     def exporters(self) -> str:

@@ -24,7 +24,7 @@ def build(site: Site) -> db.Dashboard:
     per_port = f"{{{{{site.node}}}}} {{{{device}}}}"
     ports = f"node_infiniband_state_id{{{hcas}}}"
     dash = new_dashboard(UID, "Port state, rate, errors and traffic of every HCA, with the catalog's InfiniBand rules. "
-                         f"The rules see only the compute rails ({site.config.hardware.ib_devices}); storage and "
+                         f"The rules see only the compute rails ({site.config.ib.rails_regex}); storage and "
                          "Ethernet ports show here too.", site, hca=True)
     down = site.rules["ib-down"]
     dash = dash.with_row(db.Row("Ports"))

@@ -98,10 +98,10 @@ def _number(value: float) -> str:
 
 def _placeholders(config: Config) -> dict[str, str]:
     return {
-        "dcgm": config.prometheus.dcgm_job,
-        "node": config.prometheus.node_job or "",
+        "dcgm": config.prometheus.jobs["dcgm"],
+        "node": config.prometheus.jobs.get("node", ""),
         "by": ", ".join(config.node_mapping.by),
-        "ib_devices": config.hardware.ib_devices,
+        "ib_devices": config.ib.rails_regex,
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
     }
@@ -187,7 +187,7 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
         raise ConfigError(f"{where}: unknown placeholder in expr: {expr[expr.index('${'):][:30]}")
     plot_expr = ""
     if "${hold}" not in raw_expr:
-        plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, config.prometheus.scrape_interval)
+        plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, str(config.prometheus.scrape_interval))
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -215,7 +215,7 @@ def _devices(label: str, config: Config) -> tuple[str, ...]:
     if label == "gpu":
         return tuple(str(gpu) for gpu in range(config.hardware.gpus_per_node))
     if label == "device":  # the rails that the rules see: hardware.ib_devices is PromQL-anchored
-        return tuple(rail for rail in config.ib.rails if re.fullmatch(config.hardware.ib_devices, rail))
+        return tuple(rail for rail in config.ib.rails if re.fullmatch(config.ib.rails_regex, rail))
     return ()
 
 
@@ -291,7 +291,7 @@ def load_catalog(config: Config) -> list[Rule]:
         if rid not in entries:
             raise ConfigError(f"config key catalog.disable: no such rule {rid!r}")
         del entries[rid]
-    if config.prometheus.node_job is None:
+    if "node" not in config.prometheus.jobs:
         # A site without node_exporter (prometheus.jobs.node: null): the rules that read it are off.
         entries = {rid: entry for rid, entry in entries.items() if entry[0].get("source", "dcgm") != "node"}
     rules = [_build(raw, config, label) for raw, label in entries.values()]

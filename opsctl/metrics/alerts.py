@@ -53,7 +53,7 @@ def system_alerts(config: Config) -> dict[str, Any]:
                f'up{{job=~"{jobs}"}} == 0',
                "An exporter that opsctl judges nodes by does not answer: the node is unknown and never acted on.",
                "systemctl status prometheus-node-exporter or dcgm-exporter on the node.",
-               hold=config.alerts.exporter_down_for),
+               hold=str(config.alerts.exporter_down_for)),
         _alert("OpsctlManyNodesDrained", "opsctl-many-drained", "fail",
                f"sum({drained}) / sum(max by (state) (opsctl_slurm_nodes)) > {config.alerts.drained_fraction:g}",
                f"More than {config.alerts.drained_fraction:.0%} of the Slurm nodes are drained.",

@@ -136,8 +136,8 @@ class PromClientImpl:
 
     @classmethod
     def from_config(cls, prom: PrometheusConfig, url_override: str | None = None) -> "PromClientImpl":
-        return cls(url_override or prom.url, prom.bearer_token_file, prom.basic_auth_username,
-                   prom.basic_auth_password_file, prom.ca_bundle, prom.connect_timeout, prom.read_timeout,
+        return cls(url_override or prom.url, prom.bearer_token_file, prom.basic_auth.username,
+                   prom.basic_auth.password_file, prom.ca_bundle, prom.connect_timeout_seconds, prom.timeout_seconds,
                    prom.parallel_queries)
 
     def query_many(self, exprs: list[str]) -> list[list[Sample]]:

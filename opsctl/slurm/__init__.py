@@ -10,7 +10,7 @@ def make_slurm(config: Config) -> Slurm:
         from opsctl.slurm.pyslurm_backend import PySlurmImpl
 
         return PySlurmImpl()
-    return SlurmCliImpl(config.slurm.sinfo, config.slurm.scontrol, config.slurm.timeout)
+    return SlurmCliImpl(config.slurm.sinfo, config.slurm.scontrol, config.slurm.timeout_seconds)
 
 
 __all__ = ["MANUAL_PREFIX", "OWNED_PREFIX", "Slurm", "SlurmCliImpl", "SlurmNode", "make_slurm",

@@ -1,9 +1,15 @@
 """Config loading: the lab's minimal file works, every key is checked, errors name the key."""
 
-import pytest
+from pathlib import Path
 
-from opsctl.config import load_config, parse_config
+import pytest
+import yaml
+
+from opsctl.config import Config, Duration, load_config, parse_config
+from opsctl.config.fields import walk
+from opsctl.config.rails import names_of, regex_of
 from opsctl.errors import ConfigError, ExitCode
+from tests.conftest import REPO
 
 LAB = "prometheus:\n  url: http://127.0.0.1:19090\nslurm:\n  backend: cli\n"
 
@@ -85,8 +91,8 @@ def test_bad_values_name_their_key(tmp_path, text, key):
 
 def test_new_keys_and_their_defaults():
     config = parse_config({}, "t", {})
-    assert (config.prometheus.scrape_interval, config.slurm.partitions, config.catalog.xid_source) == ("30s", None,
-                                                                                                      "auto")
+    assert (str(config.prometheus.scrape_interval), config.slurm.partitions, config.catalog.xid_source) == \
+        ("30s", None, "auto")
     assert (config.node_mapping.target_label, config.node_mapping.exporter_labels) == ("node", ("Hostname", "hostname"))
     safety = config.safety
     assert (safety.max_resumes_per_run, safety.max_resumes_per_hour, safety.max_out_of_service_fraction) == (4, 8, 0.2)
@@ -104,3 +110,135 @@ def test_secrets_are_files_and_their_content_is_not_in_the_config(tmp_path):
     config = parse_config({"prometheus": {"basic_auth": {"username": "ops", "password_file": str(tmp_path / "pw")}}},
                           "t", {})
     assert "hunter2" not in repr(config)
+
+
+def test_the_defaults_are_written_once_and_config_is_them():
+    assert Config() == parse_config({}, env={}) == parse_config(None, "somewhere", {})
+    assert parse_config({}, env={}).source == "built-in defaults"
+
+
+def as_yaml(value):
+    """A default as a file would spell it."""
+    if isinstance(value, Duration | Path):
+        return str(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_every_attribute_is_named_as_its_yaml_key():
+    raw = {}
+    for path, default in walk(Config):
+        *sections, name = path.split(".")
+        node = raw
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = as_yaml(default)
+    assert parse_config(raw, env={}) == Config()  # an unknown key would raise; every key read back to its default
+    assert {"prometheus.timeout_seconds", "prometheus.connect_timeout_seconds", "prometheus.basic_auth.username",
+            "prometheus.jobs", "slurm.timeout_seconds", "ib.rails"} <= {path for path, _ in walk(Config)}
+
+
+@pytest.mark.parametrize("spelling,seconds,shown", [
+    ("90s", 90, "90s"), ("2m", 120, "2m"), (120, 120, "2m"), (7200.0, 7200, "2h"), ("1d", 86400, "1d"),
+    (0.5, 0.5, "500ms"), ("0s", 0, "0s"),
+])
+def test_a_duration_is_stored_one_way_whichever_way_it_is_spelled(spelling, seconds, shown):
+    value = parse_config({"prometheus": {"stale_after": spelling}}, env={}).prometheus.stale_after
+    assert isinstance(value, Duration) and value == seconds and str(value) == f"{value}" == shown
+
+
+def test_durations_keep_the_spellings_that_configs_already_use():
+    config = parse_config({"prometheus": {"timeout_seconds": 20, "scrape_interval": "15s"},
+                           "safety": {"resume_after": "1h"}, "ib": {"window_seconds": 2.5},
+                           "storage": {"timeout_seconds": "1m"}}, env={})
+    assert (config.prometheus.timeout_seconds, config.prometheus.scrape_interval) == (20, 15)
+    assert (config.safety.resume_after, config.ib.window_seconds) == (3600, 2.5)
+    assert config.storage.timeout_seconds == 60  # one spelling for every duration key, old and new alike
+    assert config.prometheus.timeout_seconds + 1 == 21.0 and f"{config.ib.window_seconds:g}s" == "2.5s"
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"prometheus": {"timeout_seconds": "soon"}}, "config key prometheus.timeout_seconds: expected a duration such as "
+                                                  "30s, 5m, 1h or a number of seconds, got 'soon'"),
+    ({"prometheus": {"timeout_seconds": -1}}, "config key prometheus.timeout_seconds: expected a duration such as "
+                                              "30s, 5m, 1h or a number of seconds, got -1"),
+    ({"hardware": {"gpus_per_node": 0}}, "config key hardware.gpus_per_node: must be 1-64, got 0"),
+    ({"safety": {"max_drains_per_run": 1.5}}, "config key safety.max_drains_per_run: expected int, got float 1.5"),
+    ({"safety": {"breaker_fraction": True}}, "config key safety.breaker_fraction: expected a number, got True"),
+    ({"prometheus": {"url": "ftp://x"}}, "config key prometheus.url: must start with http:// or https://, got 'ftp://x'"),
+    ({"slurm": {"timeout": 5}}, "config key slurm.timeout: unknown key (known: backend, partitions, scontrol, sinfo, "
+                                "timeout_seconds)"),
+    ({"storage": {"mounts": [{"fstype": "nfs4"}]}}, "config key storage.mounts[0].path: is required; it must be an "
+                                                    "absolute, normalised path"),
+    ({"prometheus": {"jobs": {"dcgm": None}}}, "config key prometheus.jobs.dcgm: must be a job name of letters, "
+                                               "digits, _ and -, got null"),
+])
+def test_an_error_names_the_key_what_is_expected_and_the_value(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, env={})
+    assert str(err.value) == message
+
+
+RAILS = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+
+
+@pytest.mark.parametrize("raw", [
+    {"hardware": {"ib_devices": "mlx5_[0-3]"}},
+    {"ib": {"rails": list(RAILS)}},
+    {"hardware": {"ib_devices": "mlx5_[0-3]"}, "ib": {"rails": list(RAILS)}},
+    {"hardware": {"ib_devices": "mlx5_(0|1|2|3)"}, "ib": {"rails": list(RAILS), "slow_gbps": 300}},
+])
+def test_either_key_of_the_compute_rails_gives_the_one_list(raw):
+    config = parse_config(raw, env={})
+    assert config.ib.rails == RAILS and config.ib.rails_regex == "mlx5_[0-3]"
+    assert not hasattr(config.hardware, "ib_devices")
+
+
+def test_the_default_rails_are_the_eight_of_an_h200_node():
+    assert Config().ib.rails == tuple(f"mlx5_{i}" for i in range(8)) and Config().ib.rails_regex == "mlx5_[0-7]"
+
+
+@pytest.mark.parametrize("raw,message", [
+    ({"hardware": {"ib_devices": "mlx5_[0-7]"}, "ib": {"rails": list(RAILS)}},
+     "config key hardware.ib_devices: names mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7 but "
+     "ib.rails lists mlx5_0, mlx5_1, mlx5_2, mlx5_3; give the compute rails once, as ib.rails, got 'mlx5_[0-7]'"),
+    ({"hardware": {"ib_devices": "mlx5_.*"}}, "config key hardware.ib_devices: must name a fixed list of HCAs such "
+     "as mlx5_[0-7], or give them as ib.rails (here '.' matches without bound), got 'mlx5_.*'"),
+    ({"hardware": {"ib_devices": "mlx5_[0-9]+"}}, "(here '+' repeats without bound)"),
+    ({"ib": {"rails": ["mlx5_0", "mlx5_0"]}}, "config key ib.rails: must be a list of distinct HCA names"),
+])
+def test_two_lists_that_differ_or_a_pattern_without_a_list_is_a_config_error(raw, message):
+    with pytest.raises(ConfigError, match="^config key ") as err:
+        parse_config(raw, env={})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("pattern,names", [
+    ("mlx5_[0-7]", [f"mlx5_{i}" for i in range(8)]),
+    ("mlx5_ib\\d", [f"mlx5_ib{i}" for i in range(10)]),
+    ("mlx5_([0-3]|bond_0)", ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_bond_0"]),
+    ("(?:ib|roce)[02]{1,2}", ["ib0", "ib2", "ib00", "ib02", "ib20", "ib22", "roce0", "roce2", "roce00", "roce02",
+                              "roce20", "roce22"]),
+    ("hca\\.[ab]?", ["hca.", "hca.a", "hca.b"]),
+])
+def test_a_rail_pattern_is_spelled_out_and_back_into_a_regex_that_matches_exactly_its_names(pattern, names):
+    assert names_of(pattern) == names
+    regex = regex_of(tuple(names))
+    assert "\\" not in regex and set(names_of(regex)) == set(names)  # no backslash: it goes into a PromQL string
+
+
+def doc_block(doc, after):
+    return yaml.safe_load((REPO / "docs" / doc).read_text().split(after, 1)[1].split("```yaml", 1)[1].split("```")[0])
+
+
+def test_the_docs_state_every_key():
+    documented = doc_block("health.md", "Every key, with its default:")
+    documented["storage"] = doc_block("storage.md", "In opsctl's config")["storage"]
+    missing = []
+    for path, _ in walk(Config):
+        node = documented
+        for name in path.split("."):
+            if not isinstance(node, dict) or name not in node:
+                missing.append(path)
+                break
+            node = node[name]
+    assert missing == []

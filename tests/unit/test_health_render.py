@@ -86,7 +86,7 @@ def test_config_error_is_one_line_and_exit_2(tmp_path):
     cfg.write_text("slurm:\n  backend: rest\n")
     res = CliRunner().invoke(main, ["health", "--config", str(cfg)])
     assert res.exit_code == 2
-    assert res.output == "opsctl: error: config key slurm.backend: must be cli or pyslurm\n"
+    assert res.output == "opsctl: error: config key slurm.backend: must be cli or pyslurm, got 'rest'\n"
 
 
 def test_rules_export_prints_the_rules_file(tmp_path):
