@@ -43,16 +43,18 @@ def xid_cases() -> list[dict]:
         if rule.xid is None:
             continue
         name = f"OpsctlXid{rule.xid}"
-        fires = {"series": XID_SERIES.format(xid=rule.xid), "values": "0 1x4"}
-        other = {"series": XID_SERIES.format(xid=999), "values": "1x5"}
+        # Every rule holds two scrape intervals (1m with the default 30s): the count rises at 75s and the
+        # alert fires once it has held, for a series that existed before the hold.
+        fires = {"series": XID_SERIES.format(xid=rule.xid), "values": "0x4 1x8"}
+        other = {"series": XID_SERIES.format(xid=999), "values": "1x12"}
         labels = {"severity": rule.severity, "action": rule.action, "rule_id": f"xid-{rule.xid}", "node": "gpu020",
                   "job": "dcgm", "gpu": "3", "window_size_in_ms": "300000"}  # kept by the rule's ${by} and xid
         cases.append({"name": f"{name} fires on a new XID {rule.xid} in the window", "interval": "15s",
                       "input_series": [fires], "alert_rule_test": [
-                          {"eval_time": "1m", "alertname": name, "exp_alerts": [{"exp_labels": labels}]}]})
+                          {"eval_time": "3m", "alertname": name, "exp_alerts": [{"exp_labels": labels}]}]})
         cases.append({"name": f"{name} does not fire on another XID or a count of 0", "interval": "15s",
-                      "input_series": [{**fires, "values": "0x5"}, other], "alert_rule_test": [
-                          {"eval_time": "1m", "alertname": name, "exp_alerts": []}]})
+                      "input_series": [{**fires, "values": "0x12"}, other], "alert_rule_test": [
+                          {"eval_time": "3m", "alertname": name, "exp_alerts": []}]})
     return cases
 
 

@@ -4,6 +4,7 @@ the in-memory hardware model. Every verdict read here comes from both databases,
 agree, drain decisions included."""
 
 import time
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import yaml
@@ -15,14 +16,30 @@ from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
 from opsctl.prom import PromClientImpl
 from opsctl.remediation.memory import Handled, HandledMemory
-from tests.component.promlab import HAVE_NODE_EXPORTER, HAVE_PROMETHEUS, HAVE_VICTORIA, Stack, evaluate_everywhere
+from opsctl_lab.dcgm_emulator import send_body
+from tests.component.promlab import (
+    HAVE_NODE_EXPORTER,
+    HAVE_PROMETHEUS,
+    HAVE_VICTORIA,
+    TSDBS,
+    Running,
+    Stack,
+    Tsdb,
+    evaluate_everywhere,
+    serve,
+    wait,
+)
 
 pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER and HAVE_VICTORIA),
                                 reason="needs prometheus, prometheus-node-exporter and victoria-metrics")
 NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
-# gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase()[10m]).
+# gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase() for its hold).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
                                                "pcie-replays", "sbe-storm", "ib-errors")}
+FAST_HOLDS["ecc-dbe-new"] = {"hold": "8s"}  # the counter must exist at the window's start: not 10m here
+# Every rule holds two scrape intervals (2 s here), for series that existed before the hold: an XID count
+# series is born with the XID, so its check shows after one to two holds.
+XID_SCRAPES = 5
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +85,7 @@ def test_healthy_cluster_is_ok_with_a_fixed_number_of_queries(clean):
 
 def test_xid_79_fails_with_evidence(clean):
     clean.dcgm["gpu002"].hw.inject("xid:79", gpu=3)
-    clean.wait_scrapes()
+    clean.wait_scrapes(XID_SCRAPES)
     report, _, _ = run(clean)
     assert report.nodes["gpu002"].status == "fail"
     check = next(c for c in report.nodes["gpu002"].checks if c.id == "xid-79")
@@ -79,7 +96,7 @@ def test_xid_79_fails_with_evidence(clean):
 
 def test_application_xid_warns(clean):
     clean.dcgm["gpu001"].hw.inject("xid:13", gpu=0)
-    clean.wait_scrapes()
+    clean.wait_scrapes(XID_SCRAPES)
     report, _, _ = run(clean)
     assert report.nodes["gpu001"].status == "warn"
     assert ("xid-13", "gpu0", "warn") in checks(report, "gpu001")
@@ -87,7 +104,7 @@ def test_application_xid_warns(clean):
 
 def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
     clean.dcgm["gpu001"].hw.inject("xid:79", gpu=1)
-    clean.wait_scrapes()
+    clean.wait_scrapes(XID_SCRAPES)
     now = time.time()
     handled = HandledMemory([Handled("gpu001", "xid-79", "gpu1", 1.0, now - 10, "window", 300.0, True)])
     report, _, _ = run(clean, memory=handled, now=now)
@@ -102,7 +119,7 @@ def test_handled_xid_within_its_window_is_not_a_new_failure(clean):
 def test_gauge_mode_never_repeats_a_handled_xid(clean):
     clean.dcgm["gpu003"].hw.inject("xid:48", gpu=2)
     clean.dcgm["gpu003"].hw.clear()
-    clean.wait_scrapes()
+    clean.wait_scrapes(XID_SCRAPES)
     config = config_for(clean, catalog={"overrides": FAST_HOLDS, "xid_source": "gauge"})
     report, _, _ = run(clean, config)
     assert ("xid-48", "gpu2", "fail") in checks(report, "gpu003")  # the gauge keeps 48 after clear
@@ -115,7 +132,7 @@ def test_a_stock_exporter_without_the_windowed_count_still_shows_xid_79(clean):
     """catalog.xid_source auto: where a target exports no DCGM_EXP_XID_ERRORS_COUNT, the last-XID gauge."""
     clean.dcgm["gpu002"].xid_count = False
     clean.dcgm["gpu002"].hw.inject("xid:79", gpu=6)
-    clean.wait_scrapes()
+    clean.wait_scrapes(XID_SCRAPES)
     try:
         report, _, _ = run(clean)
         check = next(c for c in report.nodes["gpu002"].checks if c.id == "xid-79")
@@ -177,7 +194,7 @@ def test_storage_port_is_not_a_compute_rail(clean):
     report, _, _ = run(clean)
     assert report.nodes["gpu001"].status == "ok", report.nodes["gpu001"].checks
     # ... and it is so because of the allowlist: widen it and the same data fails.
-    wide = config_for(clean, hardware={"ib_devices": "mlx5_.*"})
+    wide = config_for(clean, hardware={"ib_devices": "mlx5_([0-7]|bond_0)"})
     report, _, _ = run(clean, wide)
     assert ("ib-down", "mlx5_bond_0", "fail") in checks(report, "gpu001")
 
@@ -262,3 +279,112 @@ def test_nan_and_infinite_values_never_read_as_ok(clean, tmp_path):
         else:
             assert evidence[("gpu003", "nan-probe")].status == "no-data"
         assert evidence[("gpu003", "nan-probe")].status != "ok"  # never a resume on it
+
+
+# ---- Counters that are young, and node check results that are old: plain text endpoints ----------------
+class TextTarget:
+    """A scrape target whose /metrics body a test sets (the exporters' exact text format)."""
+
+    def __init__(self):
+        self.body = ""
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                send_body(self, 200, target.body.encode(), "text/plain; version=0.0.4")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = serve(Handler)
+        self.address = f"127.0.0.1:{self.server.server_port}"
+
+
+class TextSite(Running):
+    """Prometheus and VictoriaMetrics scraping, every second, one dcgm and one node target of gpu001."""
+
+    def __init__(self, tmp):
+        self.dcgm = {"gpu001": TextTarget()}
+        self.nodeexp = {}
+        self.node = TextTarget()
+        scrape = [{"job_name": job, "static_configs": [{"targets": [t.address], "labels": {"node": "gpu001"}}]}
+                  for job, t in (("dcgm", self.dcgm["gpu001"]), ("node", self.node))]
+        self.tsdbs = {kind: Tsdb(kind, tmp, scrape) for kind in TSDBS}
+        for tsdb in self.tsdbs.values():
+            wait(lambda t=tsdb: len(t.query("up == 1")) == 2, what=f"targets up in {tsdb.kind}")
+
+    def stop(self) -> None:
+        super().stop()
+        self.node.server.shutdown()
+
+
+DBE = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{gpu="0", Hostname="gpu001", DCGM_FI_DRIVER_VERSION="{driver}"}} {value}\n'
+TEMP = 'DCGM_FI_DEV_GPU_TEMP{{gpu="{gpu}", Hostname="gpu001"}} 40\n'
+HOLD = "6s"  # ecc-dbe-new's window here: a series younger than this is young
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    site = TextSite(tmp_path_factory.mktemp("texts"))
+    yield site
+    site.stop()
+
+
+def text_config(texts, *rules):
+    shipped = [r.id for r in load_catalog(parse_config({}, "t", {}))]
+    return parse_config({"prometheus": {"url": texts.tsdbs["prometheus"].url, "scrape_interval": "1s"},
+                         "hardware": {"gpus_per_node": 1},
+                         "catalog": {"disable": [r for r in shipped if r not in rules],
+                                     "overrides": {"ecc-dbe-new": {"hold": HOLD}}}}, "t", {})
+
+
+def dcgm_body(value, driver="550.54.15"):
+    return TEMP.format(gpu=0) + DBE.format(driver=driver, value=value)
+
+
+def never_drains_for(texts, config, seconds):
+    """Every engine judges gpu001 again and again for `seconds`: it never fails ecc-dbe-new."""
+    rules = load_catalog(config)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for kind, tsdb in texts.tsdbs.items():
+            report = evaluate(PromClientImpl(tsdb.url), rules, config, ["gpu001"])
+            assert report.nodes["gpu001"].checks == [], (kind, report.nodes["gpu001"].checks)
+        time.sleep(0.5)
+
+
+def test_counters_that_start_above_zero_or_change_labels_are_no_increase_on_either_engine(texts):
+    """A GPU that carried one volatile DBE since before monitoring began: its series first appears at 1
+    (an exporter redeploy), later under a new driver label (a driver upgrade). MetricsQL's increase()
+    alone counts such a first sample as an increase; the catalog's rule does not, on either engine. A
+    real increase of the same counter still drains on both."""
+    config = text_config(texts, "ecc-dbe-new")
+    texts.node.body = ""
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0)
+    time.sleep(2.5)
+    texts.dcgm["gpu001"].body = dcgm_body(1)  # the series is born at 1
+    never_drains_for(texts, config, 9)
+    texts.dcgm["gpu001"].body = dcgm_body(1, driver="560.35.03")  # a new series, the same value
+    never_drains_for(texts, config, 9)
+    texts.dcgm["gpu001"].body = dcgm_body(2, driver="560.35.03")  # a new DBE
+    time.sleep(2.5)
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    assert [(c.id, c.device, c.status) for c in report.nodes["gpu001"].checks] == [("ecc-dbe-new", "gpu0", "fail")]
+
+
+def test_old_node_check_results_warn_and_never_drain(texts):
+    config = text_config(texts, "node-check-stale", "node-check")
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0)
+    result = 'opsctl_node_check{check="ib-port-state",device="node"} 0\n'
+    texts.node.body = result + f"opsctl_node_check_timestamp_seconds {time.time() - 400:.3f}\n"
+    time.sleep(5)  # held for two scrape intervals, for a series that existed before the hold
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    verdict = report.nodes["gpu001"]
+    [check] = verdict.checks
+    assert (verdict.status, check.id, check.status, check.action) == ("warn", "node-check-stale", "warn", "report")
+    assert check.evidence.startswith("node checks last ran 6m") and check.evidence.endswith("ago (threshold 5m)")
+    assert verdict.drain_checks() == []
+    texts.node.body = result + f"opsctl_node_check_timestamp_seconds {time.time():.3f}\n"
+    time.sleep(5)
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    assert report.nodes["gpu001"].status == "ok"
