@@ -1,8 +1,10 @@
 """The catalog as a Prometheus rules file, so alerts and `opsctl health` judge with the same PromQL.
 
 Each rule becomes `alert: <CamelCaseId>` with the expression `opsctl health` runs (Rule.alert_expr:
-the breaching series, and those whose value is NaN or infinite) and no `for:`: how long a condition
-must hold is already inside the expression (`${hold}` range selectors).
+the breaching series, and those whose value is NaN or infinite) and no `for:`: the rule's effective
+hold, max(hold, 2 x prometheus.scrape_interval), is already inside the expression (its `${hold}` range
+selectors, or the hold that opsctl.health.catalog.held wraps around it), so the alert holds exactly as
+long as `opsctl health` does; a `for:` would hold it a second time.
 """
 
 from typing import Any
