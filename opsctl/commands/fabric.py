@@ -37,7 +37,8 @@ def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, gro
     remote = ParamikoRemote(hosts)
     try:
         _reach(remote, list(hosts))
-        runner = FabricRunner(remote, hosts, list(ib.rails), ib.test_timeout_seconds, ib.parallel)
+        runner = FabricRunner(remote, hosts, list(ib.rails), ib.test_timeout_seconds, ib.parallel,
+                              warn=lambda line: click.echo(f"opsctl: warning: {line}", err=True))
         isolator = Isolator(list(hosts), rails=len(ib.rails), thresholds=Thresholds(slow_gbps=ib.slow_gbps),
                             max_rounds=ib.max_rounds)
         rounds = _run_rounds(isolator, runner, show_progress=not as_json and sys.stderr.isatty())

@@ -31,6 +31,7 @@ class FakeRemote:
 
     bad: dict[tuple[str, str], float] = {}  # (node, hca) -> what that HCA reaches
     unreachable: set[str] = set()
+    wedged: set[str] = set()  # answer `true`, then no SSH request in time (ParamikoRemote's deadline error)
     commands: list[tuple[str, str]] = []
 
     def __init__(self, hosts):
@@ -44,6 +45,8 @@ class FakeRemote:
         FakeRemote.commands.append((host, command))
         if command == "true":
             return 0, ""
+        if host in self.wedged:
+            raise SourceUnavailable(f"{host}: the exec request timed out ({timeout:g}s deadline of `{command}`)")
         hca, server = re.search(r"-d (\S+) .* (\S+)$", command).groups()
         rate = min(self.bad.get((host, hca), 392.3), self.bad.get((self.by_address[server], hca), 392.3))
         return (0, report(rate)) if rate > 0 else (1, " Completion with error at client\n")
@@ -51,6 +54,8 @@ class FakeRemote:
     def start(self, host, command, ready, timeout):
         FakeRemote.commands.append((host, command))
         assert command.startswith("timeout -k 2 ") and ready == "Waiting for client"
+        if host in self.wedged:
+            raise SourceUnavailable(f"{host}: the exec request timed out ({timeout:g}s deadline of `{command}`)")
         return FakeRunning()
 
     def close(self):
@@ -80,7 +85,7 @@ def inventory(tmp_path):
 
 @pytest.fixture
 def fabric(monkeypatch):
-    FakeRemote.bad, FakeRemote.unreachable, FakeRemote.commands = {}, set(), []
+    FakeRemote.bad, FakeRemote.unreachable, FakeRemote.wedged, FakeRemote.commands = {}, set(), set(), []
     monkeypatch.setattr(fabric_command, "ParamikoRemote", FakeRemote)
     return FakeRemote
 
@@ -175,3 +180,17 @@ def test_thresholds_come_from_the_config(tmp_path, inventory, fabric):
                                 obj=Clients(slurm=FakeSlurm(gpu_nodes(8))))
     assert result.exit_code == 0, result.output
     assert "slow below 150 Gb/s" in result.output
+
+
+def test_a_node_that_stops_answering_ssh_is_dead_the_run_ends_and_each_rail_is_named(tmp_path, inventory, fabric):
+    fabric.wedged = {"gpu005"}
+    result, _ = run(tmp_path, inventory, "--json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert {(c["node"], c["verdict"]) for c in data["culprits"]} == {("gpu005", "dead")}
+    assert len(data["culprits"]) == 8
+    warnings = result.stderr.splitlines()
+    assert warnings and all(re.fullmatch(r"opsctl: warning: mlx5_\d gpu\d{3} <- gpu\d{3} not tested, counted as 0 "
+                                         r"Gb/s: gpu005: the exec request timed out \(\d+s deadline of `timeout .*`\)",
+                                         line) for line in warnings), warnings
+    assert {line.split()[2] for line in warnings} == {f"mlx5_{rail}" for rail in range(8)}
