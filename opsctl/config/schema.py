@@ -295,6 +295,9 @@ def _one_rail_list(raw: dict[str, Any]) -> dict[str, Any]:
     except ValueError as err:
         fail(path, f"must name a fixed list of HCAs such as mlx5_[0-7], or give them as ib.rails (here {err})",
              pattern)
+    odd = [name for name in names if not rail_names.HCA_NAME.fullmatch(name)]
+    if odd:
+        fail(path, f"names {odd[0]!r}, not an HCA name (letters, digits, _ . -)", pattern)
     given = (ib or {}).get("rails")
     if given is None:
         return {**raw, "ib": {**(ib or {}), "rails": names}}

@@ -204,6 +204,7 @@ def test_the_default_rails_are_the_eight_of_an_h200_node():
     ({"hardware": {"ib_devices": "mlx5_.*"}}, "config key hardware.ib_devices: must name a fixed list of HCAs such "
      "as mlx5_[0-7], or give them as ib.rails (here '.' matches without bound), got 'mlx5_.*'"),
     ({"hardware": {"ib_devices": "mlx5_[0-9]+"}}, "(here '+' repeats without bound)"),
+    ({"hardware": {"ib_devices": "mlx5 [01]"}}, "config key hardware.ib_devices: names 'mlx5 0', not an HCA name"),
     ({"ib": {"rails": ["mlx5_0", "mlx5_0"]}}, "config key ib.rails: must be a list of distinct HCA names"),
 ])
 def test_two_lists_that_differ_or_a_pattern_without_a_list_is_a_config_error(raw, message):
