@@ -29,7 +29,7 @@ _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}
 
 def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, group: str | None, as_json: bool,
                 drain: bool, dry_run: bool) -> ExitCode:
-    config = clients.config()
+    config = clients.config(acting=drain and not dry_run)
     ib = config.ib
     inv = Inventory(Path(inventory))
     chosen = group if group is not None else ("gpu_nodes" if "gpu_nodes" in inv.groups else None)

@@ -7,6 +7,7 @@ JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", 
 import json
 import math
 import time
+from collections.abc import Sequence
 
 from opsctl.health.evaluate import Check, NodeVerdict
 
@@ -184,7 +185,7 @@ def render_nodes(nodes) -> str:
     return table(rows)
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
+def table(rows: Sequence[Sequence[object]]) -> str:
     """Rows as columns two spaces apart, each as wide as its widest cell; the last column is not padded."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(str(cell).ljust(width) for cell, width in zip(row, widths, strict=False)),

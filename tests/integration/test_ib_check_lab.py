@@ -6,6 +6,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 from tests.conftest import opsctl
 
@@ -87,7 +88,18 @@ def test_a_drain_that_names_another_rule_too_stays_after_a_passing_self_check(la
         lab.run("scontrol", "update", f"nodename={NODE}", "state=resume")
 
 
-def test_sm_down_on_every_node_drains_no_node_itself_and_each_says_why(lab):
+def node_own_drain_self(lab, tmp_path, node: str):
+    """`opsctl node check --drain-self` as the node's timer runs it: with the node's own config and state
+    directory (a real node keeps its lock and audit log on its own disk)."""
+    config = tmp_path / f"{node}.yaml"
+    config.write_text(yaml.safe_dump({"ib": {"sysfs_root": str(lab.lab_dir / "nodes" / node / "sys")},
+                                      "state_dir": str(tmp_path / node), "audit_log": str(tmp_path / node / "audit")}))
+    env = {k: v for k, v in lab.env.items() if k not in ("OPSCTL_STATE_DIR", "OPSCTL_CONFIG")}
+    return opsctl("node", "check", "--drain-self", "--node", node, "--window", "0", "--config", str(config),
+                  env=env, check=False)
+
+
+def test_sm_down_on_every_node_drains_no_node_itself_and_each_says_why(lab, tmp_path):
     """The subnet manager down puts every port of every node in INIT: each node's own check fails, and none
     may drain itself for it (only `opsctl health`, which sees them all, decides)."""
     names = [f"gpu{i:03d}" for i in range(1, lab.nodes + 1)]
@@ -96,7 +108,7 @@ def test_sm_down_on_every_node_drains_no_node_itself_and_each_says_why(lab):
         lab.wait_until(lambda: all(h["state"] == "INIT" for h in check(lab, "--window", "0")[1]["hcas"]), 30,
                        "every port in INIT")
         with ThreadPoolExecutor(max_workers=4) as pool:
-            procs = dict(zip(names, pool.map(lambda n: drain_self(lab, n), names), strict=True))
+            procs = dict(zip(names, pool.map(lambda n: node_own_drain_self(lab, tmp_path, n), names), strict=True))
         wrong = {n: (p.returncode, p.stdout[-200:], p.stderr[-200:]) for n, p in procs.items()
                  if p.returncode != 1 or f"{n} not drained: ib-port-state" not in p.stdout
                  or "every rail is INIT" not in p.stdout}
