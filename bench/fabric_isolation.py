@@ -14,7 +14,7 @@ strategy pays for trusting one slow test. A test's value on a rail is what both 
 sets it (a half-rate end halves the healthy value), noise applies to every test.
 
 Strategies, on the same faults in each trial:
-- ours: opsctl.fabric.pairing.Isolator (defaults: max_rounds 4, clear_passes 2, thresholds 360/1);
+- ours: opsctl.fabrictest.pairing.Isolator (defaults: max_rounds 4, clear_passes 2, thresholds 360/1);
 - all-pairs: round robin by the circle method, N-1 rounds, every pair once; a node-rail is named
   bad if more than half of its tests on that rail were slow;
 - random: repeated random perfect matchings (imbue's approach), 15 rounds; named bad if more than
@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
 
-from opsctl.fabric.pairing import DEAD, SLOW, UNKNOWN, Isolator, Measurement, Test
+from opsctl.fabrictest.pairing import DEAD, SLOW, UNKNOWN, Isolator, Measurement, Test
 
 RAILS = 8
 HEALTHY_GBPS = 392.34

@@ -118,7 +118,7 @@ def health_cmd(clients, drain, dry_run, resume, as_json, watch, prometheus, all_
 @one_line_errors
 def nodes_cmd(clients, as_json, config_path):
     """List Slurm nodes with their state and who owns their drain reason."""
-    from opsctl.commands.health import nodes
+    from opsctl.commands.nodes import nodes
 
     return nodes(clients.use(config_path), as_json)
 
@@ -131,7 +131,7 @@ def nodes_cmd(clients, as_json, config_path):
 @one_line_errors
 def drain_cmd(clients, hostlist, reason, config_path):
     """Drain NODES (a Slurm hostlist such as gpu[001-004]) by hand."""
-    from opsctl.commands.health import drain
+    from opsctl.commands.nodes import drain
 
     return drain(clients.use(config_path), hostlist, reason)
 
@@ -144,7 +144,7 @@ def drain_cmd(clients, hostlist, reason, config_path):
 @one_line_errors
 def resume_cmd(clients, hostlist, force, config_path):
     """Resume NODES by hand."""
-    from opsctl.commands.health import resume
+    from opsctl.commands.nodes import resume
 
     return resume(clients.use(config_path), hostlist, force)
 
@@ -158,7 +158,7 @@ def resume_cmd(clients, hostlist, force, config_path):
 @one_line_errors
 def history_cmd(clients, node, limit, as_json, config_path):
     """Show the audit log: every drain, resume and refusal."""
-    from opsctl.commands.health import history
+    from opsctl.commands.history import history
 
     return history(clients.use(config_path), node, limit, as_json)
 
@@ -185,7 +185,7 @@ def ib_check_cmd(clients, profile_name, as_json, from_path, window, sysfs_root, 
 
     Exit codes: 0 pass, 1 fail, 2 usage/config error, 3 the hardware or capture could not be read.
     """
-    from opsctl.commands.ib import ib_check
+    from opsctl.commands.ib_check import ib_check
 
     return ib_check(clients.use(config_path), profile_name, as_json, from_path, window, sysfs_root)
 
@@ -205,7 +205,7 @@ def ib_quarantine_cmd(clients, results, as_json, dry_run, config_path):
     Exit codes: 0 all pass, 1 a node fails (quarantined), 2 usage/config error, 3 reports or Slurm unreadable,
     4 safety stop (the breaker: nothing drained; drain limits).
     """
-    from opsctl.commands.ib_precheck import quarantine
+    from opsctl.commands.ib_quarantine import quarantine
 
     return quarantine(clients.use(config_path), results, as_json, dry_run)
 
@@ -228,7 +228,7 @@ def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain,
     Exit codes: 0 all rails good, 1 culprits or unresolved rails, 2 usage/config error, 3 a node could not
     be reached (nothing tested), 4 safety stop (too many nodes fail: the fabric is at fault; drain limits).
     """
-    from opsctl.commands.fabric import fabric_test
+    from opsctl.commands.ib_fabric_test import fabric_test
 
     return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run)
 
@@ -256,7 +256,7 @@ def node_check_cmd(clients, as_json, textfile, drain, node, window, sysfs_root, 
 
     Exit codes: 0 all pass, 1 a check failed, 2 usage/config error, 3 the hardware could not be read.
     """
-    from opsctl.commands.node import node_check
+    from opsctl.commands.node_check import node_check
 
     return node_check(clients.use(config_path), as_json, textfile, drain, node, window, sysfs_root)
 
@@ -274,7 +274,7 @@ def rules_group():
 @one_line_errors
 def rules_export_cmd(clients, fmt, config_path):
     """Print the catalog as a Prometheus alert rules file or a Grafana dashboard."""
-    from opsctl.commands.health import rules_export
+    from opsctl.commands.rules import rules_export
 
     return rules_export(clients.use(config_path), fmt)
 
@@ -285,7 +285,7 @@ def rules_export_cmd(clients, fmt, config_path):
 @one_line_errors
 def rules_list_cmd(clients, config_path):
     """List the rules in effect (shipped catalog plus config)."""
-    from opsctl.commands.health import rules_list
+    from opsctl.commands.rules import rules_list
 
     return rules_list(clients.use(config_path))
 

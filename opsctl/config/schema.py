@@ -28,7 +28,7 @@ DEFAULT_CONFIG = Path("/etc/opsctl/config.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
 DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
 DEFAULTS_SOURCE = "built-in defaults"
-IB_PROFILES = ("h200-ndr",)  # opsctl.fabric.check.PROFILES; named here so that config needs no fabric import
+IB_PROFILES = ("h200-ndr",)  # opsctl.ib.check.PROFILES; named here so that config needs no fabric import
 _LABEL = re.compile(r"^[A-Za-z_]\w*$")
 _JOB = re.compile(r"^[A-Za-z0-9_-]+$")
 # An LNet NID: an address (IPv4, IPv6 since Lustre 2.16, a number on some fabrics) @ a network (o2ib, tcp1).

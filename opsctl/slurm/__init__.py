@@ -2,7 +2,7 @@
 
 from opsctl.config.schema import Config
 from opsctl.slurm.base import MANUAL_PREFIX, OWNED_PREFIX, Slurm, SlurmNode
-from opsctl.slurm.cli import SlurmCliImpl, process_nodes_output, process_sinfo_output
+from opsctl.slurm.cli import SlurmCliImpl, parse_nodes, parse_sinfo
 
 
 def make_slurm(config: Config) -> Slurm:
@@ -14,4 +14,4 @@ def make_slurm(config: Config) -> Slurm:
 
 
 __all__ = ["MANUAL_PREFIX", "OWNED_PREFIX", "Slurm", "SlurmCliImpl", "SlurmNode", "make_slurm",
-           "process_nodes_output", "process_sinfo_output"]
+           "parse_nodes", "parse_sinfo"]

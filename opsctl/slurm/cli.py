@@ -64,7 +64,7 @@ def _load(text: str, where: str) -> dict[str, Any]:
     return data
 
 
-def process_nodes_output(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:
+def parse_nodes(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:
     """Nodes from `sinfo --json` of 22.05 or `scontrol show nodes --json` of 23.02 and later."""
     data = _load(text, where)
     raw_nodes = data.get("nodes")
@@ -80,8 +80,8 @@ def process_nodes_output(text: str, where: str = "scontrol show nodes --json") -
     return nodes
 
 
-def process_sinfo_output(text: str) -> dict[str, SlurmNode]:
-    return process_nodes_output(text, "sinfo --json")
+def parse_sinfo(text: str) -> dict[str, SlurmNode]:
+    return parse_nodes(text, "sinfo --json")
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -160,8 +160,8 @@ class SlurmCliImpl:
 
     def nodes(self) -> dict[str, SlurmNode]:
         if self.version() >= SCONTROL_JSON_SINCE:
-            return process_nodes_output(self._call([self.scontrol, "show", "nodes", "--json"]))
-        return process_sinfo_output(self._call([self.sinfo, "--json"]))
+            return parse_nodes(self._call([self.scontrol, "show", "nodes", "--json"]))
+        return parse_sinfo(self._call([self.sinfo, "--json"]))
 
     def drain(self, names: list[str], reason: str) -> None:
         # One call for all nodes that share the reason; argv, not a shell, so the reason needs no quoting.

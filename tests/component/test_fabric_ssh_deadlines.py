@@ -11,8 +11,8 @@ import paramiko
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.inventory import SshHost
-from opsctl.fabric.ssh import ParamikoRemote
+from opsctl.fabrictest.inventory import SshHost
+from opsctl.fabrictest.ssh import ParamikoRemote
 
 SLACK = 1.0  # seconds past the deadline a call may take on a busy 2-core machine
 

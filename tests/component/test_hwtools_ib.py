@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.fabric import process_ibstat_output, process_ibv_devinfo_output
+from opsctl.ib.ibstat import parse_ibstat
+from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from opsctl_lab.hardware import COMPUTE_HCAS, HCA_FW_MISMATCH, NodeHardware
 from tests.conftest import FIXTURES
 
@@ -47,7 +48,7 @@ def test_ibstat_lists_8_ndr_rails_and_the_storage_port(node):
     _, env, _ = node
     out = tool(env, "ibstat")
     assert out.returncode == 0, out.stderr
-    cas = process_ibstat_output(out.stdout)
+    cas = parse_ibstat(out.stdout)
     assert [ca.name for ca in cas] == COMPUTE_HCAS + ["mlx5_bond_0"]
     for ca in cas[:8]:
         assert (ca.ca_type, ca.firmware) == ("MT4129", "28.41.1000")
@@ -61,9 +62,9 @@ def test_ibstat_layout_is_the_real_one(node):
     bond = tool(env, "ibstat", "mlx5_bond_0").stdout
     assert _keys(bond) == _keys(REAL_IBSTAT.replace("mlx5_0", "mlx5_bond_0"))
     # A RoCE port's GUID derives from the node GUID as on the real card (0xa088c203.. -> 0xa288c2fffe..).
-    real = process_ibstat_output(REAL_IBSTAT)[0]
+    real = parse_ibstat(REAL_IBSTAT)[0]
     assert real.ports[0].port_guid == "0xa288c2fffee3142a"
-    ca = process_ibstat_output(bond)[0]
+    ca = parse_ibstat(bond)[0]
     assert ca.ports[0].port_guid == "0x" + f"{int(ca.node_guid[2:4], 16) | 2:02x}" + ca.node_guid[4:8] + \
         "fffe" + ca.node_guid[-6:]
 
@@ -74,14 +75,14 @@ def test_ibv_devinfo_layout_is_the_real_one_and_agrees_with_ibstat(node):
     assert out.returncode == 0
     first = out.stdout.split("\n\n")[0] + "\n\n"
     assert _keys(first) == _keys(REAL_DEVINFO)
-    devs = process_ibv_devinfo_output(out.stdout)
-    cas = process_ibstat_output(tool(env, "ibstat").stdout)
+    devs = parse_ibv_devinfo(out.stdout)
+    cas = parse_ibstat(tool(env, "ibstat").stdout)
     assert len(devs) == 9
     for dev, ca in zip(devs, cas, strict=True):
         assert dev.hca_id == ca.name and dev.fw_ver == ca.firmware
         assert "0x" + dev.node_guid.replace(":", "") == ca.node_guid
         assert dev.ports[1].link_layer == ca.ports[0].link_layer
-    assert process_ibv_devinfo_output(REAL_DEVINFO)[0].ports[1].state == "PORT_ACTIVE"
+    assert parse_ibv_devinfo(REAL_DEVINFO)[0].ports[1].state == "PORT_ACTIVE"
 
 
 def test_tools_read_the_sysfs_tree(node):
@@ -99,9 +100,9 @@ def test_tools_read_the_sysfs_tree(node):
 ])
 def test_port_faults_change_that_port_only(node, fault, hca, check):
     state, env, _ = node
-    before = process_ibstat_output(tool(env, "ibstat").stdout)
+    before = parse_ibstat(tool(env, "ibstat").stdout)
     inject(state, fault, hca=hca)
-    after = process_ibstat_output(tool(env, "ibstat").stdout)
+    after = parse_ibstat(tool(env, "ibstat").stdout)
     for i, (old, new) in enumerate(zip(before, after, strict=True)):
         if i == hca:
             assert check(new.ports[0], new) and not check(old.ports[0], old)
@@ -112,7 +113,7 @@ def test_port_faults_change_that_port_only(node, fault, hca, check):
 def test_ib_down_shows_in_ibv_devinfo(node):
     state, env, _ = node
     inject(state, "ib-down", hca=2)
-    devs = process_ibv_devinfo_output(tool(env, "ibv_devinfo", "-d", "mlx5_2").stdout)
+    devs = parse_ibv_devinfo(tool(env, "ibv_devinfo", "-d", "mlx5_2").stdout)
     assert devs[0].ports[1].state == "PORT_DOWN" and devs[0].ports[1].state_code == 1
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from opsctl.fabric import process_ib_write_bw_output
+from opsctl.fabrictest.ib_write_bw import parse_ib_write_bw
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools.fabric_model import PortView, bandwidth_gbps
 from tests.conftest import FIXTURES
@@ -55,13 +55,13 @@ def test_healthy_ndr_pair_matches_the_real_run(nodes):
     _, envs = nodes
     client, server_out = run_pair(envs)
     assert client.returncode == 0, client.stderr
-    got = process_ib_write_bw_output(client.stdout)
-    real = process_ib_write_bw_output(REAL)
+    got = parse_ib_write_bw(client.stdout)
+    real = parse_ib_write_bw(REAL)
     assert (got.test, got.device, got.link_type, got.size, got.unit) == (
         real.test, real.device, real.link_type, real.size, real.unit)
     assert abs(got.bw_average - real.bw_average) < 1.0
     assert got.bw_peak > got.bw_average
-    assert process_ib_write_bw_output(server_out).bw_average == got.bw_average
+    assert parse_ib_write_bw(server_out).bw_average == got.bw_average
     # Same lines as the real run, but for the addresses and the numbers.
     real_lines = [x for x in REAL.splitlines() if not x.startswith("Conflicting")]
     assert client.stdout.splitlines()[:16] == real_lines[:16]
@@ -73,8 +73,8 @@ def test_ib_slow_on_either_end_halves_the_rail(nodes):
     hw = NodeHardware.load(tmp / "gpu2.json", "gpu2")
     hw.inject("ib-slow", hca=4)
     hw.save(tmp / "gpu2.json")
-    slow = process_ib_write_bw_output(run_pair(envs, "mlx5_4")[0].stdout)
-    fast = process_ib_write_bw_output(run_pair(envs, "mlx5_5")[0].stdout)
+    slow = parse_ib_write_bw(run_pair(envs, "mlx5_4")[0].stdout)
+    fast = parse_ib_write_bw(run_pair(envs, "mlx5_5")[0].stdout)
     assert 190 < slow.bw_average < 200 and fast.bw_average > 390
 
 

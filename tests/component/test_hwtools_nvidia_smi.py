@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from opsctl.fabric import process_nvidia_smi_csv_output
+from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
 from opsctl_lab.dcgm_emulator import render
 from opsctl_lab.hardware import NodeHardware
 from tests.conftest import FIXTURES
@@ -83,7 +83,7 @@ def test_query_gpu_name_memory_total_shows_8_h200(node):
     out = smi(env, "--query-gpu=name,memory.total", "--format=csv")
     assert out.returncode == 0
     assert out.stdout.splitlines()[0] == "name, memory.total [MiB]"
-    rows = process_nvidia_smi_csv_output(out.stdout)
+    rows = parse_nvidia_smi_csv(out.stdout)
     assert rows == [{"name": "NVIDIA H200", "memory.total": 143771}] * 8
 
 
@@ -105,7 +105,7 @@ def test_every_real_csv_field_has_the_real_header_and_unit(node):
 def test_nounits_and_noheader(node):
     _, env = node
     out = smi(env, "--query-gpu=index,memory.used,power.draw", "--format=csv,noheader,nounits")
-    rows = process_nvidia_smi_csv_output(out.stdout, fields=["index", "memory.used", "power.draw"])
+    rows = parse_nvidia_smi_csv(out.stdout, fields=["index", "memory.used", "power.draw"])
     assert [r["index"] for r in rows] == list(range(8))
     assert all(isinstance(r["power.draw"], float) for r in rows)
 
@@ -114,9 +114,9 @@ def test_leftover_memory_shows_as_a_process_on_that_gpu_only(node):
     state, env = node
     inject(state, "gpu-leftover-memory", gpu=5)
     apps = smi(env, "--query-compute-apps=pid,process_name,used_memory,gpu_bus_id", "--format=csv")
-    rows = process_nvidia_smi_csv_output(apps.stdout)
+    rows = parse_nvidia_smi_csv(apps.stdout)
     assert len(rows) == 1 and rows[0]["process_name"] == "python3" and rows[0]["used_gpu_memory"] > 80000
-    used = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,memory.used", "--format=csv").stdout)
+    used = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,memory.used", "--format=csv").stdout)
     assert [r["memory.used"] > 80000 for r in used] == [g == 5 for g in range(8)]
     assert rows[0]["gpu_bus_id"] == "00000000:AB:00.0"
     table = smi(env).stdout
@@ -133,7 +133,7 @@ def test_ecc_and_row_remap_faults_show_in_q_and_csv(node):
     state, env = node
     inject(state, "dbe", gpu=2)
     inject(state, "row-remap-failure", gpu=3)
-    rows = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,ecc.errors.uncorrected.volatile.total,"
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,ecc.errors.uncorrected.volatile.total,"
                                                   "remapped_rows.failure", "--format=csv").stdout)
     assert [r["ecc.errors.uncorrected.volatile.total"] >= 1 for r in rows] == [g == 2 for g in range(8)]
     assert [r["remapped_rows.failure"] for r in rows] == ["Yes" if g == 3 else "No" for g in range(8)]
@@ -158,7 +158,7 @@ def test_q_blocks_have_the_real_layout(node):
 def test_values_agree_with_the_dcgm_exporter_emulator(node):
     state, env = node
     inject(state, "thermal", gpu=1)
-    rows = process_nvidia_smi_csv_output(smi(env, "--query-gpu=index,temperature.gpu,memory.used",
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,temperature.gpu,memory.used",
                                              "--format=csv").stdout)
     metrics = render(NodeHardware.load(state, "gpu7"))
     for row in rows:
@@ -174,7 +174,7 @@ def test_gpu_fallen_off_the_bus(node):
     out = smi(env, "--query-gpu=index", "--format=csv,noheader")
     assert out.returncode == 15  # nvidia-smi(1): "The GPU has fallen off the bus"
     assert "Unable to determine the device handle for GPU0000:9A:00.0: Unknown Error" in out.stdout
-    assert process_nvidia_smi_csv_output(out.stdout, fields=["index"]) == [{"index": g} for g in range(8) if g != 4]
+    assert parse_nvidia_smi_csv(out.stdout, fields=["index"]) == [{"index": g} for g in range(8) if g != 4]
 
 
 def test_bad_field_is_rc_2(node):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from opsctl.slurm import process_sinfo_output
+from opsctl.slurm import parse_sinfo
 from tests.component.promlab import free_port
 
 FAST = {"catalog": {"overrides": {
@@ -67,7 +67,7 @@ class HealthLab:
         self.lab.run("scontrol", *args)
 
     def slurm(self) -> dict:
-        return process_sinfo_output(self.lab.run("sinfo", "--json").stdout)
+        return parse_sinfo(self.lab.run("sinfo", "--json").stdout)
 
     def wait_statuses(self, scope: str, expected: dict, rules: dict | None = None, timeout: float = 120.0) -> dict:
         """Poll read-only runs until every node in `expected` shows its status (and the check in `rules`)."""

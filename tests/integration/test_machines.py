@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.fabric import (
-    process_ib_write_bw_output,
-    process_ibstat_output,
-    process_ibv_devinfo_output,
-    process_nvidia_smi_csv_output,
-)
+from opsctl.fabrictest.ib_write_bw import parse_ib_write_bw
+from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
+from opsctl.ib.ibstat import parse_ibstat
+from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from opsctl.storage.lustre import parse_check_servers, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl_lab.machines import keys, net
@@ -124,14 +122,14 @@ def test_machines_are_real_systemd_hosts_with_apt_through_the_cache():
 
 
 def test_nvidia_smi_in_a_gpu_machine():
-    rows = process_nvidia_smi_csv_output(on("gpu1", "nvidia-smi --query-gpu=name,memory.total --format=csv").stdout)
+    rows = parse_nvidia_smi_csv(on("gpu1", "nvidia-smi --query-gpu=name,memory.total --format=csv").stdout)
     assert rows == [{"name": "NVIDIA H200", "memory.total": 143771}] * 8
     assert on("gpu1", "nvidia-smi").stdout.count("NVIDIA H200") == 8
 
 
 def test_infiniband_tools_in_a_gpu_machine():
-    cas = process_ibstat_output(on("gpu1", "ibstat").stdout)
-    devs = process_ibv_devinfo_output(on("gpu1", "ibv_devinfo").stdout)
+    cas = parse_ibstat(on("gpu1", "ibstat").stdout)
+    devs = parse_ibv_devinfo(on("gpu1", "ibv_devinfo").stdout)
     assert len(cas) == len(devs) == 9
     assert all(ca.ports[0].rate == 400 and ca.ports[0].state == "Active" for ca in cas[:8])
     state = on("gpu1", "cat /var/lib/opsctl-hw/sys/class/infiniband/mlx5_0/ports/1/state").stdout
@@ -147,7 +145,7 @@ def test_dcgm_exporter_service_agrees_with_nvidia_smi():
             break
         except OSError:
             time.sleep(0.2)
-    used = process_nvidia_smi_csv_output(on("gpu1", "nvidia-smi --query-gpu=index,memory.used --format=csv").stdout)
+    used = parse_nvidia_smi_csv(on("gpu1", "nvidia-smi --query-gpu=index,memory.used --format=csv").stdout)
     for row in used:
         line = next(x for x in body.splitlines() if x.startswith(f'DCGM_FI_DEV_FB_USED{{gpu="{row["index"]}"'))
         assert int(line.rsplit(" ", 1)[1]) == row["memory.used"]
@@ -156,7 +154,7 @@ def test_dcgm_exporter_service_agrees_with_nvidia_smi():
 def _bandwidth(client, server, hca):
     on(server, f"ib_write_bw -d {hca} --report_gbits >/tmp/ib_write_bw.server 2>&1 &")
     time.sleep(0.7)
-    return process_ib_write_bw_output(on(client, f"ib_write_bw -d {hca} --report_gbits {server}").stdout)
+    return parse_ib_write_bw(on(client, f"ib_write_bw -d {hca} --report_gbits {server}").stdout)
 
 
 def test_ib_write_bw_between_machines_follows_the_fabric_model():
@@ -230,14 +228,14 @@ def test_a_fault_changes_that_machine_only():
     assert opsctl("inject", "gpu2", "gpu-leftover-memory", "--gpu", "4").returncode == 0
     assert opsctl("inject", "gpu2", "ib-down", "--hca", "2").returncode == 0
     try:
-        apps = process_nvidia_smi_csv_output(on("gpu2", "nvidia-smi --query-compute-apps=pid,used_memory "
+        apps = parse_nvidia_smi_csv(on("gpu2", "nvidia-smi --query-compute-apps=pid,used_memory "
                                                         "--format=csv").stdout)
         assert len(apps) == 1 and apps[0]["used_gpu_memory"] > 80000
-        assert process_ibstat_output(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Down"
+        assert parse_ibstat(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Down"
         assert snapshot("gpu1") == before["gpu1"] and snapshot("gpu3") == before["gpu3"]
     finally:
         assert opsctl("clear", "gpu2").returncode == 0
-    assert process_ibstat_output(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Active"
+    assert parse_ibstat(on("gpu2", "ibstat mlx5_2").stdout)[0].ports[0].state == "Active"
 
 
 FAULT_MACHINE = "gpu3"  # the GPU machine that the storage fault tests break

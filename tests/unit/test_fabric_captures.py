@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.pcie import PcieLink, PcieLinkStatus, parse_link_speed, parse_link_width, read_sysfs_pcie_link
+from opsctl.ib.pcie import PcieLink, PcieLinkStatus, parse_link_speed, parse_link_width, read_sysfs_pcie_link
 
 
 def _sysfs_device(root: Path, name: str, current: tuple[str, str], maximum: tuple[str, str]) -> Path:

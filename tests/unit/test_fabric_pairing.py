@@ -1,10 +1,10 @@
-"""The ib_write_bw pairing scheduler (opsctl.fabric.pairing) on simulated fabrics."""
+"""The ib_write_bw pairing scheduler (opsctl.fabrictest.pairing) on simulated fabrics."""
 
 from collections.abc import Callable
 
 import pytest
 
-from opsctl.fabric.pairing import Isolator, Measurement, RailVerdict, Test, Thresholds, isolate
+from opsctl.fabrictest.pairing import Isolator, Measurement, RailVerdict, Test, Thresholds, isolate
 
 HEALTHY_GBPS = 392.34  # CX-7 NDR back to back, ib_write_bw --report_gbits at 65536 B (tests/fixtures)
 RAILS = 8

@@ -3,12 +3,10 @@
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric import (
-    process_ib_write_bw_output,
-    process_ibstat_output,
-    process_ibv_devinfo_output,
-    process_nvidia_smi_csv_output,
-)
+from opsctl.fabrictest.ib_write_bw import parse_ib_write_bw
+from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
+from opsctl.ib.ibstat import parse_ibstat
+from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from tests.conftest import FIXTURES
 
 IB = FIXTURES / "infiniband"
@@ -24,7 +22,7 @@ H200_CAPTURE = (FIXTURES / "gpu" / "nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt
 
 
 def test_ibstat_real_some_down():
-    cas = {ca.name: ca for ca in process_ibstat_output(IBSTAT_SOME_DOWN)}
+    cas = {ca.name: ca for ca in parse_ibstat(IBSTAT_SOME_DOWN)}
     assert len(cas) == 12
     assert (cas["mlx5_0"].ca_type, cas["mlx5_0"].firmware) == ("MT4129", "28.39.1002")
     down = cas["mlx5_2"].ports[0]
@@ -35,12 +33,12 @@ def test_ibstat_real_some_down():
 
 
 def test_ibstat_real_all_active():
-    cas = process_ibstat_output(IBSTAT_ALL_ACTIVE)
+    cas = parse_ibstat(IBSTAT_ALL_ACTIVE)
     assert len(cas) == 12 and all(port.state == "Active" for ca in cas for port in ca.ports)
 
 
 def test_ibv_devinfo_real():
-    dev = process_ibv_devinfo_output(DEVINFO_IB)[0]
+    dev = parse_ibv_devinfo(DEVINFO_IB)[0]
     assert (dev.hca_id, dev.fw_ver, dev.vendor_part_id, dev.board_id) == ("mlx5_0", "20.41.1000", 4123,
                                                                           "MT_0000000222")
     port = dev.ports[1]
@@ -50,24 +48,24 @@ def test_ibv_devinfo_real():
 
 
 def test_perftest_last_run_wins_and_noise_is_skipped():
-    result = process_ib_write_bw_output(PERFTEST)
+    result = parse_ib_write_bw(PERFTEST)
     assert (result.test, result.iterations, result.bw_peak, result.bw_average, result.msg_rate_mpps) == (
         "RDMA_Write BW Test", 5000, 392.38, 392.34, 0.748336)
     assert result.unit == "Gb/sec" and result.link_type == "IB"
 
 
 def test_nvidia_smi_csv_real():
-    row = process_nvidia_smi_csv_output(CSV)[0]
+    row = parse_nvidia_smi_csv(CSV)[0]
     assert row == {"name": "NVIDIA H200", "pci.bus_id": "00000000:83:00.0", "memory.total": 143771,
                    "memory.used": 0, "power.draw": 77.71, "fan.speed": None, "temperature.gpu": 28}
 
 
 @pytest.mark.parametrize("parser,text", [
-    (process_ibstat_output, "\tCA type: MT4129\n"),
-    (process_ibv_devinfo_output, "\tfw_ver:\t\t\t\t1.2\n"),
-    (process_ib_write_bw_output, "Couldn't connect to gpu2:18515\n"),
-    (process_nvidia_smi_csv_output, ""),
-    (process_nvidia_smi_csv_output, "name, memory.total [MiB]\nNVIDIA H200\n"),
+    (parse_ibstat, "\tCA type: MT4129\n"),
+    (parse_ibv_devinfo, "\tfw_ver:\t\t\t\t1.2\n"),
+    (parse_ib_write_bw, "Couldn't connect to gpu2:18515\n"),
+    (parse_nvidia_smi_csv, ""),
+    (parse_nvidia_smi_csv, "name, memory.total [MiB]\nNVIDIA H200\n"),
 ])
 def test_broken_output_is_a_source_error(parser, text):
     with pytest.raises(SourceUnavailable):
@@ -75,4 +73,4 @@ def test_broken_output_is_a_source_error(parser, text):
 
 
 def test_empty_ibstat_is_no_cas():
-    assert process_ibstat_output("") == []
+    assert parse_ibstat("") == []

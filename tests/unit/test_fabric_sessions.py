@@ -20,10 +20,10 @@ import paramiko
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.fabrictest import READY, FabricRunner
-from opsctl.fabric.inventory import SshHost
-from opsctl.fabric.pairing import Test
-from opsctl.fabric.ssh import ParamikoRemote, open_session
+from opsctl.fabrictest.inventory import SshHost
+from opsctl.fabrictest.pairing import Test
+from opsctl.fabrictest.runner import READY, FabricRunner
+from opsctl.fabrictest.ssh import ParamikoRemote, open_session
 from tests.conftest import FIXTURES
 
 REPORT = (FIXTURES / "infiniband" / "ib_write_bw_ib_read_bw_cx7_ndr_b2b_client.txt").read_bytes()

@@ -8,12 +8,12 @@ import re
 import pytest
 from click.testing import CliRunner
 
-import opsctl.commands.fabric as fabric_command
+import opsctl.commands.ib_fabric_test as fabric_command
 from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.inventory import Inventory, expand_host_pattern
+from opsctl.fabrictest.inventory import Inventory, expand_host_pattern
 from opsctl.remediation.audit import AuditLog
 from tests.conftest import FIXTURES
 from tests.unit.fakes import FakeSlurm, gpu_nodes

@@ -11,8 +11,8 @@ from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.check import Finding, h200_ndr, judge
-from opsctl.fabric.collect import capture_snapshot, live_snapshot
+from opsctl.ib.check import Finding, h200_ndr, judge
+from opsctl.ib.collect import capture_snapshot, live_snapshot
 from opsctl_lab.hardware import HCA_FW_MISMATCH, NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.conftest import FIXTURES

@@ -4,8 +4,8 @@
 
 import pytest
 
-from opsctl.fabric.check import h200_ndr, judge
-from opsctl.fabric.collect import live_snapshot
+from opsctl.ib.check import h200_ndr, judge
+from opsctl.ib.collect import live_snapshot
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import COMPUTE_HCAS, FAULTS, NodeHardware
 from opsctl_lab.hwtools.ibstat import render_ca

@@ -1,8 +1,8 @@
 """`opsctl node check`: its metrics for node_exporter's textfile collector, written for node_exporter's
 textfile collector (--drain-self: test_node_check_drain_self.py)."""
 
-from opsctl.fabric.check import h200_ndr, judge
-from opsctl.fabric.collect import live_snapshot
+from opsctl.ib.check import h200_ndr, judge
+from opsctl.ib.collect import live_snapshot
 from opsctl.nodecheck import metrics_text, results, write_textfile
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree

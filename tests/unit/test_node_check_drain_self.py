@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from opsctl.config import parse_config
 from opsctl.errors import ExitCode
-from opsctl.fabric.check import h200_ndr, judge
-from opsctl.fabric.collect import live_snapshot
+from opsctl.ib.check import h200_ndr, judge
+from opsctl.ib.collect import live_snapshot
 from opsctl.nodecheck import REASON_PREFIX, CheckResult, drain_self, results
 from opsctl.remediation.audit import AuditLog
 from opsctl_lab.hardware import NodeHardware

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from opsctl.errors import ConfigError, SourceUnavailable
-from opsctl.slurm import SlurmCliImpl, SlurmNode, process_nodes_output, process_sinfo_output
+from opsctl.slurm import SlurmCliImpl, SlurmNode, parse_nodes, parse_sinfo
 from opsctl.slurm.base import IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS
 from opsctl.slurm.cli import parse_version
 from opsctl.slurm.partitions import select_partitions
@@ -23,9 +23,9 @@ SINFO = (SLURM / "sinfo-22.05.8.json").read_text()
 # gpu045 FAIL, gpu046 in a MAINT reservation, gpu047 in a plain reservation; 24.11 and 26.05 also
 # gpu048 REBOOT_REQUESTED (while a job ran) and gpu049 POWERED_DOWN.
 STATES = {
-    "22.05.8": process_sinfo_output((SLURM / "sinfo-22.05.8-states.json").read_text()),
-    "24.11.5": process_nodes_output((SLURM / "scontrol-show-nodes-24.11.5.json").read_text()),
-    "26.05.5": process_nodes_output((SLURM / "scontrol-show-nodes-26.05.5.json").read_text()),
+    "22.05.8": parse_sinfo((SLURM / "sinfo-22.05.8-states.json").read_text()),
+    "24.11.5": parse_nodes((SLURM / "scontrol-show-nodes-24.11.5.json").read_text()),
+    "26.05.5": parse_nodes((SLURM / "scontrol-show-nodes-26.05.5.json").read_text()),
 }
 RELEASES = list(STATES)
 
@@ -67,9 +67,9 @@ def test_reboot_requested_and_powered_down_are_held_by_slurm(release):
 
 def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
     # The data_parser that `scontrol show nodes --json` prints, as slurmrestd serves it (public outputs).
-    node = process_nodes_output((SLURM / "slurmrestd-node-23.02.3.json").read_text())["node01"]
+    node = parse_nodes((SLURM / "slurmrestd-node-23.02.3.json").read_text())["node01"]
     assert (node.state, node.flags, node.partitions, node.has_gpus) == ("idle", (), ("debug",), True)
-    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
+    nodes = parse_nodes((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
     assert nodes["n0164"].drained and nodes["n0164"].reason == "Kill task failed" and nodes["n0164"].foreign_reason
     assert nodes["dtn1"].held_by_slurm == ("DOWN", "NOT_RESPONDING") and not nodes["dtn1"].has_gpus
     assert nodes["n0999"].partitions == ("preempt", "cisds") and nodes["n0999"].has_gpus
@@ -78,11 +78,11 @@ def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
 def test_slurmrestd_node_json_of_24_05_and_25_05_parse_too():
     # Public captures of real clusters (SOURCES.md): 24.05's data_parser v0.0.41 and 25.05's v0.0.43, the
     # ones their `scontrol show nodes --json` prints.
-    drained = process_nodes_output((SLURM / "slurmrestd-node-drain-24.05.3.json").read_text())["cn146"]
+    drained = parse_nodes((SLURM / "slurmrestd-node-drain-24.05.3.json").read_text())["cn146"]
     assert drained.drained and drained.reason == "ECC memory error" and drained.foreign_reason
-    down = process_nodes_output((SLURM / "slurmrestd-node-down-24.05.3.json").read_text())["cn026"]
+    down = parse_nodes((SLURM / "slurmrestd-node-down-24.05.3.json").read_text())["cn026"]
     assert down.held_by_slurm == ("DOWN",) and down.out_of_service and down.reason == "CPU dead"
-    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-25.05.4.json").read_text())
+    nodes = parse_nodes((SLURM / "slurmrestd-nodes-25.05.4.json").read_text())
     assert nodes["cn3"].drained and nodes["cn3"].reason == "ECC memory error" and nodes["cn3"].foreign_reason
     assert nodes["cn4"].held_by_slurm == ("DOWN",) and nodes["cn4"].out_of_service
     assert nodes["gpu1"].has_gpus and nodes["gpu1"].partitions == ("gpu",) and not nodes["cn1"].has_gpus
@@ -92,14 +92,14 @@ def test_slurmrestd_node_json_of_24_05_and_25_05_parse_too():
 @pytest.mark.parametrize("name", ["sinfo-23.02.5.json", "sinfo-24.11.5.json", "sinfo-26.05.5.json"])
 def test_the_aggregated_sinfo_of_23_02_and_later_is_refused_with_the_reason(name):
     with pytest.raises(SourceUnavailable, match="aggregated sinfo of Slurm 23.02 or later"):
-        process_sinfo_output((SLURM / name).read_text())
+        parse_sinfo((SLURM / name).read_text())
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"nodes": [{"state": "idle"}]}', "[1]",
                                   '{"nodes": [], "errors": [{"error": "Unable to contact slurm controller"}]}'])
 def test_bad_output_is_a_source_error(text):
     with pytest.raises(SourceUnavailable):
-        process_nodes_output(text)
+        parse_nodes(text)
 
 
 @pytest.mark.parametrize("text,version", [("slurm 22.05.8\n", (22, 5)), ("slurm-wlm 24.11.5\n", (24, 11)),
@@ -157,17 +157,17 @@ def test_a_power_drain_keeps_opsctls_own_drain_from_being_lifted():
     {"state": ["INVALID"]},  # what Slurm prints for a base state it does not know
 ])
 def test_an_unknown_flag_never_puts_a_node_back_in_service(raw):
-    node = process_nodes_output(json.dumps({"nodes": [{"name": "gpu001", **raw}]}))["gpu001"]
+    node = parse_nodes(json.dumps({"nodes": [{"name": "gpu001", **raw}]}))["gpu001"]
     assert node.out_of_service and node.held_by_slurm and not node.resumable
 
 
 def test_an_unknown_flag_leaves_a_node_in_service_as_its_base_state_says():
-    node = process_nodes_output(json.dumps({"nodes": [{"name": "gpu001", "state": ["IDLE", "SOME_FLAG_OF_2030"]}]}))
+    node = parse_nodes(json.dumps({"nodes": [{"name": "gpu001", "state": ["IDLE", "SOME_FLAG_OF_2030"]}]}))
     assert not node["gpu001"].out_of_service and node["gpu001"].held_by_slurm == ()
 
 
 def test_default_partitions_are_those_with_gpu_nodes():
-    nodes = process_nodes_output((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
+    nodes = parse_nodes((SLURM / "slurmrestd-nodes-23.11.1.json").read_text())
     chosen = select_partitions(nodes, None)
     assert "dtn1" not in chosen and "n0160" in chosen and "n0397" in chosen  # preempt has GPU nodes
     assert set(select_partitions(nodes, ("kerngpu",))) == {"n1000"}

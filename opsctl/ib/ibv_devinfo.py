@@ -35,7 +35,7 @@ class VerbsDevice:
     ports: dict[int, VerbsPort] = field(default_factory=dict)
 
 
-def process_ibv_devinfo_output(text: str) -> list[VerbsDevice]:
+def parse_ibv_devinfo(text: str) -> list[VerbsDevice]:
     devices: list[VerbsDevice] = []
     port: VerbsPort | None = None
     for raw in text.splitlines():

@@ -11,8 +11,9 @@ from pathlib import Path
 import click
 
 from opsctl.commands.context import Clients
-from opsctl.commands.ib import check_report, report_dict
+from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, worst
+from opsctl.ib.report import check_report, report_dict
 from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
 from opsctl.storage.check import StorageReport, storage_report
 
@@ -20,7 +21,7 @@ from opsctl.storage.check import StorageReport, storage_report
 def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: bool, node: str | None,
                window: float | None, sysfs_root: str | None) -> ExitCode:
     clients.config(acting=drain)  # before anything reads it: --drain-self changes the node in Slurm
-    report = check_report(clients, None, None, window, sysfs_root)
+    report = check_report(clients.config().ib, None, None, window, sysfs_root)
     storage = storage_report(clients.config().storage)
     found = results(report) + storage_results(storage)
     if textfile:
@@ -33,7 +34,7 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
                                      found, report)
         code = worst(code, drained)  # a failing storage check still fails the command, though it drains nothing
     if as_json:
-        click.echo(json.dumps({**report_dict(report), "checks": [r.__dict__ for r in found],
+        click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(report), "checks": [r.__dict__ for r in found],
                                "storage": storage_dict(storage), "action": action}, indent=1))
     else:
         details = {(f.check, f.device): f.detail for f in storage.findings}

@@ -1,4 +1,4 @@
-"""`opsctl ib fabric-test`: ib_write_bw between the inventory's nodes, in the rounds opsctl.fabric.pairing
+"""`opsctl ib fabric-test`: ib_write_bw between the inventory's nodes, in the rounds opsctl.fabrictest.pairing
 plans, a verdict per node and HCA with the measured bandwidths, and with --drain the culprits drained.
 
 Exit codes: 0 every rail good, 1 slow, dead or unresolved rails, 2 usage or config error, 3 a node could
@@ -17,9 +17,9 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, SourceUnavailable, worst
-from opsctl.fabric.fabrictest import FabricRunner, ParamikoRemote
-from opsctl.fabric.inventory import Inventory
-from opsctl.fabric.pairing import DEAD, GOOD, SLOW, UNKNOWN, Isolator, RailVerdict, Thresholds
+from opsctl.fabrictest.inventory import Inventory
+from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, Isolator, RailVerdict, Thresholds
+from opsctl.fabrictest.runner import FabricRunner, ParamikoRemote
 from opsctl.health.evaluate import Check
 from opsctl.remediation.findings import FindingsResult, drain_findings, failing_check, shared_cause
 

@@ -1,12 +1,12 @@
 """Run the fabric test's rounds: `ib_write_bw` between nodes over SSH, rail-aligned (HCA i to HCA i).
 
-For each pair of a round (opsctl.fabric.pairing plans them), node b serves and node a connects, one
+For each pair of a round (opsctl.fabrictest.pairing plans them), node b serves and node a connects, one
 server and one client per rail, each rail on its own TCP port (perftest's 18515 + rail). Every
 remote command runs under `timeout`, so a hung test is killed on both ends even when the SSH session
 is gone; the client waits for the server's "Waiting for client" banner before it starts. Pairs run
 `parallel` at a time. A rail whose test fails or times out measures 0 Gb/s (dead).
 
-SSH is opsctl.fabric.ssh's: host keys checked against the inventory's known_hosts (an unknown or
+SSH is opsctl.fabrictest.ssh's: host keys checked against the inventory's known_hosts (an unknown or
 changed key is refused, never added, and stops the run), and every SSH step under a deadline. A rail
 whose SSH call fails or runs past its deadline counts as 0 Gb/s like a failed test, `warn` is told
 in one line (the host and the step), and the run goes on.
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from opsctl.errors import OpsctlError, SourceUnavailable
-from opsctl.fabric.ib_write_bw import process_ib_write_bw_output
-from opsctl.fabric.inventory import SshHost
-from opsctl.fabric.pairing import Measurement, Test
-from opsctl.fabric.ssh import ParamikoRemote as ParamikoRemote  # what `opsctl ib fabric-test` connects with
-from opsctl.fabric.ssh import last_line
+from opsctl.fabrictest.ib_write_bw import parse_ib_write_bw
+from opsctl.fabrictest.inventory import SshHost
+from opsctl.fabrictest.pairing import Measurement, Test
+from opsctl.fabrictest.ssh import ParamikoRemote as ParamikoRemote  # what `opsctl ib fabric-test` connects with
+from opsctl.fabrictest.ssh import last_line
 
 PERFTEST_PORT = 18515
 READY = "Waiting for client"
@@ -81,7 +81,7 @@ class FabricRunner:
             if code != 0:
                 result = RailResult(test, rail, 0.0, f"client exit {code}: {last_line(out)}")
             else:
-                report = process_ib_write_bw_output(out)
+                report = parse_ib_write_bw(out)
                 gbps = report.bw_average if report.unit == "Gb/sec" else report.bw_average * 8 * 1.048576 / 1000
                 result = RailResult(test, rail, gbps)
         except OpsctlError as err:

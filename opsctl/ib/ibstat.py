@@ -44,7 +44,7 @@ class IbCa:
     ports: list[IbPort] = field(default_factory=list)
 
 
-def process_ibstat_output(text: str) -> list[IbCa]:
+def parse_ibstat(text: str) -> list[IbCa]:
     cas: list[IbCa] = []
     port: IbPort | None = None
     for raw in text.splitlines():

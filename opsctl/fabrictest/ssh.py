@@ -21,7 +21,7 @@ from typing import Protocol
 import paramiko
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.inventory import SshHost
+from opsctl.fabrictest.inventory import SshHost
 
 KEEPALIVE_SECONDS = 15.0
 # What paramiko raises when a connection or channel fails or is closed under it.

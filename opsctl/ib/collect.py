@@ -10,15 +10,15 @@ link (class/infiniband/<hca>/device -> the PCI device directory) and the loaded 
 from pathlib import Path
 
 from opsctl.errors import SourceUnavailable
-from opsctl.fabric.check import Port, Snapshot
-from opsctl.fabric.ibstat import process_ibstat_output
-from opsctl.fabric.ibv_devinfo import process_ibv_devinfo_output
-from opsctl.fabric.pcie import read_sysfs_pcie_link
-from opsctl.fabric.sysfs_ib import (
+from opsctl.ib.check import Port, Snapshot
+from opsctl.ib.ibstat import parse_ibstat
+from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
+from opsctl.ib.pcie import read_sysfs_pcie_link
+from opsctl.ib.sysfs import (
     CLASS_DIR,
     SysfsHca,
-    process_sysfs_ib,
-    process_sysfs_listing,
+    parse_sysfs_ib,
+    parse_sysfs_listing,
     read_infiniband_dir,
     read_sysfs_tree,
 )
@@ -31,7 +31,7 @@ _VERBS_STATES = {"PORT_ACTIVE": "ACTIVE", "PORT_DOWN": "DOWN", "PORT_INIT": "INI
 
 def live_snapshot(sysfs_root: Path) -> Snapshot:
     root = Path(sysfs_root)
-    hcas = process_sysfs_ib(read_sysfs_tree(root))
+    hcas = parse_sysfs_ib(read_sysfs_tree(root))
     ports = _sysfs_ports(hcas)
     for port in ports:
         device = root / CLASS_DIR / port.device / "device"
@@ -48,7 +48,7 @@ def capture_snapshot(path: Path) -> Snapshot:
     path = Path(path)
     if path.is_dir():
         files = read_sysfs_tree(path) if (path / CLASS_DIR).is_dir() else read_infiniband_dir(path)
-        return Snapshot(source=f"sysfs capture {path}", ports=_sysfs_ports(process_sysfs_ib(files)))
+        return Snapshot(source=f"sysfs capture {path}", ports=_sysfs_ports(parse_sysfs_ib(files)))
     try:
         text = path.read_text()
     except OSError as err:
@@ -60,7 +60,7 @@ def capture_snapshot(path: Path) -> Snapshot:
         return Snapshot(source=f"ibv_devinfo capture {path}", ports=_verbs_ports(text))
     if "/" in first.partition(": ")[0]:
         return Snapshot(source=f"sysfs capture {path}",
-                        ports=_sysfs_ports(process_sysfs_ib(process_sysfs_listing(text))))
+                        ports=_sysfs_ports(parse_sysfs_ib(parse_sysfs_listing(text))))
     raise SourceUnavailable(f"{path}: not an ibstat or ibv_devinfo output or a sysfs listing (first line {first!r})")
 
 
@@ -73,7 +73,7 @@ def _sysfs_ports(hcas: list[SysfsHca]) -> list[Port]:
 
 def _ibstat_ports(text: str) -> list[Port]:
     ports = []
-    for ca in process_ibstat_output(text):
+    for ca in parse_ibstat(text):
         for p in ca.ports:
             if p.state not in _IBSTAT_STATES:
                 raise SourceUnavailable(f"ibstat: {ca.name} port {p.port}: unknown state {p.state!r}")
@@ -86,7 +86,7 @@ def _ibstat_ports(text: str) -> list[Port]:
 
 def _verbs_ports(text: str) -> list[Port]:
     ports = []
-    for dev in process_ibv_devinfo_output(text):
+    for dev in parse_ibv_devinfo(text):
         for number, p in sorted(dev.ports.items()):
             if p.state not in _VERBS_STATES:
                 raise SourceUnavailable(f"ibv_devinfo: {dev.hca_id} port {number}: unknown state {p.state!r}")

@@ -31,7 +31,7 @@ def _value(text: str) -> CsvValue:
             return text
 
 
-def process_nvidia_smi_csv_output(text: str, fields: list[str] | None = None) -> list[dict[str, CsvValue]]:
+def parse_nvidia_smi_csv(text: str, fields: list[str] | None = None) -> list[dict[str, CsvValue]]:
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("Unable to determine")]
     if fields is None:
         if not lines:

@@ -17,8 +17,8 @@ one line per file:
 
 The tree comes from a live sysfs root (`read_sysfs_tree`, the root is a setting as node_exporter's
 --path.sysfs is), or from a capture: a copied tree, or a listing in the form above
-(`process_sysfs_listing`). Both become the same {relative path: content} mapping, which
-`process_sysfs_ib` turns into records. A value it does not know is an error naming the file.
+(`parse_sysfs_listing`). Both become the same {relative path: content} mapping, which
+`parse_sysfs_ib` turns into records. A value it does not know is an error naming the file.
 """
 
 import re
@@ -89,7 +89,7 @@ def _read_into(files: dict[str, str], base: Path, path: Path) -> None:
         raise SourceUnavailable(f"cannot read {path}: {err.strerror}") from err
 
 
-def process_sysfs_listing(text: str) -> dict[str, str]:
+def parse_sysfs_listing(text: str) -> dict[str, str]:
     """A listing of `<device>/<path>: <content>` lines ('#' lines are comments) as {path: content}."""
     files: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -103,7 +103,7 @@ def process_sysfs_listing(text: str) -> dict[str, str]:
     return files
 
 
-def process_sysfs_ib(files: dict[str, str]) -> list[SysfsHca]:
+def parse_sysfs_ib(files: dict[str, str]) -> list[SysfsHca]:
     """The records of a {path relative to class/infiniband: content} mapping, sorted by device."""
     hcas: dict[str, SysfsHca] = {}
     ports: dict[tuple[str, int], SysfsPort] = {}

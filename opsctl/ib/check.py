@@ -3,7 +3,7 @@
 A `Snapshot` is what one source could tell: the live sysfs tree (everything), or a capture (an
 `ibstat` or `ibv_devinfo` output, a copied sysfs tree), which lacks some facts: a check whose facts
 the source does not hold is listed as skipped with the reason, never passed. `judge` is pure: the
-command reads the hardware (opsctl.fabric.collect) and renders the report.
+command reads the hardware (opsctl.ib.collect) and renders the report.
 
 Check names are stable (JSON, the node-check metrics and docs/infiniband.md use them):
 hca-count, link-layer, port-state, link-rate, firmware, pcie-link, error-counters, kernel-modules.
@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from opsctl.fabric.pcie import PcieLinkStatus
+from opsctl.ib.pcie import PcieLinkStatus
 
 CHECKS = ("hca-count", "link-layer", "port-state", "link-rate", "firmware", "pcie-link", "error-counters",
           "kernel-modules")

@@ -36,7 +36,7 @@ class BandwidthResult:
     unit: str  # "Gb/sec" or "MB/sec"
 
 
-def process_ib_write_bw_output(text: str) -> BandwidthResult:
+def parse_ib_write_bw(text: str) -> BandwidthResult:
     test = device = link_type = unit = ""
     row = None
     for line in text.splitlines():

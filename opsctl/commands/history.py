@@ -1,0 +1,22 @@
+"""`opsctl history`: the audit log, as a table or one JSON object a line."""
+
+import json
+
+import click
+
+from opsctl.commands.context import Clients
+from opsctl.commands.render import render_history
+from opsctl.errors import ExitCode
+from opsctl.remediation.audit import AuditLog
+
+
+def history(clients: Clients, node: str | None, limit: int, as_json: bool) -> ExitCode:
+    records, warnings = AuditLog(clients.config().audit_log).read(node=node, limit=limit)
+    for warning in warnings:
+        click.echo(f"opsctl: warning: {warning}", err=True)
+    if as_json:
+        for record in records:
+            click.echo(json.dumps(record, sort_keys=True))
+    else:
+        click.echo(render_history(records))
+    return ExitCode.OK

@@ -1,0 +1,35 @@
+"""`opsctl nodes`, `opsctl drain` and `opsctl resume`: what a person sees of the nodes and does to them."""
+
+import json
+
+import click
+
+from opsctl.commands.context import Clients
+from opsctl.commands.render import render_nodes
+from opsctl.errors import ExitCode
+from opsctl.remediation.manual import manual_drain, manual_resume
+
+
+def nodes(clients: Clients, as_json: bool) -> ExitCode:
+    found = clients.slurm().nodes()
+    if as_json:
+        click.echo(json.dumps([{"node": n.name, "state": n.state, "flags": list(n.flags), "reason": n.reason,
+                                "owner": n.owner, "partitions": list(n.partitions)} for n in found.values()],
+                              indent=1))
+    else:
+        click.echo(render_nodes(found))
+    return ExitCode.OK
+
+
+def drain(clients: Clients, hostlist: str, reason: str) -> ExitCode:
+    code, lines = manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason)
+    for line in lines:
+        click.echo(line, err=line.startswith("refused"))
+    return code
+
+
+def resume(clients: Clients, hostlist: str, force: bool) -> ExitCode:
+    code, lines = manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force)
+    for line in lines:
+        click.echo(line, err=line.startswith("refused"))
+    return code

@@ -1,0 +1,29 @@
+"""`opsctl rules export` and `opsctl rules list`: the catalog as Prometheus alert rules, a Grafana dashboard,
+or one line a rule."""
+
+import click
+
+from opsctl.commands.context import Clients
+from opsctl.commands.dashboards import gpu_dashboard
+from opsctl.errors import ExitCode
+from opsctl.health.catalog import load_catalog
+from opsctl.health.export import render_prometheus_rules
+from opsctl.metrics.alerts import system_alerts
+
+
+def rules_export(clients: Clients, fmt: str) -> ExitCode:
+    config = clients.config()
+    rules = load_catalog(config)
+    node_label = config.node_mapping.target_label or "instance"
+    if fmt == "grafana":
+        click.echo(gpu_dashboard(config), nl=False)
+    else:
+        click.echo(render_prometheus_rules(rules, node_label=node_label, extra_groups=[system_alerts(config)]),
+                   nl=False)
+    return ExitCode.OK
+
+
+def rules_list(clients: Clients) -> ExitCode:
+    for rule in load_catalog(clients.config()):
+        click.echo(f"{rule.id:22} {rule.severity:4} {rule.action:6} {rule.alert_expr()}")
+    return ExitCode.OK

@@ -1,0 +1,1 @@
+"""What GPU tools print: the parser of `nvidia-smi --query-gpu ... --format=csv`."""

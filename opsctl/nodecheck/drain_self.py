@@ -1,0 +1,92 @@
+"""`opsctl node check --drain-self`: the node drains itself for its own failed checks and resumes itself from
+its own drain, through the one actor, within the fleet's limits (docs/health.md, "The node draining itself").
+
+The reason is `opsctl:node-check <check> <device>, ...`; a person's drain, or one that names another rule
+too, is left alone (as LBNL NHC does with the drains it did not set)."""
+
+import time
+
+from opsctl.config.schema import Config
+from opsctl.errors import ConfigError, ExitCode
+from opsctl.ib.check import Report
+from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
+from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
+from opsctl.remediation.plan import out_of_service_room
+from opsctl.slurm import Slurm, SlurmNode
+from opsctl.slurm.partitions import select_partitions
+from opsctl.storage.check import CHECKS as STORAGE_CHECKS
+
+
+def self_reason(found: list[CheckResult], max_length: int) -> str:
+    failed = [f"{r.check} {r.device}" for r in found if r.failed]
+    return cap_reason(f"{REASON_PREFIX} {', '.join(failed)}", max_length)
+
+
+def shared_shaped(report: Report, found: list[CheckResult], config: Config) -> dict[CheckResult, str]:
+    """The failed results shaped like a cause that every node shares, each with why. A node sees only itself:
+    when the subnet manager is down, a pinned firmware is rolled out, a driver update breaks nvidia_peermem
+    or the storage goes away, all 64 nodes fail the same way at once, and only `opsctl health`, which sees
+    them all (its breaker), can tell that from a node fault. So these never drain the node itself."""
+    shaped: dict[CheckResult, str] = {}
+    states = {port.state for port in report.ports}
+    every_rail = next(iter(states)) if len(states) == 1 and states != {"ACTIVE"} else None
+    firmware = {f.device for f in report.findings if f.check == "firmware" and config.ib.firmware}
+    for result in (r for r in found if r.failed):
+        if result.check in STORAGE_CHECKS:
+            shaped[result] = "a storage check (an outage fails every node at once)"
+        elif result.check == "ib-port-state" and every_rail:
+            shaped[result] = f"every rail is {every_rail} (the subnet manager?)"
+        elif result.check == "ib-firmware" and result.device in firmware:
+            shaped[result] = f"firmware differs from the pinned {config.ib.firmware} (a fleet-wide rollout?)"
+        elif result.check == "ib-kernel-modules":
+            shaped[result] = "a kernel module is missing (a driver update on every node?)"
+    return shaped
+
+
+def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult],
+               report: Report | None = None) -> tuple[ExitCode, str]:
+    """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
+
+    Through the actor (the lock, compare and set, the audit). A failure shaped like a shared cause
+    (shared_shaped) never drains; a drain that would take more nodes out of service with an opsctl reason
+    than safety.max_out_of_service_fraction allows is refused; only a drain whose reason names node-check
+    and nothing else is resumed (`opsctl:node-check,xid-79 ...` needs a person: the XID is not ours)."""
+    shaped = shared_shaped(report, found, config) if report is not None else {
+        r: "a storage check (an outage fails every node at once)" for r in found if r.check in STORAGE_CHECKS}
+    own = [r for r in found if r.failed and r not in shaped]
+    not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
+    with Actor(config, slurm, time.time()) as actor:
+        nodes = actor.nodes()
+        if node not in nodes:
+            raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
+        current = nodes[node]
+        if own:
+            return ExitCode.FAILING, _drain(config, actor, nodes, current, own)
+        if shaped:
+            return ExitCode.FAILING, (f"{node} not drained: {not_drained}; opsctl health, which sees every node, "
+                                      "decides")
+        if current.resumable and current.reason_rules() == [RULE] and not any(r.failed for r in found):
+            made = actor.apply([Change(node=node, event=RESUME, seen=current, checks=(RULE,),
+                                       detail="every node check passes")]).made
+            if made:
+                return ExitCode.OK, f"resumed {node}: every node check passes"
+            return ExitCode.OK, f"{node} not resumed: Slurm changed it meanwhile"
+    return ExitCode.OK, ""
+
+
+def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: SlurmNode,
+           own: list[CheckResult]) -> str:
+    node = current.name
+    if current.out_of_service or current.reason:
+        if current.reason.startswith(REASON_PREFIX):
+            return f"{node} stays drained: {current.reason}"
+        return f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"
+    room, full = out_of_service_room(select_partitions(nodes, config.slurm.partitions), config.safety,
+                                     only_opsctl=True)
+    if room < 1:
+        actor.refuse(node, f"out-of-service-limit: {full}", [RULE], current)
+        return f"{node} not drained: {full}"
+    reason = self_reason(own, config.safety.reason_max_length)
+    made = actor.apply([Change(node=node, event=DRAIN, seen=current, reason=reason, checks=(RULE,),
+                               evidence=", ".join(sorted({r.check for r in own})))]).made
+    return f"drained {node}: {reason}" if made else f"{node} not drained: Slurm changed it meanwhile"

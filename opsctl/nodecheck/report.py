@@ -1,0 +1,85 @@
+"""`opsctl node check`: the results of every node-local check (the InfiniBand precheck and storage health), and
+their text for node_exporter's textfile collector.
+
+Metrics (one file, written atomically; node_exporter reads only *.prom):
+
+    opsctl_node_check{check="ib-port-state",device="mlx5_2"} 1   a failing check, per device
+    opsctl_node_check{check="ib-link-rate",device="node"} 0       a check that ran and passed
+    opsctl_node_check{check="storage-mount-hung",device="/home"} 1   storage: the device is the mount point,
+    opsctl_node_check{check="lustre-import-down",device="lustre-OST0002"} 1   or the Lustre target
+    opsctl_node_nfs_rpc_retransmissions_total{mount="/home"} 12   per NFS mount, cumulative since it mounted
+    opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
+
+A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
+rule `node-check` never reads a missing check as a pass, and the timestamp shows a check that stopped.
+
+With --drain-self the node drains itself for them (opsctl.nodecheck.drain_self).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.errors import ConfigError
+from opsctl.fileio import write_atomic
+from opsctl.ib.check import CHECKS, Report
+from opsctl.slurm import OWNED_PREFIX
+from opsctl.storage.check import StorageReport
+
+RULE = "node-check"
+NODE = "node"
+REASON_PREFIX = f"{OWNED_PREFIX}{RULE}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str  # "ib-port-state"
+    device: str  # an HCA, or "node" for the node itself and for a check that passed
+    failed: bool
+
+
+def results(report: Report, family: str = "ib") -> list[CheckResult]:
+    # Prometheus drops an empty label, and the catalog rule needs the device: "node" stands for the node.
+    out = [CheckResult(f"{family}-{f.check}", f.device or NODE, True) for f in report.findings]
+    failed = {f.check for f in report.findings}
+    out += [CheckResult(f"{family}-{check}", NODE, False) for check in CHECKS
+            if check not in failed and check not in report.skipped]
+    return sorted(set(out), key=lambda r: (r.check, r.device))
+
+
+def storage_results(report: StorageReport) -> list[CheckResult]:
+    out = [CheckResult(f.check, f.device, True) for f in report.findings]
+    failed = {f.check for f in report.findings}
+    out += [CheckResult(check, NODE, False) for check in report.checked if check not in failed]
+    return sorted(set(out), key=lambda r: (r.check, r.device))
+
+
+def _label(value: str) -> str:
+    """A label value in the text exposition format: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None) -> str:
+    lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
+             "# TYPE opsctl_node_check gauge"]
+    lines += [f'opsctl_node_check{{check="{r.check}",device="{_label(r.device)}"}} {int(r.failed)}' for r in found]
+    if storage and storage.nfs:
+        lines += ["# HELP opsctl_node_nfs_rpc_retransmissions_total RPC retransmissions of an NFS mount "
+                  "(/proc/self/mountstats: transmissions beyond the first of each op).",
+                  "# TYPE opsctl_node_nfs_rpc_retransmissions_total counter"]
+        lines += [f'opsctl_node_nfs_rpc_retransmissions_total{{mount="{_label(point)}"}} {stats.retransmissions}'
+                  for point, stats in sorted(storage.nfs.items())]
+    lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
+              "# TYPE opsctl_node_check_timestamp_seconds gauge",
+              f"opsctl_node_check_timestamp_seconds {now:.3f}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path: Path, text: str) -> None:
+    """Atomically (opsctl.fileio): node_exporter never reads half a file, and a name planted in the
+    directory is never followed."""
+    if not (path.is_absolute() and path.name.endswith(".prom")):
+        raise ConfigError(f"--textfile {path}: must be an absolute path ending in .prom")
+    try:
+        write_atomic(path, text, mode=0o644)
+    except OSError as err:
+        raise ConfigError(f"--textfile {path}: {err.strerror}") from err
