@@ -1,6 +1,6 @@
 """`opsctl health --watch` serves its metrics on metrics.listen_address: an address it cannot bind is a
 config error, before any run. That the lab's Prometheus scrapes the served metrics is tested in
-tests/integration/test_dashboard_lab.py."""
+tests/integration/lab/test_dashboard_lab.py."""
 
 import socket
 

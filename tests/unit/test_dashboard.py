@@ -1,6 +1,6 @@
 """The Grafana dashboards: generated from the catalog and the config (opsctl/dashboards), shipped in
 dashboards/, valid for file provisioning, and with the catalog's thresholds. That every query parses and
-returns data is tested against real Prometheus (tests/component, tests/integration/test_dashboard_lab.py)."""
+returns data is tested against real Prometheus (tests/component, tests/integration/lab/test_dashboard_lab.py)."""
 
 import json
 import re

@@ -49,7 +49,7 @@ def test_a_healthy_node_mounts_home_shared_and_lustre(tmp_path):
 
 
 def test_mount_missing_drops_shared_and_nfs_hung_hangs_the_home_mount_point(tmp_path, monkeypatch):
-    # The hang is a FUSE mount (root, a holder process: tests/integration/test_lab_storage.py); here, where
+    # The hang is a FUSE mount (root, a holder process: tests/integration/lab/test_lab_storage.py); here, where
     # it goes and when it ends.
     calls = []
     monkeypatch.setattr(hung_mount, "hang", lambda point, pidfile: calls.append(("hang", point, pidfile)))

@@ -6,7 +6,7 @@ and a munge key rotation that keeps Slurm working.
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only inside
 systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here proves the
 epilog's cleanup; real cgroup enforcement is covered on `opsctl lab up`'s host-level slurmd
-(tests/integration/test_lab_cgroup.py, docs/provisioning.md).
+(tests/integration/lab/test_lab_cgroup.py, docs/provisioning.md).
 """
 
 import time

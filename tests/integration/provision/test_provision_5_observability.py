@@ -28,7 +28,6 @@ from tests.integration.provision.support import (
 pytestmark = [NEEDS_ROOT]
 
 
-# ---- observability: alerts, Alertmanager, opsctl's metrics, Grafana's files ----------------------
 ALERT_WEBHOOK_PORT = 9199  # inventory/lab/group_vars/controller.yml, alertmanager_webhooks
 
 

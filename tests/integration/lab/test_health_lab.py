@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.integration.health_support import HealthLab, LabVictoria
+from tests.integration.lab.health_support import HealthLab, LabVictoria
 
 pytestmark = pytest.mark.lab
 

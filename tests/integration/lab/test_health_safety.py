@@ -12,7 +12,7 @@ import yaml
 
 from opsctl.remediation.state import RunLock
 from tests.component.promlab import FakeProm, free_port
-from tests.integration.health_support import HealthLab
+from tests.integration.lab.health_support import HealthLab
 
 pytestmark = pytest.mark.lab
 

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tests.component.promlab import free_port
-from tests.integration.health_support import HealthLab
+from tests.integration.lab.health_support import HealthLab
 
 pytestmark = pytest.mark.lab
 

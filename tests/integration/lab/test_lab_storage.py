@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.health_support import HealthLab
+from tests.integration.lab.health_support import HealthLab
 
 pytestmark = pytest.mark.lab
 NODE = "gpu044"  # the health tests' range; their table module has cleared it by now
