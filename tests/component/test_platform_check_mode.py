@@ -136,6 +136,9 @@ UBUNTU_GPU_PACKAGES = {
 def run(tmp_path_factory) -> Run:
     tmp = tmp_path_factory.mktemp("check-mode")
     allowed = {name: {"nvidia_reboot_allowed": name != "gpu003"} for name in HOSTS}
+    # Whamcloud builds no Lustre client for Debian 12: site.yml's preflight play refuses the node before
+    # anything changes anywhere unless it names a site build (docs/storage-provisioning.md).
+    allowed["gpu003"]["lustre_client_repo_url"] = "https://repo.example.net/lustre/debian-12/client"
     # gpu003 is a node the cluster knows from an earlier run, so slurm.conf still lists it when it
     # stops before this run's hardware discovery.
     return Run(*run_check_mode(tmp, HOSTS, {"slurm_site_repository": SITE_REPOSITORY, "slurm_version": SLURM},
