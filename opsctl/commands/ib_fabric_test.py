@@ -21,7 +21,8 @@ from opsctl.fabrictest.inventory import Inventory
 from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, Isolator, RailVerdict, Thresholds
 from opsctl.fabrictest.runner import FabricRunner, ParamikoRemote
 from opsctl.health.evaluate import Check
-from opsctl.remediation.findings import FindingsResult, drain_findings, failing_check, shared_cause
+from opsctl.remediation.findings import drain_findings, failing_check, shared_cause
+from opsctl.remediation.outcome import Outcome
 
 RULE = "ib-fabric"
 _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}
@@ -52,12 +53,12 @@ def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, gro
     # Unresolved rails count too: when a rail fails everywhere, no node can be shown good to judge the others.
     not_good = sum(1 for rails in verdicts.values() if any(v.verdict != GOOD for v in rails.values()))
     stop = shared_cause(not_good, len(hosts), ib.max_fail_fraction, "the fabric test")
-    actions = FindingsResult()
+    actions = Outcome()
     if found and (drain or dry_run):
         actions = drain_findings(config, clients.slurm(), found, stop, dry_run)
     elif stop:
         actions.lines.append(stop)
-        actions.exit_code = ExitCode.SAFETY_STOP
+        actions.stop, actions.exit_code = stop, ExitCode.SAFETY_STOP
     code = ExitCode.OK if all(v.verdict == GOOD for r in verdicts.values() for v in r.values()) else ExitCode.FAILING
     summary = {"rounds": isolator.rounds, "pair_tests": sum(1 for r in runner.results if r.rail == 0),
                "rail_tests": len(runner.results), "slow_gbps": ib.slow_gbps}
@@ -130,7 +131,7 @@ def _measurements(node: str, verdict: RailVerdict, rounds: Rounds) -> list[dict[
 
 
 def _json(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: list[str], summary: dict[str, Any],
-          actions: FindingsResult) -> dict[str, Any]:
+          actions: Outcome) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     culprits: list[dict[str, str]] = []
     for node, by_rail in sorted(verdicts.items()):
@@ -141,11 +142,11 @@ def _json(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: li
         nodes.append({"node": node, "verdict": _node_verdict(by_rail), "hcas": hcas})
     passed = all(n["verdict"] == GOOD for n in nodes)
     return {"schema": JSON_SCHEMA, **summary, "verdict": "pass" if passed else "fail", "culprits": culprits,
-            "nodes": nodes, "actions": actions.lines, "stop": actions.plan.stop}
+            "nodes": nodes, "actions": actions.lines, "stop": actions.stop}
 
 
 def _table(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: list[str], summary: dict[str, Any],
-           actions: FindingsResult) -> str:
+           actions: Outcome) -> str:
     lines = []
     for node, by_rail in sorted(verdicts.items()):
         bad = [(rail, v) for rail, v in sorted(by_rail.items()) if v.verdict != GOOD]

@@ -20,7 +20,6 @@ or a drain limit of `opsctl health --drain`; nothing was drained for the breaker
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +31,11 @@ from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, SourceUnavailable, worst
 from opsctl.health.evaluate import Check
 from opsctl.remediation.act import RESUME, Actor, Change
-from opsctl.remediation.findings import FindingsResult, drain_findings, failing_check, shared_cause
+from opsctl.remediation.findings import drain_findings, failing_check, shared_cause
+from opsctl.remediation.outcome import Outcome
 from opsctl.slurm import Slurm
 
 RULE = "ib-precheck"
-
-
-@dataclass
-class Outcome:
-    quarantine: list[str] = field(default_factory=list)  # the nodes whose precheck fails
-    passed: list[str] = field(default_factory=list)
-    drained: list[str] = field(default_factory=list)
-    resumed: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    stop: str = ""
-    exit_code: ExitCode = ExitCode.OK
 
 
 def read_reports(path: str) -> dict[str, dict[str, Any]]:
@@ -86,28 +75,28 @@ def subnet_manager_stop(reports: dict[str, dict[str, Any]]) -> str:
     return ""
 
 
+def verdicts(reports: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(the nodes whose precheck fails, those that pass)."""
+    return (sorted(n for n, r in reports.items() if r["verdict"] == "fail"),
+            sorted(n for n, r in reports.items() if r["verdict"] == "pass"))
+
+
 def decide(config: Config, slurm: Slurm, reports: dict[str, dict[str, Any]], dry_run: bool,
            now: float | None = None) -> Outcome:
     now = time.time() if now is None else now
-    outcome = Outcome()
-    found = {node: findings(r) for node, r in sorted(reports.items()) if r["verdict"] == "fail"}
-    outcome.quarantine = sorted(found)
-    outcome.passed = sorted(n for n, r in reports.items() if r["verdict"] == "pass")
+    failing, passed = verdicts(reports)
+    found = {node: findings(reports[node]) for node in failing}
     stop = subnet_manager_stop(reports)
     if not stop:
         stop = shared_cause(len(found), len(reports), config.ib.max_fail_fraction, "the InfiniBand precheck")
         if stop and sum(all_ports_init(r) for r in reports.values()) * 2 > len(found):
             stop += "; most of them have every port in INIT: is the subnet manager down?"
-    result = FindingsResult()
-    if found or stop:
-        result = drain_findings(config, slurm, found, stop, dry_run, now=now)
-    outcome.lines += result.lines
-    outcome.stop = result.plan.stop
-    outcome.drained = sorted(result.drained)
+    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else Outcome()
+    outcome.drained.sort()
     if not stop:
-        resumed, lines = resume_own(config, slurm, outcome.passed, dry_run, now)
+        resumed, lines = resume_own(config, slurm, passed, dry_run, now)
         outcome.resumed, outcome.lines = resumed, outcome.lines + lines
-    outcome.exit_code = worst(ExitCode.FAILING if found else ExitCode.OK, result.exit_code)
+    outcome.exit_code = worst(ExitCode.FAILING if found else ExitCode.OK, outcome.exit_code)
     return outcome
 
 
@@ -131,13 +120,14 @@ def resume_own(config: Config, slurm: Slurm, passed: list[str], dry_run: bool,
 def quarantine(clients: Clients, results: str, as_json: bool, dry_run: bool) -> ExitCode:
     reports = read_reports(results)
     outcome = decide(clients.config(acting=not dry_run), clients.slurm(), reports, dry_run)
+    failing, passed = verdicts(reports)
     if as_json:
-        click.echo(json.dumps({"schema": JSON_SCHEMA, "tested": sorted(reports), "quarantine": outcome.quarantine,
-                               "passed": outcome.passed, "drained": outcome.drained, "resumed": outcome.resumed,
+        click.echo(json.dumps({"schema": JSON_SCHEMA, "tested": sorted(reports), "quarantine": failing,
+                               "passed": passed, "drained": outcome.drained, "resumed": outcome.resumed,
                                "dry_run": dry_run, "stop": outcome.stop, "actions": outcome.lines}, indent=1))
     else:
-        for node in outcome.quarantine:
+        for node in failing:
             click.echo(f"quarantine {node}: " + "; ".join(c.evidence for c in findings(reports[node])))
         click.echo("\n".join(outcome.lines) if outcome.lines else "nothing to drain or resume")
-        click.echo(f"{len(reports)} node(s) tested: {len(outcome.passed)} pass, {len(outcome.quarantine)} fail")
+        click.echo(f"{len(reports)} node(s) tested: {len(passed)} pass, {len(failing)} fail")
     return outcome.exit_code

@@ -15,6 +15,7 @@ from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, worst
 from opsctl.ib.report import check_report, report_dict
 from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
+from opsctl.remediation.outcome import Outcome
 from opsctl.storage.check import StorageReport, storage_report
 
 
@@ -27,12 +28,13 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
     if textfile:
         write_textfile(Path(textfile), metrics_text(found, time.time(), storage))
     code = ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING
-    action = ""
+    outcome = Outcome()
     if drain:
         # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
-        drained, action = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0],
-                                     found, report)
-        code = worst(code, drained)  # a failing storage check still fails the command, though it drains nothing
+        outcome = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0], found,
+                             report)
+        code = worst(code, outcome.exit_code)  # a storage check fails the command, though it drains nothing
+    action = "\n".join(outcome.lines)
     if as_json:
         click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(report), "checks": [r.__dict__ for r in found],
                                "storage": storage_dict(storage), "action": action}, indent=1))

@@ -8,6 +8,7 @@ from opsctl.commands.context import Clients
 from opsctl.commands.render import render_nodes
 from opsctl.errors import ExitCode
 from opsctl.remediation.manual import manual_drain, manual_resume
+from opsctl.remediation.outcome import Outcome
 
 
 def nodes(clients: Clients, as_json: bool) -> ExitCode:
@@ -22,14 +23,14 @@ def nodes(clients: Clients, as_json: bool) -> ExitCode:
 
 
 def drain(clients: Clients, hostlist: str, reason: str) -> ExitCode:
-    code, lines = manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason)
-    for line in lines:
-        click.echo(line, err=line.startswith("refused"))
-    return code
+    return _show(manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason))
 
 
 def resume(clients: Clients, hostlist: str, force: bool) -> ExitCode:
-    code, lines = manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force)
-    for line in lines:
+    return _show(manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force))
+
+
+def _show(outcome: Outcome) -> ExitCode:
+    for line in outcome.lines:
         click.echo(line, err=line.startswith("refused"))
-    return code
+    return outcome.exit_code

@@ -11,6 +11,7 @@ from opsctl.errors import ConfigError, ExitCode
 from opsctl.ib.check import Report
 from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
 from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
+from opsctl.remediation.outcome import Outcome
 from opsctl.remediation.plan import out_of_service_room
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
@@ -44,7 +45,7 @@ def shared_shaped(report: Report, found: list[CheckResult], config: Config) -> d
 
 
 def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult],
-               report: Report | None = None) -> tuple[ExitCode, str]:
+               report: Report | None = None) -> Outcome:
     """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
 
     Through the actor (the lock, compare and set, the audit). A failure shaped like a shared cause
@@ -61,32 +62,35 @@ def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]
             raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
         current = nodes[node]
         if own:
-            return ExitCode.FAILING, _drain(config, actor, nodes, current, own)
+            return _drain(config, actor, nodes, current, own)
         if shaped:
-            return ExitCode.FAILING, (f"{node} not drained: {not_drained}; opsctl health, which sees every node, "
-                                      "decides")
+            return Outcome([f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides"],
+                           exit_code=ExitCode.FAILING)
         if current.resumable and current.reason_rules() == [RULE] and not any(r.failed for r in found):
             made = actor.apply([Change(node=node, event=RESUME, seen=current, checks=(RULE,),
                                        detail="every node check passes")]).made
             if made:
-                return ExitCode.OK, f"resumed {node}: every node check passes"
-            return ExitCode.OK, f"{node} not resumed: Slurm changed it meanwhile"
-    return ExitCode.OK, ""
+                return Outcome([f"resumed {node}: every node check passes"], resumed=[node])
+            return Outcome([f"{node} not resumed: Slurm changed it meanwhile"])
+    return Outcome()
 
 
 def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: SlurmNode,
-           own: list[CheckResult]) -> str:
-    node = current.name
+           own: list[CheckResult]) -> Outcome:
+    node, failing = current.name, ExitCode.FAILING
     if current.out_of_service or current.reason:
         if current.reason.startswith(REASON_PREFIX):
-            return f"{node} stays drained: {current.reason}"
-        return f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"
+            return Outcome([f"{node} stays drained: {current.reason}"], exit_code=failing)
+        return Outcome([f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"],
+                       exit_code=failing)
     room, full = out_of_service_room(select_partitions(nodes, config.slurm.partitions), config.safety,
                                      only_opsctl=True)
     if room < 1:
         actor.refuse(node, f"out-of-service-limit: {full}", [RULE], current)
-        return f"{node} not drained: {full}"
+        return Outcome([f"{node} not drained: {full}"], stop=full, exit_code=failing)
     reason = self_reason(own, config.safety.reason_max_length)
     made = actor.apply([Change(node=node, event=DRAIN, seen=current, reason=reason, checks=(RULE,),
                                evidence=", ".join(sorted({r.check for r in own})))]).made
-    return f"drained {node}: {reason}" if made else f"{node} not drained: Slurm changed it meanwhile"
+    if made:
+        return Outcome([f"drained {node}: {reason}"], drained=[node], exit_code=failing)
+    return Outcome([f"{node} not drained: Slurm changed it meanwhile"], exit_code=failing)

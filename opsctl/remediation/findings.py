@@ -10,23 +10,15 @@ manager), not in the nodes, and nothing is drained.
 """
 
 import time
-from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.remediation.act import DRAIN, Actor, Change
-from opsctl.remediation.plan import Plan, plan_drains
+from opsctl.remediation.outcome import Outcome
+from opsctl.remediation.plan import plan_drains
 from opsctl.slurm import Slurm
 from opsctl.slurm.partitions import select_partitions
-
-
-@dataclass
-class FindingsResult:
-    plan: Plan = field(default_factory=Plan)
-    lines: list[str] = field(default_factory=list)  # what was done or refused, one line each
-    drained: list[str] = field(default_factory=list)  # drained, or with dry_run would be
-    exit_code: ExitCode = ExitCode.OK
 
 
 def failing_check(rule: str, device: str, evidence: str, value: float | None = None,
@@ -45,19 +37,19 @@ def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str)
 
 
 def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], stop: str, dry_run: bool,
-                   now: float | None = None) -> FindingsResult:
+                   now: float | None = None) -> Outcome:
     """Drain the nodes of `found` (node -> its failing checks) unless `stop` (the caller's breaker) is set.
 
     A node that is not a Slurm node of the judged partitions (an inventory that names nodes by FQDN while
     slurm.conf uses short names) is named `skip:not-in-slurm` and makes the result exit 2: a culprit that
     cannot be drained must never read as a clean run."""
     now = time.time() if now is None else now
-    result = FindingsResult()
+    result = Outcome()
     with Actor(config, slurm, now) as actor:
         if stop:
             for node, checks in sorted(found.items()):
                 actor.refuse(node, stop, [c.id for c in checks], dry_run=dry_run)
-            result.plan.stop, result.plan.breaker = stop, True
+            result.stop = stop
             result.lines.append(stop)
             result.exit_code = ExitCode.SAFETY_STOP
             return result
@@ -65,7 +57,6 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
         report = Report(nodes={n: NodeVerdict(n, status="fail", checks=list(c), in_slurm=n in cluster)
                                for n, c in found.items() if c}, rules=[])
         plan = plan_drains(report, cluster, [], config.safety, len(actor.state.recent("drains", now)), dry_run)
-        result.plan = plan
         for decision in plan.refusals():
             actor.refuse(decision.node, decision.detail, [c.id for c in found[decision.node]], decision.seen,
                          dry_run=dry_run)
@@ -90,6 +81,7 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
             result.lines += [f"drained {c.node}: {c.reason}" for c in acted.made]
             result.drained += [c.node for c in acted.made]
     if plan.stop:
+        result.stop = plan.stop
         result.lines.append(plan.stop)
         result.exit_code = worst(result.exit_code, ExitCode.SAFETY_STOP)
     return result

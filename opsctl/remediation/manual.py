@@ -10,6 +10,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
 from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
 from opsctl.remediation.audit import AuditLog
+from opsctl.remediation.outcome import Outcome
 from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 
@@ -23,7 +24,7 @@ def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict[str, SlurmNod
 
 
 def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
-                 max_length: int | None = None) -> tuple[ExitCode, list[str]]:
+                 max_length: int | None = None) -> Outcome:
     text = " ".join(text.split())
     if not text:
         raise ConfigError("--reason must not be empty")
@@ -31,12 +32,12 @@ def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
     return _act(config, slurm, hostlist, DRAIN, reason, text, force=False)
 
 
-def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> tuple[ExitCode, list[str]]:
+def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> Outcome:
     return _act(config, slurm, hostlist, RESUME, "", "", force)
 
 
 def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, text: str,
-         force: bool) -> tuple[ExitCode, list[str]]:
+         force: bool) -> Outcome:
     """A person's drain or resume of the nodes of `hostlist`, through the actor; a node drained by someone
     else is refused (a resume with --force takes it anyway, and the audit record says so)."""
     now = time.time()
@@ -64,7 +65,9 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
         lines += [f"refused {n}: drained by someone else ({nodes[n].reason or nodes[n].state})" for n in refused]
     else:
         lines += [f"refused {n}: drained by someone else ({nodes[n].reason}); --force resumes it" for n in refused]
-    return (ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK), lines
+    done = [c.node for c in made]
+    return Outcome(lines=lines, drained=done if event == DRAIN else [], resumed=done if event == RESUME else [],
+                   exit_code=ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK)
 
 
 def _foreign(node: SlurmNode, event: str) -> bool:

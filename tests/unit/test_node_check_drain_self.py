@@ -29,6 +29,12 @@ def checked(tmp_path, *faults, firmware=None):
     return results(report), report
 
 
+def self_check(*args):
+    """(exit code, the line it printed) of one --drain-self."""
+    outcome = drain_self(*args)
+    return outcome.exit_code, "\n".join(outcome.lines)
+
+
 def config_for(tmp_path, raw=None):
     return parse_config(raw or {}, "t", env={"OPSCTL_STATE_DIR": str(tmp_path / "state")})
 
@@ -37,12 +43,12 @@ def test_a_failing_node_drains_itself_once_and_resumes_itself_when_it_passes(tmp
     config = config_for(tmp_path)
     slurm = FakeSlurm(gpu_nodes(64))
     failing, report = checked(tmp_path, ("ib-down", "mlx5_2"))
-    code, line = drain_self(config, slurm, "gpu007", failing, report)
+    code, line = self_check(config, slurm, "gpu007", failing, report)
     assert code == ExitCode.FAILING
     assert slurm.nodes()["gpu007"].reason == f"{REASON_PREFIX} ib-port-state mlx5_2"
     assert line == f"drained gpu007: {REASON_PREFIX} ib-port-state mlx5_2"
-    assert drain_self(config, slurm, "gpu007", failing, report)[1].startswith("gpu007 stays drained")
-    assert drain_self(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "resumed gpu007: every node check passes")
+    assert self_check(config, slurm, "gpu007", failing, report)[1].startswith("gpu007 stays drained")
+    assert self_check(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "resumed gpu007: every node check passes")
     assert not slurm.nodes()["gpu007"].drained
     events = [(r["event"], r["checks"]) for r in AuditLog(config.audit_log).read()[0]]
     assert events == [("drain", ["node-check"]), ("resume", ["node-check"])]
@@ -52,8 +58,8 @@ def test_a_drain_someone_else_set_is_left_alone_either_way(tmp_path):
     config = config_for(tmp_path)
     slurm = FakeSlurm(gpu_nodes(64, gpu007=node("gpu007", flags=["DRAIN"], reason="ticket-123 bad dimm")))
     failing, report = checked(tmp_path, ("ib-down", "mlx5_2"))
-    assert drain_self(config, slurm, "gpu007", failing, report)[1].startswith("gpu007 left alone")
-    assert drain_self(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "")
+    assert self_check(config, slurm, "gpu007", failing, report)[1].startswith("gpu007 left alone")
+    assert self_check(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "")
     assert slurm.nodes()["gpu007"].reason == "ticket-123 bad dimm" and slurm.calls == []
 
 
@@ -62,7 +68,7 @@ def test_a_drain_that_names_another_rule_too_is_never_resumed_by_a_passing_self_
     config = config_for(tmp_path)
     reason = "opsctl:node-check,xid-79 ib-port-state mlx5_2; gpu 3 xid 79"
     slurm = FakeSlurm(gpu_nodes(64, gpu007=node("gpu007", flags=["DRAIN"], reason=reason)))
-    assert drain_self(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "")
+    assert self_check(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "")
     assert slurm.nodes()["gpu007"].reason == reason and slurm.calls == []
 
 
@@ -73,7 +79,7 @@ def test_a_storage_check_never_drains_the_node_itself_and_still_fails(tmp_path):
     found, report = checked(tmp_path)
     storage = [CheckResult("lustre-import-down", "lustre-OST0002", True), CheckResult("storage-mount-hung", "/home",
                                                                                       True)]
-    code, line = drain_self(config, slurm, "gpu007", found + storage, report)
+    code, line = self_check(config, slurm, "gpu007", found + storage, report)
     assert code == ExitCode.FAILING and line.startswith("gpu007 not drained: lustre-import-down lustre-OST0002")
     assert "opsctl health" in line and slurm.calls == []
 
@@ -83,7 +89,7 @@ def test_every_rail_in_init_is_the_subnet_manager_and_drains_no_node(tmp_path):
     slurm = FakeSlurm(gpu_nodes(64))
     found, report = checked(tmp_path, ("sm-down", None))
     assert any(r.failed and r.check == "ib-port-state" for r in found)
-    code, line = drain_self(config, slurm, "gpu007", found, report)
+    code, line = self_check(config, slurm, "gpu007", found, report)
     assert code == ExitCode.FAILING and "every rail is INIT" in line and line.startswith("gpu007 not drained")
     assert slurm.calls == []
 
@@ -92,7 +98,7 @@ def test_one_rail_down_among_active_ones_is_the_nodes_own_fault(tmp_path):
     """The shared-cause shape is every rail in one state: one DOWN rail still drains."""
     slurm = FakeSlurm(gpu_nodes(64))
     found, report = checked(tmp_path, ("ib-down", "mlx5_2"))
-    assert drain_self(config_for(tmp_path), slurm, "gpu007", found, report)[1].startswith("drained gpu007")
+    assert self_check(config_for(tmp_path), slurm, "gpu007", found, report)[1].startswith("drained gpu007")
 
 
 def test_a_firmware_off_the_pinned_one_or_a_missing_module_drains_no_node(tmp_path):
@@ -100,10 +106,10 @@ def test_a_firmware_off_the_pinned_one_or_a_missing_module_drains_no_node(tmp_pa
     slurm = FakeSlurm(gpu_nodes(64))
     found, report = checked(tmp_path, firmware="28.39.1002")  # the emulated HCAs run another version
     assert any(r.failed and r.check == "ib-firmware" for r in found)
-    code, line = drain_self(config, slurm, "gpu007", found, report)
+    code, line = self_check(config, slurm, "gpu007", found, report)
     assert code == ExitCode.FAILING and "pinned 28.39.1002" in line and slurm.calls == []
     module = [CheckResult("ib-kernel-modules", "node", True)]
-    code, line = drain_self(config, slurm, "gpu007", module, report)
+    code, line = self_check(config, slurm, "gpu007", module, report)
     assert code == ExitCode.FAILING and "kernel module" in line and slurm.calls == []
 
 
@@ -115,12 +121,12 @@ def test_it_refuses_to_drain_past_the_out_of_service_limit_and_says_why(tmp_path
             for i in range(40, 46)}
     slurm = FakeSlurm(gpu_nodes(64, **held))
     failing, report = checked(tmp_path, ("ib-down", "mlx5_2"))
-    code, line = drain_self(config, slurm, "gpu007", failing, report)
+    code, line = self_check(config, slurm, "gpu007", failing, report)
     assert code == ExitCode.FAILING and slurm.calls == []
     assert line == ("gpu007 not drained: 6 of 64 nodes are out of service with an opsctl reason; draining more "
                     "would pass safety.max_out_of_service_fraction 0.1")
     slurm.state["gpu045"] = node("gpu045", flags=["DRAIN"], reason="ticket-9 psu")
-    assert drain_self(config, slurm, "gpu007", failing, report)[1].startswith("drained gpu007")
+    assert self_check(config, slurm, "gpu007", failing, report)[1].startswith("drained gpu007")
 
 
 class ChangesOnSecondRead(FakeSlurm):
@@ -136,11 +142,11 @@ def test_drain_and_resume_re_read_the_node_and_leave_a_changed_one_alone(tmp_pat
     config = config_for(tmp_path)
     slurm = ChangesOnSecondRead(gpu_nodes(64))
     failing, report = checked(tmp_path, ("ib-down", "mlx5_2"))
-    code, line = drain_self(config, slurm, "gpu007", failing, report)
+    code, line = self_check(config, slurm, "gpu007", failing, report)
     assert (code, line) == (ExitCode.FAILING, "gpu007 not drained: Slurm changed it meanwhile")
     assert slurm.calls == [] and slurm.nodes()["gpu007"].reason == "ticket-7 reseat"
     ours = node("gpu007", flags=["DRAIN"], reason=f"{REASON_PREFIX} ib-port-state mlx5_2")
     slurm = ChangesOnSecondRead(gpu_nodes(64, gpu007=ours))
-    assert drain_self(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "gpu007 not resumed: Slurm changed it "
+    assert self_check(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "gpu007 not resumed: Slurm changed it "
                                                                           "meanwhile")
     assert slurm.calls == []
