@@ -143,12 +143,13 @@ def test_a_held_lock_exits_4(world):
     with RunLock(world.tmp / "state"):
         assert world.run("health", "--drain") == 4
     assert "another acting opsctl holds" in world.stderr and world.slurm.calls == []
+    assert world.run("health", "--drain") == 1 and world.slurm.calls  # released again: the next run acts
 
 
 def test_a_state_directory_others_can_write_is_exit_2(world):
     (world.tmp / "state").mkdir(mode=0o777)
     (world.tmp / "state").chmod(0o777)
-    assert world.run("health", "--drain") == 2 and "writable by group or others" in world.stderr
+    assert world.run("health", "--drain") == 2 and "writable by group or others (mode 0777)" in world.stderr
 
 
 def test_an_unexpected_error_is_exit_3_with_one_line_and_a_traceback_only_with_debug(world):

@@ -76,8 +76,9 @@ class HealthLab:
         while True:
             try:
                 _, nodes = self.health_json("--nodes", scope)
-            except AssertionError as err:  # a Prometheus that has just started knows no target yet (exit 2)
-                if "has no target of job" not in str(err) or time.monotonic() > deadline:
+            except AssertionError as err:  # a Prometheus that has just started knows no target yet
+                starting = "has no target of job" in str(err) or "has no `up` series at all" in str(err)
+                if not starting or time.monotonic() > deadline:
                     raise
                 time.sleep(1)
                 continue

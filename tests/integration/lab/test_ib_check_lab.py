@@ -39,8 +39,10 @@ def test_an_injected_fault_fails_the_check_naming_the_hca(lab, fault, failed, wi
     opsctl("lab", "inject", NODE, fault, "--hca", "2", env=lab.env)
     try:
         # The emulator rewrites the tree within a tick of the injection.
-        code, report = lab.wait_until(lambda: (r := check(lab, "--window", window))[0] == 1 and r, 30,
-                                      f"{fault} in the sysfs tree")
+        # The last test's fault may still be in the tree for a tick after its clear: wait for this one's.
+        code, report = lab.wait_until(lambda: (r := check(lab, "--window", window))[0] == 1
+                                      and any(h["device"] == "mlx5_2" and failed in h["failed"] for h in r[1]["hcas"])
+                                      and r, 30, f"{fault} in the sysfs tree")
         by_device = {h["device"]: h["failed"] for h in report["hcas"]}
         assert by_device.pop("mlx5_2") == [failed]
         assert set(map(tuple, by_device.values())) == {()}
@@ -117,3 +119,6 @@ def test_sm_down_on_every_node_drains_no_node_itself_and_each_says_why(lab, tmp_
         assert "opsctl:node-check" not in reasons
     finally:
         opsctl("lab", "clear", "all", env=lab.env)
+        # Later tests judge these nodes through Prometheus: every port must read ACTIVE there again first.
+        lab.wait_until(lambda: not lab.query("node_infiniband_state_id < 4"), 60, "every port ACTIVE in Prometheus",
+                       interval=2)
