@@ -8,12 +8,15 @@ involved, so a probe that only ever creates new random names hangs on it as it w
 
 The FUSE connection lives as long as its /dev/fuse descriptor is open: a small holder process keeps it
 (its PID file beside the node's storage files) and exits when the process that started it does, so a
-lab that stops leaves no live hang. `release` ends the holder, which aborts the connection (every waiter
-gets ENOTCONN at once), and detaches the mount. Both are idempotent, and read /proc/self/mountinfo rather
-than the mount point, which would hang them.
+lab that stops leaves no live hang. In a lab machine `opsctl-hw` mounts the hang and exits at once: its
+wrapper sets OPSCTL_HUNG_MOUNT_STAYS=1, and the holder then stays until `release` or until the machine
+stops (which ends every process in it), as the fault does. `release` ends the holder, which aborts the
+connection (every waiter gets ENOTCONN at once), and detaches the mount. Both are idempotent, and read
+/proc/self/mountinfo rather than the mount point, which would hang them.
 
-Needs root and /dev/fuse (the simulated lab's host has both; a systemd-nspawn lab machine has no
-/dev/fuse, and `hang` raises OSError there).
+Needs root and /dev/fuse: the simulated lab's host has both; a systemd-nspawn machine has /dev/fuse only
+when it is bound in (the lab's GPU machines get `--bind=/dev/fuse`, opsctl_lab.machines.nspawn), and
+`hang` raises OSError without it.
 """
 
 import ctypes
@@ -30,13 +33,20 @@ from opsctl_lab import processes
 FSTYPE = "fuse.opsctl-hung"
 MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
 HOLDER_MARK = "opsctl-hung-holder"
-# Keeps the inherited /dev/fuse descriptor open, never reads it, and exits when its parent does.
+STAYS_ENV = "OPSCTL_HUNG_MOUNT_STAYS"  # "1": the holder outlives the process that mounts the hang
+# Keeps the inherited /dev/fuse descriptor open, never reads it, and exits when its parent does (parent
+# 0: never; only `release` or the end of the machine ends it).
 _HOLDER = f"""
 import os, sys, time  # {HOLDER_MARK}
 parent = int(sys.argv[1])
-while os.getppid() == parent:
+while parent == 0 or os.getppid() == parent:
     time.sleep(1)
 """
+
+
+def holder_parent() -> int:
+    """The PID whose exit ends the holder: this process, or 0 (none) where OPSCTL_HUNG_MOUNT_STAYS=1."""
+    return 0 if os.environ.get(STAYS_ENV) == "1" else os.getpid()
 
 
 def _libc() -> ctypes.CDLL:
@@ -77,9 +87,9 @@ def hang(point: Path, pidfile: Path) -> None:
     try:
         options = f"fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other".encode()
         if _libc().mount(b"opsctl-hung", str(point).encode(), FSTYPE.encode(), MS_NOSUID | MS_NODEV, options) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot mount the hang: {os.strerror(err)}", str(point))
-        holder = subprocess.Popen([sys.executable, "-I", "-c", _HOLDER, str(os.getpid())], pass_fds=(fd,),
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount the hang: {os.strerror(code)}", str(point))
+        holder = subprocess.Popen([sys.executable, "-I", "-c", _HOLDER, str(holder_parent())], pass_fds=(fd,),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
         processes.write_pidfile(pidfile, holder.pid)

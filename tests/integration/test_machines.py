@@ -239,7 +239,11 @@ def test_a_fault_changes_that_machine_only():
 
 
 FAULT_MACHINE = "gpu3"  # the GPU machine that the storage fault tests break
-PROBE = f"/home/.opsctl-probe/.opsctl-probe-{FAULT_MACHINE}"  # where `opsctl node check` writes its probe
+# opsctl's own storage probe (opsctl.storage.probe: a child that stats the mount and writes a new probe
+# file), run in the machine from the copy of opsctl that its emulated tools use: it needs nothing else.
+PROBE_HOME = ("cd / && PYTHONPATH=/opt/opsctl-hw python3 -c 'from opsctl.storage.probe import probe_mounts; "
+              "r = probe_mounts({\"/home\": \"/home/.opsctl-probe\", \"/lustre\": None}, 3); "
+              "print(r[\"/home\"].status, r[\"/lustre\"].status)'")
 # A unit that needs the storage as slurmd does with its drop-in `RequiresMountsFor=/shared /lustre`.
 NEEDS_STORAGE = "opsctl-test-needs-storage.service"
 NEEDS_STORAGE_UNIT = """[Unit]
@@ -269,9 +273,18 @@ def mounted(machine):
     return set(parse_mountinfo(on(machine, "cat /var/lib/opsctl-hw/storage/mountinfo").stdout))
 
 
+def hung_home(machine):
+    """The filesystem types mounted on /home, from the machine's own mountinfo (a stat would hang)."""
+    out = on(machine, "awk '$5 == \"/home\" {split($0, a, \" - \"); split(a[2], b, \" \"); print b[1]}' "
+                      "/proc/self/mountinfo").stdout
+    return out.split()
+
+
 def test_storage_faults_in_a_gpu_machine():
     """lustre-ost-down in lctl and lfs; mount-missing stops the real shared.mount, which cannot start again
-    (nor can a unit that requires it) until clear; nfs-hung puts a FIFO where the /home probe goes."""
+    (nor can a unit that requires it) until clear; nfs-hung makes /home hang (a FUSE mount that never
+    answers, opsctl_lab.hung_mount): opsctl's probe and a stat of /home wait until clear, which ends the
+    hang, its waiters and its mount."""
     m = FAULT_MACHINE
     on(m, "systemctl is-active shared.mount lustre.mount")
     on(m, "touch /shared/written && test -e /var/lib/opsctl-hw/storage/exports/shared/written")  # a real bind mount
@@ -293,13 +306,23 @@ def test_storage_faults_in_a_gpu_machine():
         assert mounted(m) == {"/", "/home", "/lustre"}
         assert is_active(m, "lustre.mount") == "active"
 
+        assert on(m, PROBE_HOME).stdout.split() == ["ok", "ok"]
         assert opsctl("inject", m, "nfs-hung").returncode == 0
-        on(m, f"test -p {PROBE}")
+        # In its own SSH session: the hang outlives opsctl-hw and the session that injected it.
+        assert on(m, PROBE_HOME).stdout.split() == ["hung", "ok"]
+        assert on(m, "timeout 2 stat /home", check=False).returncode == 124  # killed waiting, not failed
+        assert hung_home(m) == ["fuse.opsctl-hung"]
+        on(m, "setsid stat /home >/tmp/waiter.out 2>&1 </dev/null & echo $! >/tmp/waiter.pid")
     finally:
         assert opsctl("clear", m).returncode == 0
     assert lustre_down(m) == ([], [])
     assert is_active(m, "shared.mount") == "active"
-    on(m, f"test ! -e {PROBE} && test -e /shared/written")
+    # The waiter got its answer (ENOTCONN) when the hang ended; the mount and its holder are gone.
+    on(m, "for i in $(seq 50); do kill -0 $(cat /tmp/waiter.pid) 2>/dev/null || break; sleep 0.1; done; "
+          "! kill -0 $(cat /tmp/waiter.pid) 2>/dev/null && ! pgrep -f 'opsctl-hung-[h]older'")
+    assert "Transport endpoint is not connected" in on(m, "cat /tmp/waiter.out").stdout
+    assert hung_home(m) == [] and on(m, PROBE_HOME).stdout.split() == ["ok", "ok"]
+    on(m, "test -e /shared/written")
     assert mounted(m) == {"/", "/home", "/shared", "/lustre"}
     assert is_active(m, NEEDS_STORAGE) != "active"  # clear mounts again but starts nothing else
     on(m, f"systemctl start {NEEDS_STORAGE} && systemctl stop {NEEDS_STORAGE} && rm /etc/systemd/system/"
@@ -326,8 +349,10 @@ def _lab_processes():
 
 
 def test_down_leaves_nothing_and_up_again_works():
-    # A storage fault outlives the restart, as broken hardware does (checked after `up` below).
+    # Storage faults outlive the restart, as broken hardware does (checked after `up` below); a hung /home
+    # keeps no machine from halting.
     assert opsctl("inject", FAULT_MACHINE, "mount-missing").returncode == 0
+    assert opsctl("inject", FAULT_MACHINE, "nfs-hung").returncode == 0
     out = opsctl("down")
     assert out.returncode == 0, out.stderr
     assert opsctl("status").returncode == 1  # machines stopped: not what the tier should run
@@ -347,8 +372,10 @@ def test_down_leaves_nothing_and_up_again_works():
     assert time.monotonic() - began < 60  # a warm image
     assert "cached" in out.stdout and "total" in out.stdout
     on("gpu3", "nvidia-smi -L")
-    assert f"faults {FAULT_MACHINE}: mount-missing" in out.stdout
+    assert f"faults {FAULT_MACHINE}: mount-missing, nfs-hung" in out.stdout
     assert is_active(FAULT_MACHINE, "shared.mount") != "active" and "/shared" not in mounted(FAULT_MACHINE)
     assert on(FAULT_MACHINE, "systemctl start shared.mount", check=False).returncode != 0
+    assert on(FAULT_MACHINE, PROBE_HOME).stdout.split() == ["hung", "ok"]  # hung again from boot on
     assert opsctl("clear", FAULT_MACHINE).returncode == 0
     assert is_active(FAULT_MACHINE, "shared.mount") == "active" and "/shared" in mounted(FAULT_MACHINE)
+    assert hung_home(FAULT_MACHINE) == [] and on(FAULT_MACHINE, PROBE_HOME).stdout.split() == ["ok", "ok"]

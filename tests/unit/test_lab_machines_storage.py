@@ -1,11 +1,14 @@
 """The storage of a lab machine's GPU node (hwinstall and `opsctl-hw`): the Lustre tools at the real
 paths, the bind mount units that stand in for /shared and /lustre, their sources moved away while
-`mount-missing` lasts (also across a restart), and the emulated mountinfo, mountstats and hung probe
-that `opsctl node check` reads."""
+`mount-missing` lasts (also across a restart), and the emulated mountinfo, mountstats and hung /home
+that `opsctl node check` reads, and what makes that hang work in a machine: the host's /dev/fuse bound
+into GPU machines, and a hang that outlives the opsctl-hw that mounts it."""
 
 import os
 import socket
 import stat
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from opsctl_lab import hung_mount
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware
 from opsctl_lab.hwtools import admin, common
-from opsctl_lab.machines import hwinstall, lifecycle
+from opsctl_lab.machines import hwinstall, lifecycle, nspawn
 from opsctl_lab.machines.settings import HW_STATE, Settings
 
 STORAGE_FAULTS = ("lustre-ost-down", "mount-missing", "nfs-hung")
@@ -44,9 +47,10 @@ def test_the_lustre_client_tools_are_at_their_real_paths(tmp_path):
         assert stat.S_IMODE(tool.stat().st_mode) == 0o755
         assert tool.read_text().endswith(f"exec /usr/bin/python3 -m opsctl_lab.hwtools.{module} \"$@\"\n")
         assert "OPSCTL_HW_MOUNT_BASE" not in tool.read_text()
-    # Only opsctl-hw writes the machine's own mount points.
+    # Only opsctl-hw writes the machine's own mount points, and its hung /home outlives it (until clear).
     admin_tool = in_layer(upper, "/usr/local/sbin/opsctl-hw").read_text()
-    assert "OPSCTL_HW_MOUNT_BASE=/ PYTHONPATH=/opt/opsctl-hw exec" in admin_tool
+    assert "OPSCTL_HW_MOUNT_BASE=/ OPSCTL_HUNG_MOUNT_STAYS=1 PYTHONPATH=/opt/opsctl-hw exec" in admin_tool
+    assert "OPSCTL_HUNG_MOUNT_STAYS" not in in_layer(upper, "/usr/bin/nvidia-smi").read_text()
 
 
 def test_shared_and_lustre_are_enabled_bind_mount_units_of_the_exports(tmp_path):
@@ -199,3 +203,57 @@ def test_inject_and_clear_all_reach_every_gpu_machine_and_no_other(monkeypatch):
     lifecycle.inject("gpu2", "nfs-hung", settings=settings)
     assert calls == [(n, ["inject", "lustre-ost-down"]) for n in ("gpu1", "gpu2", "gpu3")] + [
         (n, ["clear"]) for n in ("gpu1", "gpu2", "gpu3")] + [("gpu2", ["inject", "nfs-hung"])]
+
+
+def run_holder(monkeypatch, parent, ppid, max_sleeps=3):
+    """The hung mount's holder script with a fake clock: how many seconds it held before it exited."""
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) >= max_sleeps:
+            raise TimeoutError("still holding")
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(os, "getppid", lambda: ppid)
+    monkeypatch.setattr(sys, "argv", ["-c", str(parent)])
+    try:
+        exec(hung_mount._HOLDER, {})  # noqa: S102 - the script the holder process runs
+    except TimeoutError:
+        return None  # never exits by itself
+    return len(sleeps)
+
+
+def test_in_a_machine_the_hang_outlives_opsctl_hw(monkeypatch):
+    """opsctl-hw exits as soon as it has mounted the hang: in a machine (OPSCTL_HUNG_MOUNT_STAYS=1) the
+    holder has no parent to follow and holds until clear kills it; elsewhere it follows its parent."""
+    monkeypatch.delenv(hung_mount.STAYS_ENV, raising=False)
+    assert hung_mount.holder_parent() == os.getpid()
+    monkeypatch.setenv(hung_mount.STAYS_ENV, "1")
+    assert hung_mount.holder_parent() == 0
+    assert run_holder(monkeypatch, parent=0, ppid=1) is None  # reparented to the machine's init: holds on
+    assert run_holder(monkeypatch, parent=4242, ppid=4242) is None  # its parent lives: holds on
+    assert run_holder(monkeypatch, parent=4242, ppid=1) == 0  # its parent is gone: lets go at once
+
+
+def test_gpu_machines_get_the_hosts_fuse_device_and_no_other_machine_does(tmp_path, monkeypatch):
+    fuse = tmp_path / "fuse"
+    assert nspawn.gpu_machine_args(fuse) == []  # a host without FUSE: the machine starts, nfs-hung fails
+    fuse.touch()
+    assert nspawn.gpu_machine_args(fuse) == [f"--bind={fuse}"]
+    started = {}
+    monkeypatch.setattr(nspawn, "gpu_machine_args", lambda: ["--bind=/dev/fuse"])
+    monkeypatch.setattr(lifecycle.disks, "nspawn_args", lambda settings: ["--bind=/dev/loop7:/dev/vdb"])
+    monkeypatch.setattr(nspawn, "running_pid", lambda settings, name: None)
+    monkeypatch.setattr(nspawn, "prepare_layer", lambda settings, name, names, key: tmp_path / name)
+    monkeypatch.setattr(nspawn, "start", lambda settings, name, extra: started.setdefault(name, extra))
+    monkeypatch.setattr(hwinstall, "install", lambda upper, name, address: None)
+    for module, name in ((lifecycle.net, "ensure_machine_netns"), (lifecycle.keys, "write_known_hosts"),
+                         (lifecycle.inventory, "write")):
+        monkeypatch.setattr(module, name, lambda *args: None)
+    monkeypatch.setattr(lifecycle.keys, "ensure_client_key", lambda settings: "ssh-ed25519 AAAA lab")
+    monkeypatch.setattr(lifecycle, "_known", lambda settings: [])
+    settings = Settings(net=7, state_dir=tmp_path, inventory_dir=tmp_path, apt_cache_dir=tmp_path)
+    assert lifecycle._start_machines(settings, ["head", "stor1", "gpu1", "gpu2"]) == ["head", "stor1", "gpu1", "gpu2"]
+    assert started == {"head": [], "stor1": ["--bind=/dev/loop7:/dev/vdb"], "gpu1": ["--bind=/dev/fuse"],
+                       "gpu2": ["--bind=/dev/fuse"]}

@@ -10,6 +10,7 @@ from pathlib import Path
 import opsctl
 import opsctl_lab
 from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
+from opsctl_lab.hung_mount import STAYS_ENV
 from opsctl_lab.hwtools.admin import BIND_MOUNTS, export_dir, mount_unit, place_exports
 from opsctl_lab.machines.settings import (
     DCGM_PORT,
@@ -24,6 +25,7 @@ from opsctl_lab.storage_view import MOUNTS
 # Real install paths: nvidia-smi from the NVIDIA driver, ibstat from infiniband-diags, ibv_devinfo
 # from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the Lustre client.
 ADMIN_TOOL = "/usr/local/sbin/opsctl-hw"
+ADMIN_ENV = f"OPSCTL_HW_MOUNT_BASE=/ {STAYS_ENV}=1 "
 TOOLS = {
     "/usr/bin/nvidia-smi": "opsctl_lab.hwtools.nvidia_smi",
     "/usr/sbin/ibstat": "opsctl_lab.hwtools.ibstat",
@@ -128,8 +130,9 @@ def install(upper: Path, name: str, address: str) -> None:
     for path, module in TOOLS.items():
         target = upper / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        # opsctl-hw writes the mount points of the machine itself (storage_view with base /).
-        target.write_text(wrapper(module, "OPSCTL_HW_MOUNT_BASE=/ " if path == ADMIN_TOOL else ""))
+        # opsctl-hw writes the mount points of the machine itself (storage_view with base /), and the hung
+        # /home of nfs-hung outlives it (opsctl_lab.hung_mount): it lasts until clear, as the fault does.
+        target.write_text(wrapper(module, ADMIN_ENV if path == ADMIN_TOOL else ""))
         target.chmod(0o755)
     state = upper / HW_STATE.lstrip("/")
     # Keep injected faults across a restart, as hardware would; the minor numbers are the machine's own.

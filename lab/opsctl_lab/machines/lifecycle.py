@@ -120,8 +120,9 @@ def _start_machines(settings: Settings, names: list[str]) -> list[str]:
         uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
         if is_gpu_machine(name):
             hwinstall.install(uppers[name], name, settings.addr(name))
-        extra = disks.nspawn_args(settings) if name == STORAGE_MACHINE else []
-        nspawn.start(settings, name, extra)
+        machine_args = (disks.nspawn_args(settings) if name == STORAGE_MACHINE
+                        else nspawn.gpu_machine_args() if is_gpu_machine(name) else [])
+        nspawn.start(settings, name, machine_args)
         started.append(name)
     keys.write_known_hosts(settings, uppers)
     inventory.write(settings, names)  # as soon as the machines exist; SSH answers a few seconds later

@@ -94,6 +94,18 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
     return proc.pid
 
 
+FUSE_DEVICE = Path("/dev/fuse")
+
+
+def gpu_machine_args(fuse: Path = FUSE_DEVICE) -> list[str]:
+    """What a GPU machine gets besides the common arguments: the host's /dev/fuse, for the `nfs-hung`
+    fault's FUSE mount (opsctl_lab.hung_mount). nspawn's /dev has no FUSE device of its own, and a bound
+    device node needs no device cgroup rule here: nspawn applies its device policy (DeviceAllow=) only to
+    a scope it registers, and the lab runs it with --register=no --keep-unit (--property= is ignored
+    then). A host without FUSE starts its machines all the same; only nfs-hung fails there, in one line."""
+    return [f"--bind={fuse}"] if fuse.exists() else []
+
+
 PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 
 
