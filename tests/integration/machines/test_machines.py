@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.skipif(any(shutil.which(t) is None for t in ("systemd-nspawn", "debootstrap", "apt-cacher-ng")),
                        reason="make deps-machines"),
 ]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LAB_DIR = Path(f"/tmp/opsctl-test-machines-{os.environ.get('OPSCTL_TEST_LAB_NET', '1')}")
 ENV = dict(os.environ, OPSCTL_LAB_NET=os.environ.get("OPSCTL_TEST_LAB_NET", "1"), OPSCTL_LAB_DIR=str(LAB_DIR),
            OPSCTL_LAB_INVENTORY=str(LAB_DIR / "inventory"))
