@@ -78,7 +78,7 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
     audit = AuditLog(config.audit_log)
     try:
         with Actor(config, slurm, now, done=done, lock=options.acting) as actor:
-            result = Run(config, options, load_catalog(config), prom, actor, now).execute()
+            return Run(config, options, load_catalog(config), prom, actor, now, started).execute()
     except Exception as err:
         if options.planning:
             with contextlib.suppress(OpsctlError):  # the audit log itself may be what failed
@@ -89,15 +89,13 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
         if done and not isinstance(err, RunAborted):
             raise RunAborted(err, list(done)) from err
         raise
-    result.seconds = time.monotonic() - started
-    return result
 
 
 class Run:
     def __init__(self, config: Config, options: RunOptions, rules: list[Rule], prom: PromQuery, actor: Actor,
-                 now: float):
+                 now: float, started: float):
         self.config, self.options, self.rules, self.prom = config, options, rules, prom
-        self.actor, self.now = actor, now
+        self.actor, self.now, self.started = actor, now, started  # started: time.monotonic() at the run's start
         self.state = StateDir(config.state_dir)
 
     def execute(self) -> RunResult:
@@ -129,7 +127,8 @@ class Run:
         if any(v.status == "fail" for v in report.nodes.values()):
             code = worst(code, ExitCode.FAILING)
         return RunResult(report=report, exit_code=code, plan=plan, options=self.options, done=self.actor.done,
-                         started=self.now, cluster=_within(cluster, scope), after=_within(after, scope))
+                         started=self.now, seconds=time.monotonic() - self.started,
+                         cluster=_within(cluster, scope), after=_within(after, scope))
 
     def _scope(self, cluster: dict[str, SlurmNode]) -> set[str] | None:
         if not self.options.scope:

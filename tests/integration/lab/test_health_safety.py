@@ -109,6 +109,9 @@ def test_breaker_stops_everything_when_too_many_nodes_fail(h):
     proc = h.opsctl("health", "--drain", "--json", "--nodes", "gpu[055-064]")
     assert proc.returncode == 4  # the per-run budget (4) now stops the rest
     assert sum(1 for n in nodes if h.slurm()[n].drained) == 4
+    # Ten nodes failing at once would trip the next test's breaker too: they read ok again before it starts.
+    h.cleanup()
+    h.wait_statuses("gpu[055-064]", dict.fromkeys(nodes, "ok"))
 
 
 def test_a_run_that_finds_the_lock_held_acts_on_nothing(h):
