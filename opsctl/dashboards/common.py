@@ -94,8 +94,11 @@ def rule_thresholds(rule: Rule) -> db.ThresholdsConfig:
 def panel_expr(rule: Rule) -> str:
     """The rule's PromQL for plotting: the value it compares with the threshold, without the hold (a
     hold of 5m would hide a fault for 5 minutes): a range over Grafana's rate interval instead of the
-    rule's hold, and the value before opsctl's hold wrapper (Rule.plot_expr) for the rules it holds."""
-    return (rule.plot_expr or rule.expr).replace(f"[{rule.hold}]", "[$__rate_interval]")
+    rule's hold, and the value before opsctl's hold wrapper (Rule.plot_expr) for the rules it holds. A
+    counter's `and x offset <hold>` (the series must exist at the window's start) follows the window."""
+    expr = rule.plot_expr or rule.expr
+    return expr.replace(f"[{rule.hold}]", "[$__rate_interval]").replace(f"offset {rule.hold}",
+                                                                        "offset $__rate_interval")
 
 
 def mapping(values: dict[int, tuple[str, str]]) -> list[dm.ValueMapping]:

@@ -139,7 +139,7 @@ def test_health_panels_plot_the_rules_promql_with_the_rate_interval_for_the_hold
     gpu = DASHBOARDS["opsctl-gpu.json"]
     expr = by_title(gpu, "sbe-storm")["targets"][0]["expr"]
     assert expr.startswith('(rate(DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"}[$__rate_interval]) '
-                           'and DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"} offset 5m)')
+                           'and DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{job="dcgm"} offset $__rate_interval)')
     assert 'gpu=~"$gpu"' in expr and 'node=~"$node"' in expr
 
 

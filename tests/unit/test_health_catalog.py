@@ -134,7 +134,14 @@ def test_every_counter_rule_needs_the_series_at_the_window_start():
             assert window == rule.hold, rule.id
             assert f"[{window}]) and {selector} offset {window}" in rule.expr, (rule.id, selector)
         assert "delta(" not in rule.expr and "irate(" not in rule.expr
-    assert found == 1 + 1 + 1 + 4 + 3 + 1  # ecc-dbe-new, pcie-replays, sbe-storm, nvlink, ib-errors, nfs
+    assert found == 1 + 1 + 4 + 3 + 1  # pcie-replays, sbe-storm, nvlink, ib-errors, nfs
+
+
+def test_a_new_dbe_is_the_counter_above_its_lowest_in_the_hold():
+    """A step, not a rate: one sample before it is enough history, and a series that first appears above
+    zero reads 0 on every engine (min_over_time has no first-sample rule to differ on)."""
+    expr = rules_of()["ecc-dbe-new"].expr
+    assert "increase(" not in expr and "min_over_time(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in expr
 
 
 def test_node_check_stale_warns_and_its_threshold_is_overridable():

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -120,6 +122,21 @@ class LabVictoria:
     @staticmethod
     def available() -> bool:
         return shutil.which("victoria-metrics") is not None
+
+    def wait_scraped(self, lab, node: str, timeout: float = 60) -> None:
+        """Until VictoriaMetrics holds two scrapes of the node: a fault injected after it is one it saw
+        begin (a counter's step from its old value), as Prometheus did."""
+        query = urllib.parse.urlencode({"query": f'count_over_time(up{{node="{node}"}}[1m])'})
+
+        def scraped() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as answer:
+                    result = json.load(answer)["data"]["result"]
+            except OSError:
+                return False
+            return bool(result) and min(float(r["value"][1]) for r in result) >= 2
+
+        lab.wait_until(scraped, timeout, f"VictoriaMetrics scraping {node} twice", interval=1)
 
     def stop(self) -> None:
         self.proc.terminate()

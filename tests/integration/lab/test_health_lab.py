@@ -45,6 +45,8 @@ def table(lab, tmp_path_factory):
     h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 12, "max_drains_per_run": 20, "max_drains_per_hour": 100})
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     try:
+        if victoria is not None:  # it must see a DBE begin, as Prometheus does, or it rightly reads no new DBE
+            victoria.wait_scraped(lab, "gpu036")
         for fault, node, gpu, hca, _ in DRAIN_ROWS + WARN_ROWS:
             h.inject(node, fault, gpu=gpu, hca=hca)
         h.inject("gpu050", "exporter-down")

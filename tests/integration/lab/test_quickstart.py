@@ -58,7 +58,7 @@ def test_the_readme_quickstart_gives_the_outputs_it_shows(lab):
         assert status == rc, f"{command}: exit {status}\n{body}"
         return body
 
-    for command in ("make deps-lab venv", ". .venv/bin/activate", 'eval "$(opsctl lab env)"', "sleep 12"):
+    for command in ("make deps-lab venv", ". .venv/bin/activate", 'eval "$(opsctl lab env)"', "sleep 25"):
         output(command)
     assert re.search(r"^lab ready: 64 nodes \(", output("opsctl lab up"), re.M)
     reset = output("opsctl lab reset")

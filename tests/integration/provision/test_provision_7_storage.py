@@ -169,6 +169,19 @@ def health(machines: Machines, *args: str) -> subprocess.CompletedProcess:
     return machines.ssh(machines.head, f"{OPSCTL} health {' '.join(args)}", check=False, timeout=300)
 
 
+def wait_for_health_failing(machines: Machines, nodes: list[str]) -> None:
+    """Read-only runs until opsctl health judges each node failing: every rule holds for two scrape
+    intervals, so a result Prometheus has just scraped does not fail a node yet."""
+    def failing() -> bool:
+        run = health(machines, "--json")
+        if run.returncode not in (0, 1, 4):
+            return False
+        status = {n["node"]: n["status"] for n in json.loads(run.stdout)["nodes"]}
+        return all(status.get(n) == "fail" for n in nodes)
+
+    wait_until(failing, 60, f"opsctl health judging {', '.join(nodes)} failing", interval=3)
+
+
 @pytest.fixture
 def health_timer_stopped(machines):
     """The head's health timer and the GPU machines' node check timers stopped, so that every check, drain
@@ -213,6 +226,7 @@ def test_lustre_ost_down_on_gpu2_is_drained_named_and_resumed_after_a_clear(heal
     run_node_checks(machines, [node])
     wait_until(lambda: node_check_series(machines, "lustre-import-down").get(node) == 1, 60,
                f"Prometheus showing {node}'s failed Lustre import")
+    wait_for_health_failing(machines, [node])
 
     drain = health(machines, "--drain")
     assert drain.returncode == 1, drain.stdout[-3000:] + drain.stderr
@@ -240,6 +254,7 @@ def test_lustre_ost_down_on_every_machine_stops_the_breaker_naming_storage(healt
     run_node_checks(machines, machines.gpu_nodes)
     wait_until(lambda: all(node_check_series(machines, "lustre-import-down").get(n) == 1 for n in machines.gpu_nodes),
                90, "Prometheus showing every machine's failed Lustre import")
+    wait_for_health_failing(machines, machines.gpu_nodes)
     run = health(machines, "--drain", "--json")
     assert run.returncode == 4, run.stdout[-3000:] + run.stderr
     assert json.loads(run.stdout)["summary"]["outage"] == "storage"
