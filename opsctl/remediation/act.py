@@ -16,7 +16,8 @@ scontrol call, in this order:
 4. audit: one fsync'd record per change. `done` lists each change as it is made, so that any error after
    it (the audit log's disk full: exit 3; Ctrl-C: exit 130, with an audit record) still says what was done.
 
-A reason longer than safety.reason_max_length is cut with "..." here, once, for every command.
+`cap_reason` is the one place a reason longer than safety.reason_max_length is cut with "...", for every
+command that builds one.
 """
 
 import contextlib
