@@ -238,11 +238,12 @@ def test_lustre_ost_down_on_gpu2_is_drained_named_and_resumed_after_a_clear(heal
     run_node_checks(machines, [node])
     wait_until(lambda: node_check_series(machines, "lustre-import-down").get(node) == 0, 60,
                f"Prometheus showing {node}'s Lustre imports FULL again")
-    # The lab resumes a node once its rules have been ok for 10 s (safety.resume_after).
+    # The lab resumes a node once its rules have been ok for 10 s (safety.resume_after); the failed import's
+    # last samples still count for one hold (two scrape intervals), when the run still finds it failing (1).
     def resumed():
         resume = health(machines, "--resume")
-        assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr
-        return machines.drained(node) is None
+        assert resume.returncode in (0, 1), resume.stdout[-3000:] + resume.stderr
+        return resume.returncode == 0 and machines.drained(node) is None
 
     wait_until(resumed, 90, f"`opsctl health --resume` returning {node}", interval=5)
 
