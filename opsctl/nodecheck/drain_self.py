@@ -23,15 +23,16 @@ def self_reason(found: list[CheckResult], max_length: int) -> str:
     return cap_reason(f"{REASON_PREFIX} {', '.join(failed)}", max_length)
 
 
-def shared_shaped(report: Report, found: list[CheckResult], config: Config) -> dict[CheckResult, str]:
+def shared_shaped(report: Report | None, found: list[CheckResult], config: Config) -> dict[CheckResult, str]:
     """The failed results shaped like a cause that every node shares, each with why. A node sees only itself:
     when the subnet manager is down, a pinned firmware is rolled out, a driver update breaks nvidia_peermem
     or the storage goes away, all 64 nodes fail the same way at once, and only `opsctl health`, which sees
-    them all (its breaker), can tell that from a node fault. So these never drain the node itself."""
+    them all (its breaker), can tell that from a node fault. So these never drain the node itself. Without
+    the InfiniBand report (`report` None) only the storage checks can be judged so."""
     shaped: dict[CheckResult, str] = {}
-    states = {port.state for port in report.ports}
+    states = {port.state for port in report.ports} if report else set()
     every_rail = next(iter(states)) if len(states) == 1 and states != {"ACTIVE"} else None
-    firmware = {f.device for f in report.findings if f.check == "firmware" and config.ib.firmware}
+    firmware = {f.device for f in report.findings if f.check == "firmware" and config.ib.firmware} if report else set()
     for result in (r for r in found if r.failed):
         if result.check in STORAGE_CHECKS:
             shaped[result] = "a storage check (an outage fails every node at once)"
@@ -52,8 +53,7 @@ def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]
     (shared_shaped) never drains; a drain that would take more nodes out of service with an opsctl reason
     than safety.max_out_of_service_fraction allows is refused; only a drain whose reason names node-check
     and nothing else is resumed (`opsctl:node-check,xid-79 ...` needs a person: the XID is not ours)."""
-    shaped = shared_shaped(report, found, config) if report is not None else {
-        r: "a storage check (an outage fails every node at once)" for r in found if r.check in STORAGE_CHECKS}
+    shaped = shared_shaped(report, found, config)
     own = [r for r in found if r.failed and r not in shaped]
     not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
     with Actor(config, slurm, time.time()) as actor:

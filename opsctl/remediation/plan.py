@@ -95,9 +95,9 @@ def out_of_service_room(cluster: dict[str, SlurmNode], safety: SafetyConfig,
     total = len(counted)
     out_now = sum(1 for node in counted.values() if node.out_of_service and (node.owned or not only_opsctl))
     room = max(0, math.floor(safety.max_out_of_service_fraction * total + 1e-9) - out_now)
-    what = "with an opsctl reason " if only_opsctl else ""
-    return room, (f"{out_now} of {total} nodes are out of service {what}; draining more would pass "
-                  f"safety.max_out_of_service_fraction {safety.max_out_of_service_fraction:g}").replace(" ;", ";")
+    what = " with an opsctl reason" if only_opsctl else ""
+    return room, (f"{out_now} of {total} nodes are out of service{what}; draining more would pass "
+                  f"safety.max_out_of_service_fraction {safety.max_out_of_service_fraction:g}")
 
 
 def breaker_limit(safety: SafetyConfig, cluster_nodes: int) -> float:
