@@ -204,9 +204,10 @@ def drain_decisions(report, rules, slurm_nodes) -> dict:
 
 
 def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None):
-    """Evaluate against Prometheus, then against every other database until it has the same scrapes
-    (at most a few seconds): verdicts and drain decisions must be identical. Returns Prometheus' report,
-    its client and the rules."""
+    """Evaluate against Prometheus and every other database until they have the same scrapes (at most a
+    few seconds): verdicts and drain decisions must be identical. Both sides are read again each time, so
+    that a Prometheus answer caught mid-change (a series that has just vanished, a hold half over) is not
+    held against a database that has moved on. Returns Prometheus' report, its client and the rules."""
     from opsctl.health.catalog import load_catalog
     from opsctl.health.evaluate import evaluate
     from opsctl.prom import PromClientImpl
@@ -217,13 +218,16 @@ def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None)
     for kind, tsdb in tsdbs.items():
         if kind == "prometheus":
             continue
-        deadline = time.monotonic() + 8
+        deadline = time.monotonic() + 10
         while True:
             other = evaluate(PromClientImpl(tsdb.url), rules, config, slurm_nodes, memory, now)
             if verdicts(other) == verdicts(report) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        assert verdicts(other) == verdicts(report), f"{kind} and Prometheus differ"
+            report = evaluate(client, rules, config, slurm_nodes, memory, now)
+        mine, theirs = verdicts(report), verdicts(other)
+        differ = {n: (mine.get(n), theirs.get(n)) for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n)}
+        assert not differ, f"{kind} and Prometheus differ (node: Prometheus, {kind}): {differ}"
         assert drain_decisions(other, rules, slurm_nodes) == drain_decisions(report, rules, slurm_nodes)
         assert other.queries == report.queries
     return report, client, rules

@@ -236,3 +236,34 @@ def test_reset_of_stopped_machines_is_one_line_exit_2(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
         "opsctl: error: the lab machines are not running; start them with `opsctl lab machines up`"]
+
+
+def test_each_machine_gets_cgroups_of_its_own_in_the_hierarchies_systemd_uses(tmp_path):
+    hybrid = tmp_path / "hybrid"
+    for hierarchy in ("systemd", "unified", "memory"):
+        (hybrid / hierarchy).mkdir(parents=True)
+        (hybrid / hierarchy / "cgroup.procs").touch()
+    first, other = Settings(net=0, state_dir=tmp_path), Settings(net=3, state_dir=tmp_path)
+    assert nspawn.cgroups(first, "gpu1", hybrid) == [hybrid / "systemd/opsctl-lab/opsctl-gpu1",
+                                                     hybrid / "unified/opsctl-lab/opsctl-gpu1"]
+    names = [group for settings in (first, other) for machine in ("head", "gpu1")
+             for group in nspawn.cgroups(settings, machine, hybrid)]
+    assert len(set(names)) == len(names) == 8  # no two machines of any lab share one
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    for name in ("cgroup.controllers", "cgroup.procs"):
+        (unified / name).touch()
+    assert nspawn.cgroups(first, "head", unified) == [unified / "opsctl-lab/opsctl-head"]
+    assert nspawn.cgroups(first, "head", tmp_path / "none") == []  # no cgroup fs: nspawn's own choice
+
+
+def test_removing_a_machines_cgroups_goes_deepest_first_and_keeps_a_busy_one(tmp_path):
+    group = tmp_path / "opsctl-lab/opsctl-gpu1"
+    (group / "payload/system.slice/ssh.service").mkdir(parents=True)
+    (group / "supervisor").mkdir()
+    busy = tmp_path / "opsctl-lab/opsctl-gpu2"
+    (busy / "payload").mkdir(parents=True)
+    (busy / "payload/cgroup.procs").write_text("42\n")  # rmdir refuses, as with a process in it
+    nspawn.remove_cgroups([group, busy])
+    assert not group.exists()
+    assert (busy / "payload/cgroup.procs").exists()

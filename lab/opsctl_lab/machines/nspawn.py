@@ -79,8 +79,44 @@ def _authorize_provisioning_user(top: Path, client_pubkey: str) -> None:
         path.chmod(mode)
 
 
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def cgroups(settings: Settings, name: str, fs: Path = CGROUP_FS) -> list[Path]:
+    """The machine's own cgroup in each hierarchy that systemd uses: the unified one and, on a hybrid host,
+    the named `systemd` one. With --keep-unit --register=no nspawn puts its payload under the cgroup it
+    was started in; machines started from one process would share it, and each machine's systemd would
+    create and remove the others' unit cgroups (`Failed to attach to cgroup ...`, status 219/CGROUP)."""
+    if (fs / "cgroup.controllers").exists():
+        hierarchies = [fs]
+    else:
+        hierarchies = [fs / "systemd", fs / "unified"]
+    return [h / "opsctl-lab" / settings.netns(name) for h in hierarchies if (h / "cgroup.procs").exists()]
+
+
+def _enter(groups: list[Path]):
+    """Runs in the child before nspawn starts: moves it into the machine's cgroups."""
+    def enter() -> None:
+        for group in groups:
+            (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    return enter
+
+
+def remove_cgroups(groups: list[Path]) -> None:
+    """Deepest first; a cgroup with a process or a child left stays (rmdir refuses), which is harmless."""
+    for group in groups:
+        for dirpath, _dirs, _files in sorted(os.walk(group), key=lambda entry: -entry[0].count("/")):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+
 def start(settings: Settings, name: str, extra_args: list[str] | None = None) -> int:
     mdir = settings.machine_dir(name)
+    groups = cgroups(settings, name)
+    for group in groups:
+        group.mkdir(parents=True, exist_ok=True)
     log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
     image = str(img.path(settings))
     proc = subprocess.Popen(
@@ -89,7 +125,8 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
          "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
          # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).
          "--rlimit=MEMLOCK=infinity", *(extra_args or [])],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        preexec_fn=_enter(groups))  # noqa: PLW1509 - the lab starts machines from one thread
     write_pidfile(_pid_file(settings, name), proc.pid)
     return proc.pid
 
@@ -114,6 +151,7 @@ def stop(settings: Settings, name: str) -> None:
     if pid:
         stop_pids([pid], grace=30)
     _pid_file(settings, name).unlink(missing_ok=True)
+    remove_cgroups(cgroups(settings, name))
     remove_propagate_dir(settings.nspawn_name(name))
 
 
@@ -132,21 +170,25 @@ def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
     """Until `ssh root@machine` works for every machine, with strict host-key checking, and the machine
     has finished booting: root may log in while /run/nologin still shuts out everyone else (pam_nologin),
     and the provisioning user is not root."""
-    pending = set(names)
+    pending = {name: "no sshd on port 22" for name in names}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for name in sorted(pending):
             if running_pid(settings, name) is None:
                 raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
+            if not _port_open(settings.addr(name), 22):
+                continue
             booted = keys.ssh_args(settings, name) + ["test ! -e /run/nologin"]
-            if _port_open(settings.addr(name), 22) and subprocess.run(
-                    booted, capture_output=True, timeout=15).returncode == 0:
-                pending.discard(name)
+            if subprocess.run(booted, capture_output=True, timeout=15).returncode == 0:
+                del pending[name]
+            else:
+                pending[name] = "sshd answers, boot not finished (/run/nologin)"
         if pending:
             time.sleep(0.3)
     if pending:
-        raise LabError(f"no SSH to {', '.join(sorted(pending))} after {timeout:.0f}s; "
-                       f"see {settings.state_dir}/<machine>/console.log")
+        waiting = "; ".join(f"{name}: {why}" for name, why in sorted(pending.items()))
+        raise LabError(f"no SSH after {timeout:.0f}s ({waiting}); the boot log: "
+                       f"journalctl -D {settings.state_dir}/<machine>/upper/var/log/journal/*")
 
 
 def _port_open(addr: str, port: int) -> bool:

@@ -23,7 +23,7 @@ from opsctl.ib.ibstat import parse_ibstat
 from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from opsctl.storage.lustre import parse_check_servers, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
-from opsctl_lab.machines import keys, net
+from opsctl_lab.machines import keys, net, nspawn
 from opsctl_lab.machines.settings import Settings, machine_names
 
 pytestmark = [
@@ -119,6 +119,22 @@ def test_machines_are_real_systemd_hosts_with_apt_through_the_cache():
     assert "opsctl-lab" not in on("head", "ip route").stdout  # only the lab subnet, no default route
     assert "default" not in on("head", "ip route").stdout
     on("head", "apt-get -q update && apt-cache policy munge | grep -q Candidate")
+
+
+def test_each_machine_runs_in_cgroups_of_its_own():
+    # Machines that shared one cgroup removed each other's unit cgroups while booting (219/CGROUP), and a
+    # failed systemd-user-sessions kept /run/nologin, so SSH never came.
+    inits = {}
+    for machine in NAMES:
+        nspawn_pid = nspawn.running_pid(SETTINGS, machine)
+        init = int(Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()[0])
+        inits[machine] = {line.split(":", 2)[2] for line in Path(f"/proc/{init}/cgroup").read_text().splitlines()
+                          if line.split(":")[1] in ("", "name=systemd")}
+    for machine, groups in inits.items():
+        assert groups == {f"/opsctl-lab/{SETTINGS.netns(machine)}/payload/init.scope"}, groups
+    for machine in NAMES:
+        attach_failures = on(machine, "journalctl -b -q -o cat | grep -c 'Failed to attach to cgroup'", check=False)
+        assert attach_failures.stdout.strip() == "0", machine
 
 
 def test_nvidia_smi_in_a_gpu_machine():
@@ -361,6 +377,7 @@ def test_down_leaves_nothing_and_up_again_works():
     assert net.lab_netns(SETTINGS) == []
     propagate = Path("/run/systemd/nspawn/propagate")
     assert not any((propagate / SETTINGS.nspawn_name(m)).exists() for m in names)
+    assert not any(group.exists() for m in names for group in nspawn.cgroups(SETTINGS, m))
     assert subprocess.run(["ip", "link", "show", "dev", SETTINGS.bridge], capture_output=True).returncode != 0
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert not any(f" {SETTINGS.veth(m)}@" in links for m in names)
