@@ -62,13 +62,15 @@ deps-test:
 #   own, see test_machines.py);
 # - the linters, then the unit and component tiers (their Prometheus, exporters and Slurm chroots take
 #   addresses, ports and chroot indexes apart from the lab's: tests/component/promlab.py, paths.py).
-# The provisioning stream is the longest, so the others run at a lower priority (nice 5): they wait
-# where all want the CPU, and still end first. A linter's failure stops all three. The other streams'
-# output follows the linters' stream's. PYTEST_ARGS, when set, runs the linters and then one plain
-# pytest instead.
+# The provisioning stream is the longest, so the others yield the CPU to it: they run in a cpu cgroup
+# of their own that weighs as much as one session (tests/low_cpu_share.sh says why nice alone does not
+# do it), and at nice 5 within it. They wait where all want the CPU, and still end first. A linter's
+# failure stops all three. The other streams' output follows the linters' stream's. PYTEST_ARGS, when
+# set, runs the linters and then one plain pytest instead.
 MACHINES_TIERS := provision
 LAB_TIERS := lab or machines
 MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
+BACKGROUND := tests/low_cpu_share.sh nice -n 5
 test: deps-test venv
 	@start=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then \
@@ -78,12 +80,12 @@ test: deps-test venv
 	log=$$(mktemp); lab_log=$$(mktemp); \
 	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
 	  $(BIN)/pytest -p no:cacheprovider -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
-	nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
-	if ! nice -n 5 $(MAKE) --no-print-directory lint; then \
+	$(BACKGROUND) $(BIN)/pytest -p no:cacheprovider -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
+	if ! $(BACKGROUND) $(MAKE) --no-print-directory lint; then \
 	  kill $$machines $$lab; wait $$machines $$lab; rm -f $$log $$lab_log; exit 1; \
 	fi; \
 	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
-	  nice -n 5 $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
+	  $(BACKGROUND) $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
 	wait $$lab; lab_rc=$$?; \
 	echo "==== the lab stream ($(LAB_TIERS)) ===="; cat $$lab_log; rm -f $$lab_log; \
 	wait $$machines; machines_rc=$$?; \
