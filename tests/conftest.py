@@ -108,8 +108,9 @@ class Lab:
         slot = int(self.env.get("OPSCTL_LAB_SLOT", 0))
         return f"127.{10 + slot}.{index // 250}.{index % 250 + 1}"
 
-    def query(self, promql: str) -> list:
-        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    def query(self, promql: str, database: str | None = None) -> list:
+        """An instant query of the lab's Prometheus, or of another database given by its base URL."""
+        url = f"{database or self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
         with urllib.request.urlopen(url, timeout=10) as resp:
             body = json.load(resp)
         assert body["status"] == "success", body

@@ -30,9 +30,10 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
     them all (its breaker), can tell that from a node fault. So these never drain the node itself. Without
     the InfiniBand report (`report` None) only the storage checks can be judged so."""
     shaped: dict[CheckResult, str] = {}
-    states = {port.state for port in report.ports} if report else set()
+    ports, findings = (report.ports, report.findings) if report else ([], [])
+    states = {port.state for port in ports}
     every_rail = next(iter(states)) if len(states) == 1 and states != {"ACTIVE"} else None
-    firmware = {f.device for f in report.findings if f.check == "firmware" and config.ib.firmware} if report else set()
+    firmware = {f.device for f in findings if f.check == "firmware" and config.ib.firmware}
     for result in (r for r in found if r.failed):
         if result.check in STORAGE_CHECKS:
             shaped[result] = "a storage check (an outage fails every node at once)"

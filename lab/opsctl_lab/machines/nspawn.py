@@ -103,9 +103,10 @@ def _enter(groups: list[Path]):
 
 
 def remove_cgroups(groups: list[Path]) -> None:
-    """Deepest first; a cgroup with a process or a child left stays (rmdir refuses), which is harmless."""
+    """Deepest first (a bottom-up walk); a cgroup with a process or a child left stays (rmdir refuses),
+    which is harmless."""
     for group in groups:
-        for dirpath, _dirs, _files in sorted(os.walk(group), key=lambda entry: -entry[0].count("/")):
+        for dirpath, _dirs, _files in os.walk(group, topdown=False):
             try:
                 os.rmdir(dirpath)
             except OSError:

@@ -7,8 +7,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -126,12 +124,9 @@ class LabVictoria:
     def wait_scraped(self, lab, node: str, timeout: float = 60) -> None:
         """Until VictoriaMetrics holds two scrapes of the node: a fault injected after it is one it saw
         begin (a counter's step from its old value), as Prometheus did."""
-        query = urllib.parse.urlencode({"query": f'count_over_time(up{{node="{node}"}}[1m])'})
-
         def scraped() -> bool:
             try:
-                with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=5) as answer:
-                    result = json.load(answer)["data"]["result"]
+                result = lab.query(f'count_over_time(up{{node="{node}"}}[1m])', database=self.url)
             except OSError:
                 return False
             return bool(result) and min(float(r["value"][1]) for r in result) >= 2
