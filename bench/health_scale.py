@@ -1,18 +1,31 @@
-"""How `opsctl health` scales: 64, 1024 and 4096 simulated H200 nodes of 8 GPUs.
+"""How `opsctl health` scales: 64, 4096 and 16384 simulated H200 nodes of 8 GPUs.
 
 For each size this backfills a real Prometheus with 11 minutes of the series the health rules read
-(`promtool tsdb create-blocks-from openmetrics`), starts a real slurmctld that knows the nodes (and a
-real slurmd for the first RESUMABLE nodes, which opsctl drained for ib-down and which are healthy
-again), runs `opsctl health --json --resume --dry-run` end to end, and times the same PromQL queries
-sent directly, one after the other. One node in a hundred carries a fault, so the verdict path does
-real work, and the resume candidates make opsctl ask for positive evidence. Columns: e2e_s is the
-whole `opsctl health` process (start, Slurm, queries, verdicts, JSON); in_opsctl_s its time in
-queries (sent `prometheus.parallel_queries` at a time); promql_s the same queries sent one by one;
-plain_s the rule queries as a bare `(expr) op threshold`, which hides NaN, one by one: the cost of
-reading NaN and infinities as unknown; queries the number of queries, which does not grow with the
-node count; resumes the nodes it would resume.
+(`promtool tsdb create-blocks-from openmetrics`) and with the results of the catalog's recording rules
+(opsctl.health.precomputed, as `opsctl rules export` writes them), starts a real slurmctld
+that knows the nodes (and a real slurmd for the first RESUMABLE nodes, which opsctl drained for ib-down
+and which are healthy again), runs `opsctl health --json --resume --dry-run` end to end on both paths,
+and times the same PromQL queries sent directly, one after the other. One node in a hundred carries a
+fault, so the verdict path does real work, and the resume candidates make opsctl ask for positive
+evidence. Both paths must decide the same, or the bench stops.
 
-Run: .venv/bin/python bench/health_scale.py [--sizes 64,1024,4096] [--keep DIR]
+Columns: e2e_s is the whole `opsctl health` process (start, Slurm, queries, verdicts, JSON) reading the
+recorded rule results, e2e_direct_s the same with `prometheus.recording_rules: off` (every rule
+queried, the fallback); in_opsctl_s and direct_q_s their time in queries (sent
+`prometheus.parallel_queries` at a time); promql_s the direct path's queries sent one by one; plain_s the
+rule queries as a bare `(expr) op threshold`, which hides NaN, one by one: the cost of reading NaN and
+infinities as unknown; rules_s the time Prometheus takes to evaluate every recording rule once, one
+after the other: the cost that moved into Prometheus, paid once per
+recording interval however many runs read the results (each rule is a group of its own, so a head
+node's cores share it); queries and
+queries_d the number of queries of each path, which does not grow with the node count; resumes the
+nodes it would resume.
+
+The recorded results are written as blocks (Prometheus evaluates each recording rule once, the bench
+writes the answer as the group would have every minute), so that the timings are opsctl's alone on this
+machine's cores, not shared with a Prometheus that evaluates the rules at the same moment.
+
+Run: .venv/bin/python bench/health_scale.py [--sizes 64,4096,16384] [--keep DIR]
 """
 
 import argparse
@@ -30,6 +43,7 @@ from pathlib import Path
 import requests
 
 from opsctl.config import parse_config
+from opsctl.health import precomputed
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import presence_queries
 from opsctl.health.identity import identity_query
@@ -48,6 +62,8 @@ SPAN_S, STEP_S = 660, 60
 # Samples also run this far past the time of writing: a preparation that is slow on a busy machine
 # must still leave the newest sample within Prometheus' 5-minute lookback when opsctl queries.
 AHEAD_S = 600
+# How often the recording groups are evaluated here: as often as the samples come.
+RECORDING_INTERVAL_S = STEP_S
 RESUMABLE = 4  # nodes drained by opsctl for ib-down whose ports are fine again
 
 
@@ -190,15 +206,49 @@ class Slurm:
 
 class Prometheus:
     def __init__(self, root: Path, blocks: Path):
-        data = root / "data"
-        shutil.copytree(blocks, data)
+        self.root = root
+        shutil.copytree(blocks, root / "data")
         (root / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\n")
         self.url = f"http://127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen(["prometheus", f"--config.file={root / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={data}", f"--web.listen-address={self.url[7:]}",
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={self.root / 'prometheus.yml'}",
+                                      f"--storage.tsdb.path={self.root / 'data'}",
+                                      f"--web.listen-address={self.url[7:]}",
                                       "--storage.tsdb.retention.time=30d", "--log.level=error"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200, 120, "prometheus")
+        wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200, 300, "prometheus")
+
+    def record(self, groups: list[dict], at: int) -> float:
+        """What the recording groups write, as a Prometheus evaluating them every RECORDING_INTERVAL_S would:
+        each rule's expression is evaluated by this Prometheus at `at` (its answer, labelled as the group
+        labels it), and the answer is written at every interval until AHEAD_S, with the heartbeat's value
+        the time of each (the raw samples do not change, so neither would the answers). They go in as
+        blocks, loaded by a restart: live evaluation cannot write here, the raw samples run into the future.
+        Returns how long the evaluation of every rule took, one after the other: what Prometheus spends
+        per recording interval (the groups run side by side, so a head node's cores share it)."""
+        session = requests.Session()
+        lines = [f"# TYPE {precomputed.RECORD} gauge\n"]
+        took = 0.0
+        for group in groups:
+            rule = group["rules"][0]
+            started = time.monotonic()
+            resp = session.post(f"{self.url}/api/v1/query", data={"query": rule["expr"], "time": at}, timeout=600)
+            resp.raise_for_status()
+            took += time.monotonic() - started
+            for item in resp.json()["data"]["result"]:
+                labels = {k: v for k, v in item["metric"].items() if k != "__name__"} | rule["labels"]
+                text = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+                beat = labels.get(precomputed.HEARTBEAT_LABEL) == "1"
+                lines += [f"{precomputed.RECORD}{{{text}}} {t if beat else item['value'][1]} {t}\n"
+                          for t in range(at, at + AHEAD_S + 1, RECORDING_INTERVAL_S)]
+        (self.root / "recorded.om").write_text("".join(lines) + "# EOF\n")
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.root / "recorded.om"),
+                        str(self.root / "data")], check=True, capture_output=True)
+        self.stop()
+        self.start()
+        return took
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -229,58 +279,73 @@ def bench_size(n: int, work: Path) -> dict:
     slurm = None
     try:
         slurm = Slurm(root / "slurm", n)
-        config = root / "opsctl.yaml"
         # Samples are up to a minute apart here (scrapes would be seconds), so staleness allows more.
-        config.write_text(json.dumps({"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 120,
-                                                     "scrape_interval": "1m"},
-                                      "slurm": {"backend": "cli", "partitions": ["gpu"]},
-                                      "catalog": {"overrides": {rule: {"hold": "2m"} for rule in SHORT_HOLDS}},
-                                      "safety": {"resume_after": "0s", "unknown_max_fraction": 1.0}}))
-        env = {**slurm.env, "OPSCTL_CONFIG": str(config), "OPSCTL_STATE_DIR": str(root / "state")}
-        parsed = parse_config(json.loads(config.read_text()), "bench", env)
+        raw_config = {"prometheus": {"url": prom.url, "stale_after": "5m", "timeout_seconds": 300,
+                                     "scrape_interval": "1m",
+                                     "recording_interval": f"{RECORDING_INTERVAL_S}s"},
+                      "slurm": {"backend": "cli", "partitions": ["gpu"]},
+                      "catalog": {"overrides": {rule: {"hold": "2m"} for rule in SHORT_HOLDS}},
+                      "safety": {"resume_after": "0s", "unknown_max_fraction": 1.0}}
+        env = {**slurm.env, "OPSCTL_STATE_DIR": str(root / "state")}
+        parsed = parse_config(raw_config, "bench", env)
         rules = load_catalog(parsed)
         exprs = [*presence_queries(parsed), identity_query(parsed), *(rule.alert_expr() for rule in rules),
                  *(rule.expr for rule in rules if rule.id == "ib-down")]  # ib-down: the resume evidence
+        rules_s = prom.record(precomputed.recording_groups(rules, parsed), int(time.time()))
         raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
-        started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json", "--resume", "--dry-run"], env=env,
-                              capture_output=True, text=True, timeout=600)
-        e2e = time.monotonic() - started
-        if proc.returncode not in (0, 1, 4):
-            raise SystemExit(f"bench: opsctl health exited {proc.returncode}: {proc.stderr.strip()}")
-        summary = json.loads(proc.stdout)["summary"]
+        recorded, e2e = opsctl_health(root / "recorded.yaml", raw_config, env)
+        direct_raw = {**raw_config, "prometheus": {**raw_config["prometheus"], "recording_rules": "off"}}
+        direct, e2e_direct = opsctl_health(root / "direct.yaml", direct_raw, env)
+        summary = recorded["summary"]
+        if summary["rule_results"] != "precomputed":
+            raise SystemExit(f"bench: the recorded rule results were not used: {summary['rule_results_note']}")
+        if recorded["nodes"] != direct["nodes"]:
+            raise SystemExit("bench: the recorded and the direct path decided differently")
         raw = raw_promql_seconds(prom.url, exprs)
         plain = raw_promql_seconds(prom.url, [f"({rule.expr}) {rule.op} {rule.threshold:g}" for rule in rules])
     finally:
         if slurm is not None:
             slurm.stop()
         prom.stop()
-    return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "opsctl_query_s": summary["query_seconds"],
-            "promql_s": raw, "plain_s": plain, "queries": summary["queries"], "fail": summary["fail"],
+    return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "e2e_direct_s": e2e_direct,
+            "opsctl_query_s": summary["query_seconds"], "direct_query_s": direct["summary"]["query_seconds"],
+            "promql_s": raw, "plain_s": plain, "rules_s": rules_s,
+            "queries": summary["queries"], "queries_direct": direct["summary"]["queries"], "fail": summary["fail"],
             "unknown": summary["unknown"], "resumes": summary["would_resume"], "prep_s": prep}
+
+
+def opsctl_health(config: Path, raw_config: dict, env: dict) -> tuple[dict, float]:
+    """One `opsctl health --json --resume --dry-run` process: its JSON and its wall time."""
+    config.write_text(json.dumps(raw_config))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--json", "--resume", "--dry-run"],
+                          env={**env, "OPSCTL_CONFIG": str(config)}, capture_output=True, text=True, timeout=900)
+    took = time.monotonic() - started
+    if proc.returncode not in (0, 1, 4):
+        raise SystemExit(f"bench: opsctl health exited {proc.returncode}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout), took
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="64,1024,4096")
+    parser.add_argument("--sizes", default="64,4096,16384")
     parser.add_argument("--keep", default=None, help="Work directory to keep (default: a temporary one).")
     args = parser.parse_args(argv)
     for tool in ("prometheus", "promtool", "slurmctld", "munged", "sinfo"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench: {tool} is not installed (make deps-lab)")
     work = Path(args.keep or tempfile.mkdtemp(prefix="opsctl-bench-"))
-    header = (f"{'nodes':>6} {'gpus':>6} {'series':>8} {'e2e_s':>7} {'in_opsctl_s':>11} {'promql_s':>9} "
-              f"{'plain_s':>8} {'queries':>8} {'fail':>5} {'resumes':>8} {'prep_s':>7}")
-    lines = [header]
-    sys.stdout.write(header + "\n")
+    columns = [("nodes", "nodes", "d"), ("gpus", "gpus", "d"), ("series", "series", "d"), ("e2e_s", "e2e_s", ".2f"),
+               ("e2e_direct_s", "e2e_direct_s", ".2f"), ("in_opsctl_s", "opsctl_query_s", ".2f"),
+               ("direct_q_s", "direct_query_s", ".2f"), ("promql_s", "promql_s", ".2f"), ("plain_s", "plain_s", ".2f"),
+               ("rules_s", "rules_s", ".2f"), ("queries", "queries", "d"),
+               ("queries_d", "queries_direct", "d"), ("fail", "fail", "d"), ("resumes", "resumes", "d"),
+               ("prep_s", "prep_s", ".1f")]
+    sys.stdout.write(" ".join(f"{title:>{max(len(title), 6)}}" for title, _, _ in columns) + "\n")
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             row = bench_size(n, work)
-            line = (f"{row['nodes']:>6} {row['gpus']:>6} {row['series']:>8} {row['e2e_s']:>7.2f} "
-                    f"{row['opsctl_query_s']:>11.2f} {row['promql_s']:>9.2f} {row['plain_s']:>8.2f} "
-                    f"{row['queries']:>8} {row['fail']:>5} {row['resumes']:>8} {row['prep_s']:>7.1f}")
-            lines.append(line)
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(" ".join(f"{row[key]:>{max(len(title), 6)}{fmt}}" for title, key, fmt in columns) + "\n")
             sys.stdout.flush()
     finally:
         if not args.keep:

@@ -118,7 +118,10 @@ def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> N
 def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
     # The lab's state directory is its config's own, as a cluster's is: OPSCTL_STATE_DIR (`opsctl lab env`)
     # names the same one, so that actions accept it (opsctl refuses a private state directory for them).
-    config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s"},
+    # The lab's Prometheus loads no recording rules: its runs query every rule (recording_rules off), so
+    # that a fault shows one recording interval sooner and no run notes the missing rules.
+    config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s",
+                             "recording_rules": "off"},
               "slurm": {"backend": "cli"}, "metrics": {"listen_address": lp.opsctl_metrics_listen()},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -35,7 +35,11 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
         options = RunOptions(drain=drain, resume=resume, dry_run=dry_run, scope=scope)
         return run_health(config, options, clients.fresh_prom(), clients.slurm())
 
-    def show(result: RunResult) -> None:
+    def show(result: RunResult, stamp: str = "") -> None:
+        # Why some rules were queried directly: one line on stderr, so that the table and the JSON on
+        # stdout keep their shape (the JSON has it in summary.rule_results_note).
+        if result.report.rule_results_note:
+            click.echo(f"{stamp}note: {result.report.rule_results_note}", err=True)
         if changes is not None:
             click.echo(changes.render(result))  # first what happened, then the record: a full disk loses no line
             changes.keep(result)
@@ -50,10 +54,12 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
     # Every --watch line starts with the time of its round (the JSON carries it in summary.time), so a
     # journal or a terminal scrollback tells the rounds apart.
     def show_round(result: RunResult) -> None:
-        if as_json or changes is not None:
-            show(result)
-            return
         stamp = iso_time(result.started)
+        if as_json or changes is not None:
+            show(result, f"{stamp} ")
+            return
+        if result.report.rule_results_note:
+            click.echo(f"{stamp} note: {result.report.rule_results_note}", err=True)
         click.echo("\n".join(f"{stamp} {line}" for line in render_table(result, all_nodes).splitlines()))
 
     def once_or_json_error() -> RunResult:

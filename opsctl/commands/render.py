@@ -72,6 +72,8 @@ def summary(result) -> dict:
         "warnings": list(result.report.warnings),
         "dry_run": result.options.dry_run,
         "queries": result.report.queries,
+        "rule_results": result.report.rule_results,
+        "rule_results_note": result.report.rule_results_note or None,
         "query_seconds": round(result.report.query_seconds, 4),
         "seconds": round(result.seconds, 4),
         "exit_code": int(result.exit_code),

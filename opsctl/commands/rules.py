@@ -1,5 +1,5 @@
-"""`opsctl rules export` and `opsctl rules list`: the catalog as Prometheus alert rules, a Grafana dashboard,
-or one line a rule."""
+"""`opsctl rules export` and `opsctl rules list`: the catalog as Prometheus alert and recording rules, a
+Grafana dashboard, or one line a rule."""
 
 import click
 
@@ -8,6 +8,7 @@ from opsctl.commands.dashboards import gpu_dashboard
 from opsctl.errors import ExitCode
 from opsctl.health.catalog import load_catalog
 from opsctl.health.export import render_prometheus_rules
+from opsctl.health.precomputed import recording_groups
 from opsctl.metrics.alerts import system_alerts
 
 
@@ -18,8 +19,8 @@ def rules_export(clients: Clients, fmt: str) -> ExitCode:
     if fmt == "grafana":
         click.echo(gpu_dashboard(config), nl=False)
     else:
-        click.echo(render_prometheus_rules(rules, node_label=node_label, extra_groups=[system_alerts(config)]),
-                   nl=False)
+        groups = [system_alerts(config), *recording_groups(rules, config)]
+        click.echo(render_prometheus_rules(rules, node_label=node_label, extra_groups=groups), nl=False)
     return ExitCode.OK
 
 

@@ -110,6 +110,15 @@ class PrometheusConfig:
     scrape_interval: Duration = key(duration("30s"), check=_positive,
                                     hint="must be above 0 (the scrape interval of the exporters)")
     parallel_queries: int = key(4, check=_between(1, 32), hint="must be 1-32")
+    # Rule results that Prometheus records (opsctl.health.precomputed): auto uses them where they are
+    # fresh and the catalog's own; off always queries the rules directly.
+    recording_rules: str = key("auto", check=lambda v: v in ("auto", "off"), hint="must be auto or off")
+    recording_interval: Duration = key(duration("0s"), check=_not_negative,
+                                       hint="must be >= 0 (0: prometheus.scrape_interval)")
+
+    @property
+    def recording_interval_seconds(self) -> float:
+        return float(self.recording_interval or self.scrape_interval)
 
     def check_together(self, where: str) -> None:
         if self.bearer_token_file and self.basic_auth.username:

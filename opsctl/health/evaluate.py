@@ -1,7 +1,9 @@
 """Turn PromQL answers into one verdict per node: ok, warn, fail or unknown, with evidence.
 
-`evaluate` issues a fixed number of queries however many nodes there are: one per rule, plus three
-(presence, scrape age, identity), plus one listing the jobs only when a configured job has no target.
+`evaluate` issues a fixed number of queries however many nodes there are: three (presence, scrape age,
+identity), one for the rule results that Prometheus recorded (opsctl.health.precomputed), one per rule
+whose recorded results are missing or stale, plus one listing the jobs only when a configured job has no
+target.
 `judge` is the pure decision over their answers.
 
 Errors: a configured job that the source does not know is a config error (exit 2); a source with no
@@ -16,6 +18,7 @@ from typing import Protocol
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, SourceUnavailable
+from opsctl.health import precomputed
 from opsctl.health.catalog import Rule
 from opsctl.health.identity import XID_GAUGE, XID_WINDOW, Identities, Target, TargetInfo, identity_query
 from opsctl.prom.client import PromQuery, Sample
@@ -65,6 +68,8 @@ class Report:
     time: float = 0.0
     warnings: list[str] = field(default_factory=list)  # the source said its answers may be partial
     identities: Identities | None = None
+    rule_results: str = "direct"  # precomputed, mixed or direct: where the rules' answers came from
+    rule_results_note: str = ""  # why some rules were queried directly although recorded results were wanted
 
 
 class Memory(Protocol):
@@ -84,20 +89,24 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
     Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all."""
     started = time.monotonic()
     up_q, age_q = presence_queries(config)
-    # Rules run as the exported alert's expression: Prometheus filters by the threshold, so answers
-    # carry only breaching (or non-finite) series, small at any cluster size, and alerts and opsctl agree.
-    results = client.query_many([up_q, age_q, identity_query(config)] + [rule.alert_expr() for rule in rules])
-    queries = 3 + len(rules)
+    recorded = config.prometheus.recording_rules == "auto"
+    first = [up_q, age_q, identity_query(config)] + ([precomputed.QUERY] if recorded else [])
+    results = client.query_many(first)
     up, ages, reported = results[0], results[1], results[2]
     for sample in up:
         if not sample.labels.get("job") or not sample.labels.get("instance"):
             raise SourceUnavailable(f"presence query: an `up` series without job and instance labels: "
                                     f"{sample.labels!r}")
     _check_jobs(client, config, up)
-    answers = {rule.id: samples for rule, samples in zip(rules, results[3:], strict=True)}
+    found = precomputed.read(results[3], rules, config) if recorded else precomputed.everything_direct(rules)
+    # A rule without fresh recorded results runs as the exported alert's expression: Prometheus filters by
+    # the threshold, so answers carry only breaching (or non-finite) series, small at any cluster size.
+    direct = client.query_many([rule.alert_expr() for rule in found.direct])
+    answers = {**found.answers, **{rule.id: samples for rule, samples in zip(found.direct, direct, strict=True)}}
     report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,
                    time.time() if now is None else now, set(ignore))
-    report.queries = queries
+    report.queries = len(first) + len(found.direct)
+    report.rule_results, report.rule_results_note = found.path, found.note()
     report.query_seconds = time.monotonic() - started
     report.warnings = list(client.warnings)
     return report

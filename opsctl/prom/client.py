@@ -16,7 +16,7 @@ import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from opsctl.prom.failure import QUERY_PATH, connect_failure, is_server_trouble, 
 class Sample:
     labels: dict[str, str]
     value: float
+    at: float = field(default=0.0, compare=False)  # the time the answer is for (Unix seconds)
 
 
 class PromQuery(Protocol):
@@ -93,7 +94,7 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
         except ValueError:
             raise SourceUnavailable(f"{where}: value {json.dumps(value[1])} is not a number for {_series(labels)}") \
                 from None
-        samples.append(Sample(labels=dict(labels), value=number))
+        samples.append(Sample(labels=dict(labels), value=number, at=float(value[0])))
     return samples
 
 

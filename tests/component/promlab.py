@@ -16,6 +16,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import yaml
+
 from opsctl_lab.dcgm_emulator import METRICS_CONTENT_TYPE, QuietHTTPServer, render, send_body
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
@@ -101,14 +103,18 @@ class Tsdb:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = {"global": {"scrape_interval": "1s", "scrape_timeout": "900ms"}, "scrape_configs": scrape_configs}
+        self.rules_file = tmp / f"{kind}-opsctl-rules.yml"
+        self.rules_file.write_text("groups: []\n")
         path = tmp / f"{kind}.yml"
-        path.write_text(json.dumps(cfg))
         if kind == "prometheus":
+            cfg["rule_files"] = [str(self.rules_file)]
+            path.write_text(json.dumps(cfg))
             argv = ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=error"]
+                    f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle", "--log.level=error"]
         else:
             # Answers see the newest samples at once (the default hides the last 30 s) and are not cached,
             # so both databases judge the same scrapes.
+            path.write_text(json.dumps(cfg))
             argv = ["victoria-metrics", f"-promscrape.config={path}", f"-storageDataPath={tmp / 'vm-data'}",
                     f"-httpListenAddr=127.0.0.1:{self.port}", "-search.latencyOffset=0s", "-search.disableCache",
                     "-loggerLevel=ERROR"]
@@ -121,6 +127,24 @@ class Tsdb:
                 return json.load(resp)["data"]["result"]
         except OSError:
             return []
+
+    def record(self, rules, config, interval: str | None = None) -> None:
+        """Prometheus evaluates the catalog's recording rules for `config` (as the Prometheus role installs
+        them), until every rule's recorded results are fresh. `interval` replaces the groups' interval and
+        returns at once: "1h" holds the groups still (a changed group keeps its series, as an evaluation
+        that stopped would)."""
+        from opsctl.health import precomputed
+        from opsctl.prom import PromClientImpl
+
+        groups = [{**g, "interval": interval or g["interval"]} for g in precomputed.recording_groups(rules, config)]
+        text = yaml.safe_dump({"groups": groups}, sort_keys=False)
+        if self.rules_file.read_text() != text:
+            self.rules_file.write_text(text)
+            urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=10).close()
+        if interval is None:
+            client = PromClientImpl(self.url)
+            wait(lambda: not precomputed.read(client.query(precomputed.QUERY), rules, config).direct, 20,
+                 "every rule's recorded results")
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -204,33 +228,53 @@ def drain_decisions(report, rules, slurm_nodes) -> dict:
 
 
 def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None):
-    """Evaluate against Prometheus and every other database until they have the same scrapes (at most a
-    few seconds): verdicts and drain decisions must be identical. Both sides are read again each time, so
-    that a Prometheus answer caught mid-change (a series that has just vanished, a hold half over) is not
-    held against a database that has moved on. Returns Prometheus' report, its client and the rules."""
+    """Evaluate against Prometheus, both from the rule results it recorded and by querying every rule,
+    and against every other database (queried), until they have the same scrapes (at most a few seconds):
+    verdicts and drain decisions must be identical. Every side is read again each time, so that an answer
+    caught mid-change (a series that has just vanished, a hold half over, a recording one evaluation
+    behind) is not held against one that has moved on. Returns Prometheus' report from its recorded
+    results (checked identical to the queried ones), its client and the rules."""
+    from dataclasses import replace
+
+    from opsctl.config.schema import Duration
     from opsctl.health.catalog import load_catalog
     from opsctl.health.evaluate import evaluate
     from opsctl.prom import PromClientImpl
 
     rules = load_catalog(config)
-    client = PromClientImpl(tsdbs["prometheus"].url)
-    report = evaluate(client, rules, config, slurm_nodes, memory, now)
+    prometheus = tsdbs["prometheus"]
+    # Recorded every 2 s (the scrapes are every second): fresh for 4 s, which a test machine busy with
+    # other streams keeps; every 1 s, fresh for 2 s, it did not always.
+    recorded_config = replace(config, prometheus=replace(config.prometheus, recording_interval=Duration(2)))
+    prometheus.record(rules, recorded_config)
+    direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
+    client = PromClientImpl(prometheus.url)
+    deadline = time.monotonic() + 10
+    while True:
+        recorded = evaluate(client, rules, recorded_config, slurm_nodes, memory, now)
+        report = evaluate(PromClientImpl(prometheus.url), rules, direct_config, slurm_nodes, memory, now)
+        if verdicts(recorded) == verdicts(report) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert recorded.rule_results == "precomputed", recorded.rule_results_note
+    assert verdicts(recorded) == verdicts(report), "Prometheus' recorded and queried rule results differ"
+    assert drain_decisions(recorded, rules, slurm_nodes) == drain_decisions(report, rules, slurm_nodes)
     for kind, tsdb in tsdbs.items():
         if kind == "prometheus":
             continue
         deadline = time.monotonic() + 10
         while True:
-            other = evaluate(PromClientImpl(tsdb.url), rules, config, slurm_nodes, memory, now)
+            other = evaluate(PromClientImpl(tsdb.url), rules, direct_config, slurm_nodes, memory, now)
             if verdicts(other) == verdicts(report) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-            report = evaluate(client, rules, config, slurm_nodes, memory, now)
+            report = evaluate(PromClientImpl(prometheus.url), rules, direct_config, slurm_nodes, memory, now)
         mine, theirs = verdicts(report), verdicts(other)
         differ = {n: (mine.get(n), theirs.get(n)) for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n)}
         assert not differ, f"{kind} and Prometheus differ (node: Prometheus, {kind}): {differ}"
         assert drain_decisions(other, rules, slurm_nodes) == drain_decisions(report, rules, slurm_nodes)
         assert other.queries == report.queries
-    return report, client, rules
+    return recorded, client, rules
 
 
 GOOD = {"status": "success", "data": {"resultType": "vector", "result": [

@@ -27,6 +27,7 @@ from tests.component.promlab import (
     Tsdb,
     evaluate_everywhere,
     serve,
+    verdicts,
     wait,
 )
 
@@ -80,7 +81,12 @@ def checks(report, node):
 def test_healthy_cluster_is_ok_with_a_fixed_number_of_queries(clean):
     report, client, rules = run(clean)
     assert {v.status for v in report.nodes.values()} == {"ok"}
-    assert report.queries == client.queries == len(rules) + 3
+    # Presence, scrape age, identity and the recorded results of every rule; queried directly (the
+    # fallback, and VictoriaMetrics here), one more query per rule.
+    assert report.queries == 4 and report.rule_results == "precomputed"
+    direct = evaluate(PromClientImpl(clean.url), rules, config_for(clean, prometheus={
+        "url": clean.url, "scrape_interval": "1s", "recording_rules": "off"}), NODES)
+    assert direct.queries == len(rules) + 3
 
 
 def test_xid_79_fails_with_evidence(clean):
@@ -221,6 +227,42 @@ def test_exporter_down_is_unknown(clean):
     report, _, _ = run(clean)
     assert report.nodes["gpu003"].status == "unknown"
     assert ("data-dcgm", "", "unknown") in checks(report, "gpu003")
+
+
+def test_stale_or_missing_recorded_results_are_queried_directly_and_decide_the_same(clean, tmp_path):
+    """The recording groups stop (reloaded with an interval of an hour: their series stay, their heartbeats
+    age); then the config changes a rule and adds one that was never exported. Each run queries those
+    rules directly, says why, and judges as the run that read every recorded result did."""
+    clean.dcgm["gpu001"].hw.inject("xid:79", gpu=3)
+    clean.dcgm["gpu003"].hw.inject("ib-down", hca=6)
+    clean.nodeexp["gpu003"].rewrite()
+    clean.wait_scrapes(XID_SCRAPES)
+    prom = {"url": clean.url, "scrape_interval": "1s", "recording_interval": "2s"}
+    config = config_for(clean, prometheus=prom)
+    recorded, _, rules = run(clean, config)
+    assert {("xid-79", "gpu3", "fail"), ("ib-down", "mlx5_6", "fail")} <= checks(recorded, "gpu001") | \
+        checks(recorded, "gpu003")
+    prometheus = clean.tsdbs["prometheus"]
+    try:
+        prometheus.record(rules, config, interval="1h")
+        time.sleep(5)  # older than two recording intervals
+        stale = evaluate(PromClientImpl(clean.url), rules, config, NODES)
+        assert stale.rule_results == "direct"
+        assert stale.rule_results_note.startswith("recorded rule results not used for every rule, queried directly "
+                                                  "(older than 4s (2 x prometheus.recording_interval): ")
+        assert verdicts(stale) == verdicts(recorded)
+    finally:
+        prometheus.record(rules, config)  # evaluated again
+    (tmp_path / "probe.yaml").write_text(yaml.safe_dump({"rules": [{
+        "id": "never-probe", "expr": 'max by (${by}) (up{job="${dcgm}"}) * 0', "op": ">", "threshold": 0,
+        "severity": "fail", "action": "drain", "description": "d", "remediation": "r"}]}))
+    changed = config_for(clean, prometheus=prom, catalog={"files": [str(tmp_path / "probe.yaml")], "overrides": {
+        **FAST_HOLDS, "gpu-temp-high": {**FAST_HOLDS["gpu-temp-high"], "threshold": 95}}})
+    mixed = evaluate(PromClientImpl(clean.url), load_catalog(changed), changed, NODES)
+    assert mixed.rule_results == "mixed"
+    assert "recorded from another expression (export the rules again): gpu-temp-high" in mixed.rule_results_note
+    assert "not recorded (opsctl rules export installs the recording rules): never-probe" in mixed.rule_results_note
+    assert verdicts(mixed) == verdicts(recorded)
 
 
 def test_unknown_when_slurm_node_has_no_metrics_and_metrics_without_slurm_node_are_marked(clean):

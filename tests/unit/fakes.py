@@ -18,13 +18,14 @@ from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
+from opsctl.health import precomputed
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.identity import SELF_METRICS
 from opsctl.prom.client import Sample
 from opsctl.slurm.base import SlurmNode
 
 DEVICE = {"gpu": "0", "device": "mlx5_0", "finding": "ib-port-state mlx5_0", "mount": "/home",
-          "target": "lustre-OST0002", "": ""}
+          "target": "lustre-OST0002", "nid": "10.0.0.1@o2ib", "": ""}
 
 
 def devices(rule: Rule) -> list[str]:
@@ -54,6 +55,12 @@ class FakeProm:
         self.queries = 0
         self.warnings: list[str] = []
         self.asked: list[str] = []
+        # Rule results that Prometheus recorded (opsctl.health.precomputed): rule id -> heartbeat age, or
+        # "other" for a heartbeat of another expression. All rules fresh, as the Prometheus role installs them;
+        # {}: no recording rules loaded.
+        self.recorded: dict[str, float | str] = {}
+        self.now = 1_750_000_000.0
+        self.record_all()
 
     def breach(self, rule_id, node, device=None, value=1.0):
         rule = self.rule(rule_id)
@@ -98,6 +105,8 @@ class FakeProm:
         if expr.startswith("group by (job, instance"):
             return [Sample(self._labels(n, "dcgm", {"__name__": m, "Hostname": self.reported.get(n, n)}), 1.0)
                     for n in self.nodes if (n, "dcgm") in self.up for m in sorted(self.xid_metrics)]
+        if expr == precomputed.QUERY:
+            return self._recorded()
         if expr == "count by (job) (up)":
             return [Sample({"job": job}, 1.0) for job in ("dcgm", "node", "other")]
         for rule in self.rules:
@@ -108,6 +117,23 @@ class FakeProm:
                 return [self._series(rule, n, d, v) for n in self.nodes
                         for d, v in raw.get(n, [(d, ok_value(rule)) for d in devices(rule)])]
         raise AssertionError(f"FakeProm: unexpected query {expr!r}")
+
+    def record_all(self, age: float = 1.0) -> None:
+        self.recorded = {rule.id: age for rule in self.rules}
+
+    def _recorded(self):
+        out = []
+        for rule in self.rules:
+            age = self.recorded.get(rule.id)
+            if age is None:
+                continue
+            tags = {precomputed.RULE_LABEL: rule.id,
+                    precomputed.EXPR_LABEL: "0" * 16 if age == "other" else precomputed.expr_hash(rule)}
+            beat = self.now - (0.0 if age == "other" else float(age))
+            out.append(Sample({**tags, precomputed.HEARTBEAT_LABEL: "1"}, beat, at=self.now))
+            out += [Sample({**s.labels, **tags, "__name__": precomputed.RECORD}, s.value, at=self.now)
+                    for s in (self._series(rule, n, d, v) for n, d, v in self.breaching.get(rule.id, []))]
+        return out
 
 
 def expand(hostlist: str) -> list[str]:

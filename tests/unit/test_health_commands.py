@@ -20,7 +20,9 @@ def world(tmp_path):
 
 def test_a_healthy_cluster_exits_0(world):
     code, nodes, summary = world.json()
-    assert code == 0 and summary["ok"] == 64 and summary["queries"] == len(world.prom.rules) + 3
+    # Presence, scrape age, identity and the recorded rule results: every rule was recorded and fresh.
+    assert code == 0 and summary["ok"] == 64 and summary["queries"] == 4
+    assert summary["rule_results"] == "precomputed" and summary["rule_results_note"] is None
 
 
 def test_failing_nodes_exit_1_and_a_read_only_run_changes_nothing(world):
@@ -215,10 +217,14 @@ def test_resume_needs_positive_evidence_and_audits_how_long_the_node_was_healthy
 
 def test_resume_queries_grow_with_rules_not_nodes(tmp_path):
     drained = {f"gpu{i:03d}": node(f"gpu{i:03d}", flags=("DRAIN",), reason=IB_REASON) for i in range(40, 50)}
-    w = World(tmp_path, raw={"safety": {"resume_after": "0s", "max_resumes_per_run": 20,
-                                        "max_resumes_per_hour": 20}}, **drained)
+    raw = {"safety": {"resume_after": "0s", "max_resumes_per_run": 20, "max_resumes_per_hour": 20}}
+    w = World(tmp_path, raw=raw, **drained)
     code, _, summary = w.json("--resume")
-    assert summary["resumed"] == 10 and summary["queries"] == len(w.prom.rules) + 3 + 1
+    assert summary["resumed"] == 10 and summary["queries"] == 4 + 1  # and one for the resume evidence
+    direct = World(tmp_path / "direct", raw=raw, **drained)
+    direct.prom.recorded = {}  # no recording rules: every rule is queried directly
+    _, _, summary = direct.json("--resume")
+    assert summary["resumed"] == 10 and summary["queries"] == 4 + len(w.prom.rules) + 1
 
 
 def test_the_resume_budget_exits_4(tmp_path):

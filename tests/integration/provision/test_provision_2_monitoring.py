@@ -42,3 +42,23 @@ def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
     assert props["ExecMainStatus"] in ("0", "1"), props
     assert props["Result"] == "success", props
     assert "opsctl-health.timer" in machines.on_head("systemctl list-timers --no-pager opsctl-health.timer")
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_the_heads_prometheus_records_the_catalog_and_opsctl_reads_the_recorded_results(machines):
+    """The Prometheus role installs `opsctl rules export`'s recording groups, one per rule; Prometheus
+    evaluates every one, and `opsctl health` on the head reads their results instead of querying each rule."""
+    url = f"http://{machines.addr(machines.head)}:9090/api/v1/rules?type=record"
+
+    def recorded():
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            groups = [g for g in json.load(resp)["data"]["groups"] if g["name"].startswith("opsctl-precomputed-")]
+        return groups if groups and all(r["health"] == "ok" for g in groups for r in g["rules"]) else None
+
+    groups = wait_until(recorded, 60, "every opsctl recording rule evaluated")
+    listed = machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
+    assert len(groups) == len(listed)
+    run = json.loads(machines.on_head("/opt/opsctl/bin/opsctl health --json || true"))
+    assert run["summary"]["rule_results"] == "precomputed", run["summary"]["rule_results_note"]
+    assert run["summary"]["queries"] <= 5  # presence, age, identity, recorded (and resume evidence)

@@ -126,7 +126,7 @@ def _loaded_rule(machines, alert: str) -> str:
 
 def _threshold_everywhere(machines) -> dict:
     rules = yaml.safe_load(machines.on_head("cat /etc/prometheus/rules/opsctl.yml"))
-    alert = next(r for g in rules["groups"] for r in g["rules"] if r["alert"] == "OpsctlGpuTempHigh")
+    alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "OpsctlGpuTempHigh")
     dashboard = json.loads(machines.on_head("cat /var/lib/grafana/dashboards/opsctl/opsctl-gpu.json"))
     panel = next(p for p in dashboard["panels"] if p.get("title", "").startswith("gpu-temp-high"))
     listed = next(line for line in machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
