@@ -138,9 +138,10 @@ provision: venv
 	$(BIN)/python playbooks/role_times.py $$junit; rm -rf $$junit; \
 	phase "playbooks/site.yml on $$inv" $$t0; exit $$rc
 
-bench: deps-lab venv
+bench: deps-lab deps-machines venv
 	$(BIN)/python bench/health_scale.py
 	$(BIN)/python bench/fabric_isolation.py
+	$(BIN)/python bench/provision_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info lab/build lab/*.egg-info
