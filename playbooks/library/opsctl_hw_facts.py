@@ -14,8 +14,11 @@ short_description: Discover GPUs, HCAs, NVMe drives, CPU topology and memory of 
 description:
   - Reads C(nvidia-smi), the InfiniBand sysfs tree, C(/sys/class/nvme), C(/sys/devices/system/cpu)
     and C(/proc/meminfo), and returns them as the C(opsctl_hw) fact.
-  - A missing C(nvidia-smi), or C(nvidia-smi) exiting 9 (driver not loaded), means "no GPUs", not a
-    failure, so the same play runs on head and storage nodes.
+  - A missing C(nvidia-smi) means "no GPUs", not a failure, so the same play runs on head and storage
+    nodes. C(nvidia-smi) exiting 9 (driver not loaded) fails the module on a GPU node (O(gpu_node)),
+    and means "no GPUs" only on a host that is not one.
+  - Every C(nvidia-smi) call runs under coreutils C(timeout) (O(command_timeout)); one that does not
+    answer in time fails the module.
   - Read-only; supports check mode.
 options:
   nvidia_smi:
@@ -30,6 +33,16 @@ options:
     description: Regular expression of the HCA names that count as compute rails.
     type: str
     default: "^mlx5_[0-9]+$"
+  gpu_node:
+    description:
+      - Whether the host is a GPU node. On a GPU node, C(nvidia-smi) exiting 9 (driver not loaded) is
+        an error; elsewhere it means "no GPUs".
+    type: bool
+    default: true
+  command_timeout:
+    description: Seconds each C(nvidia-smi) call may take before it is killed and the module fails.
+    type: int
+    default: 30
 """
 
 EXAMPLES = r"""
@@ -47,8 +60,11 @@ ansible_facts:
 """
 
 # rc 9 is NVML_ERROR_DRIVER_NOT_LOADED surfaced by nvidia-smi ("NVIDIA-SMI has failed because it
-# couldn't communicate with the NVIDIA driver"): the node has no usable GPU.
+# couldn't communicate with the NVIDIA driver"): an error on a GPU node, "no GPUs" elsewhere.
 NVSMI_NO_DRIVER = 9
+# Exit statuses of coreutils `timeout -k 5 N cmd`: 124 when cmd ran past N s and TERM ended it, 137
+# (128 + KILL) when it ignored TERM too and KILL ended it 5 s later.
+TIMEOUT_RCS = (124, 137)
 
 
 def read(path, default=""):
@@ -114,22 +130,32 @@ def parse_cpu_list(text):
 
 
 def parse_topo_affinity(text):
-    """GPU index -> CPU list from `nvidia-smi topo -m`:
+    """GPU index -> CPU Affinity cell (stripped; may be "" or "N/A") from `nvidia-smi topo -m`.
 
-            GPU0    GPU1  ...  NIC0 ... CPU Affinity    NUMA Affinity   GPU NUMA ID
-    GPU0     X      NV18  ...  PIX  ... 0-55,112-167    0               N/A
+    nvidia-smi separates the cells with one tab each, and an empty cell is an empty string between two
+    tabs (\\t shown as |):
+
+    |GPU0|GPU1|NIC0|CPU Affinity|NUMA Affinity|GPU NUMA ID
+    GPU0| X |NV18|PIX|0-55,112-167|0||N/A
+    GPU0| X |NV18|PIX||0||N/A           <- empty CPU Affinity (e.g. a process confined to a cpuset)
+
+    The header line starts with a tab (the empty corner cell), so a header cell's position is its
+    column's position in a row. Runs of tabs are never merged: that would move the NUMA Affinity cell
+    into the CPU Affinity column of a row whose CPU Affinity is empty. Lines before the header (a shell
+    prompt) are skipped; a header without tabs (not nvidia-smi's format) gives {}.
     """
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines or "CPU Affinity" not in lines[0]:
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if "CPU Affinity" in [c.strip() for c in line.split("\t")]]
+    if not headers:
         return {}
-    header = re.split(r"\t+|\s{2,}", lines[0].strip())
-    column = header.index("CPU Affinity") + 1  # data rows start with the row label
+    start = headers[0]
+    column = [cell.strip() for cell in lines[start].split("\t")].index("CPU Affinity")
     out = {}
-    for line in lines[1:]:
-        fields = re.split(r"\t+|\s{2,}", line.strip())
-        match = re.fullmatch(r"GPU(\d+)", fields[0])
+    for line in lines[start + 1:]:
+        fields = line.split("\t")
+        match = re.fullmatch(r"GPU(\d+)", fields[0].strip())
         if match and len(fields) > column:
-            out[int(match.group(1))] = fields[column]
+            out[int(match.group(1))] = fields[column].strip()
     return out
 
 
@@ -160,12 +186,25 @@ def _bus_key(bus_id):
     return bus_id.upper().split(":", 1)[-1]
 
 
-def gpus(module, nvidia_smi):
+def run_timed(module, argv, seconds):
+    """module.run_command under coreutils `timeout -k 5 <seconds>` (run_command of ansible-core 2.19 takes
+    no timeout); a call that does not answer in time fails the module."""
+    timeout = module.get_bin_path("timeout", required=True)
+    rc, out, err = module.run_command([timeout, "-k", "5", str(seconds), *argv])
+    if rc in TIMEOUT_RCS:
+        module.fail_json(msg=f"{argv[0]} did not answer within {seconds} s: {' '.join(argv)} (rc {rc})")
+    return rc, out, err
+
+
+def gpus(module, nvidia_smi, gpu_node=True, seconds=30):
     path = module.get_bin_path(nvidia_smi) if "/" not in nvidia_smi else nvidia_smi
     if not path or not os.access(path, os.X_OK):
         return []
-    rc, out, _err = module.run_command([path, "--query-gpu=index,name,pci.bus_id", "--format=csv,noheader"])
+    rc, out, _err = run_timed(module, [path, "--query-gpu=index,name,pci.bus_id", "--format=csv,noheader"],
+                              seconds)
     if rc == NVSMI_NO_DRIVER:
+        if gpu_node:
+            module.fail_json(msg=f"{path} exited 9: the NVIDIA driver is not loaded on this GPU node")
         return []
     if rc != 0:
         module.fail_json(msg=f"{path} --query-gpu failed with rc {rc}", stdout=out)
@@ -177,13 +216,13 @@ def gpus(module, nvidia_smi):
                           "cores": ""})
     # The minor number is not promised to equal the index; without it gres.conf would name the wrong
     # device. A GPU whose minor number nvidia-smi -q does not show fails the module.
-    rc, out, _err = module.run_command([path, "-q"])
+    rc, out, _err = run_timed(module, [path, "-q"], seconds)
     minors = {_bus_key(bus): minor for bus, minor in parse_q_minors(out).items()} if rc == 0 else {}
     for gpu in found:
         if _bus_key(gpu["pci_bus_id"]) not in minors:
             module.fail_json(msg=f"{path} -q shows no minor number for GPU {gpu['index']} ({gpu['pci_bus_id']})")
         gpu["minor"] = minors[_bus_key(gpu["pci_bus_id"])]
-    rc, out, _err = module.run_command([path, "topo", "-m"])
+    rc, out, _err = run_timed(module, [path, "topo", "-m"], seconds)
     if rc == 0:
         affinity = parse_topo_affinity(out)
         for gpu in found:
@@ -219,10 +258,14 @@ def main():
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "sysfs_root": {"type": "str", "default": "/sys"},
             "ib_devices": {"type": "str", "default": "^mlx5_[0-9]+$"},
+            "gpu_node": {"type": "bool", "default": True},
+            "command_timeout": {"type": "int", "default": 30},
         },
         supports_check_mode=True,
     )
-    gpu_list = gpus(module, module.params["nvidia_smi"])
+    if module.params["command_timeout"] < 1:
+        module.fail_json(msg=f"command_timeout must be at least 1 s, not {module.params['command_timeout']}")
+    gpu_list = gpus(module, module.params["nvidia_smi"], module.params["gpu_node"], module.params["command_timeout"])
     topo = cpu_topology()
     cpu_to_core = topo.pop("_cpu_to_core")
     # Cores= is only "known" if every CPU that nvidia-smi lists exists here; a partial map would make
