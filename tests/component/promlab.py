@@ -227,6 +227,16 @@ def drain_decisions(report, rules, slurm_nodes) -> dict:
     return {n: d.action for n, d in plan_drains(report, cluster, rules, safety, 0, True).decisions.items()}
 
 
+def _until_agreed(first, second, seconds: float = 10.0):
+    """Both reports, read again together until their verdicts agree (or `seconds` have passed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        one, other = first(), second()
+        if verdicts(one) == verdicts(other) or time.monotonic() > deadline:
+            return one, other
+        time.sleep(0.5)
+
+
 def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None):
     """Evaluate against Prometheus, both from the rule results it recorded and by querying every rule,
     and against every other database (queried), until they have the same scrapes (at most a few seconds):
@@ -249,26 +259,19 @@ def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None)
     prometheus.record(rules, recorded_config)
     direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
     client = PromClientImpl(prometheus.url)
-    deadline = time.monotonic() + 10
-    while True:
-        recorded = evaluate(client, rules, recorded_config, slurm_nodes, memory, now)
-        report = evaluate(PromClientImpl(prometheus.url), rules, direct_config, slurm_nodes, memory, now)
-        if verdicts(recorded) == verdicts(report) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+
+    def queried(url: str):
+        return lambda: evaluate(PromClientImpl(url), rules, direct_config, slurm_nodes, memory, now)
+
+    recorded, report = _until_agreed(lambda: evaluate(client, rules, recorded_config, slurm_nodes, memory, now),
+                                     queried(prometheus.url))
     assert recorded.rule_results == "precomputed", recorded.rule_results_note
     assert verdicts(recorded) == verdicts(report), "Prometheus' recorded and queried rule results differ"
     assert drain_decisions(recorded, rules, slurm_nodes) == drain_decisions(report, rules, slurm_nodes)
     for kind, tsdb in tsdbs.items():
         if kind == "prometheus":
             continue
-        deadline = time.monotonic() + 10
-        while True:
-            other = evaluate(PromClientImpl(tsdb.url), rules, direct_config, slurm_nodes, memory, now)
-            if verdicts(other) == verdicts(report) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-            report = evaluate(PromClientImpl(prometheus.url), rules, direct_config, slurm_nodes, memory, now)
+        report, other = _until_agreed(queried(prometheus.url), queried(tsdb.url))
         mine, theirs = verdicts(report), verdicts(other)
         differ = {n: (mine.get(n), theirs.get(n)) for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n)}
         assert not differ, f"{kind} and Prometheus differ (node: Prometheus, {kind}): {differ}"
