@@ -114,7 +114,7 @@ PLAYBOOK_ENV := ANSIBLE_CONFIG=playbooks/ansible.cfg ANSIBLE_FORCE_COLOR=0
 # playbooks/role_times.py sums them per role (the profile_roles callback is in ansible.posix, which
 # ansible-core lacks). Task arguments stay out of the file, which lives in a private temporary
 # directory (mktemp -d, mode 0700) only while the summary is made.
-PROFILE_ENV := ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit JUNIT_HIDE_TASK_ARGUMENTS=true \
+PROFILE_ENV := ANSIBLE_CALLBACKS_ENABLED=ansible.builtin.junit,opsctl_unreachable JUNIT_HIDE_TASK_ARGUMENTS=true \
   JUNIT_TASK_RELATIVE_PATH=$(CURDIR)/playbooks JUNIT_INCLUDE_SETUP_TASKS_IN_REPORT=true
 provision: venv
 	@set -e; \
@@ -132,10 +132,11 @@ provision: venv
 	  phase "lab machines" $$t0; \
 	fi; \
 	t0=$$(date +%s); junit=$$(mktemp -d); rc=0; \
-	$(PLAYBOOK_ENV) $(PROFILE_ENV) JUNIT_OUTPUT_DIR=$$junit \
+	$(PLAYBOOK_ENV) $(PROFILE_ENV) JUNIT_OUTPUT_DIR=$$junit/junit OPSCTL_UNREACHABLE_FILE=$$junit/unreachable \
 	  ANSIBLE_CACHE_PLUGIN_CONNECTION="$$(realpath $$inv)/.facts" \
 	  $(BIN)/ansible-playbook -i $$inv playbooks/site.yml $(PLAYBOOK_ARGS) || rc=$$?; \
-	$(BIN)/python playbooks/role_times.py $$junit; rm -rf $$junit; \
+	$(BIN)/python playbooks/role_times.py $$junit/junit; \
+	if [ -s $$junit/unreachable ]; then echo "== provision: $$(cat $$junit/unreachable)"; fi; rm -rf $$junit; \
 	phase "playbooks/site.yml on $$inv" $$t0; exit $$rc
 
 bench: deps-lab deps-machines venv

@@ -101,12 +101,14 @@ def lab_machines() -> None:
 @lab_machines.command("up")
 @click.option("--count", type=int, default=3, show_default=True,
               help="GPU machines gpu1..gpuN, 1-32 (plus the head machine).")
+@click.option("--boot-timeout", type=click.IntRange(1, 3600), default=90, show_default=True,
+              help="Seconds to wait for every machine to boot and take SSH logins.")
 @one_line_errors
-def lab_machines_up(count: int) -> ExitCode:
+def lab_machines_up(count: int, boot_timeout: int) -> ExitCode:
     """Start (or keep) the machines and write inventory/lab/; prints the time of each phase."""
     from opsctl_lab.machines import up
 
-    return up(count=count, echo=click.echo)
+    return up(count=count, echo=click.echo, boot_timeout=boot_timeout)
 
 
 @lab_machines.command("down")

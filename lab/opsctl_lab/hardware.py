@@ -121,6 +121,9 @@ FAULTS = {
         FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
+        # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM does not report it.
+        FaultSpec("persistence-off", "gpu", "the GPU runs with persistence mode Disabled (nvidia-smi -pm 0, or a "
+                  "persistence daemon started with --no-persistence-mode)", machines_only=True),
         FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
                   "`lfs check servers` fails it", simulated_only=False),
         FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=False),
@@ -292,6 +295,17 @@ class NodeHardware:
 
     def gpu_present(self, gpu: int) -> bool:
         return not self.has("gpu-missing", gpu=gpu)
+
+    def persistence_mode(self, gpu: int) -> bool:
+        """Enabled unless the GPU has the persistence-off fault, as on a node whose daemon enables it."""
+        return not self.has("persistence-off", gpu=gpu)
+
+    def set_persistence_mode(self, gpu: int, enabled: bool, now: float | None = None) -> None:
+        """`nvidia-smi -pm 0|1`: the state keeps it as the persistence-off fault, so `clear` turns it back on."""
+        if enabled:
+            self.active = [f for f in self.active if not (f.fault == "persistence-off" and f.gpu == gpu)]
+        elif self.persistence_mode(gpu):
+            self.inject("persistence-off", gpu=gpu, now=now)
 
     def hca_port(self, hca: str) -> dict:
         """state, phys_state, rate and firmware of a port, in sysfs wording."""

@@ -31,6 +31,12 @@ is an IP address, else the default IPv4 address of its facts (this run's or the 
 when none is known. A host name in ansible_host is never written as an address:
 
     {{ ['gpu001'] | host_addresses(hostvars) }}  -> [{'name': 'gpu001', 'address': '10.20.1.1'}]
+
+cluster_address: that address for one host. The exporters and servers bind it and Prometheus scrapes
+it, never a name: on the host itself a name may resolve to the stock `127.0.1.1 <hostname>` line of
+/etc/hosts, and a service bound there answers the host's own check but not Prometheus:
+
+    {{ inventory_hostname | cluster_address(hostvars) }}  -> '10.20.1.1'
 """
 
 import fnmatch
@@ -89,16 +95,17 @@ def _ip_or_none(text) -> str | None:
         return None
 
 
+def cluster_address(host, hostvars) -> str | None:
+    hv = hostvars[host]
+    address = hv.get("cluster_address") or _ip_or_none(hv.get("ansible_host", ""))
+    if not address:
+        facts = hv.get("ansible_facts") or {}
+        address = (facts.get("default_ipv4") or {}).get("address")
+    return address or None
+
+
 def host_addresses(hosts, hostvars) -> list[dict]:
-    entries = []
-    for host in hosts:
-        hv = hostvars[host]
-        address = hv.get("cluster_address") or _ip_or_none(hv.get("ansible_host", ""))
-        if not address:
-            facts = hv.get("ansible_facts") or {}
-            address = (facts.get("default_ipv4") or {}).get("address")
-        entries.append({"name": host, "address": address or None})
-    return entries
+    return [{"name": host, "address": cluster_address(host, hostvars)} for host in hosts]
 
 
 class FilterModule:
@@ -110,4 +117,5 @@ class FilterModule:
             "pin_misfits": pin_misfits,
             "packages_matching": packages_matching,
             "host_addresses": host_addresses,
+            "cluster_address": cluster_address,
         }

@@ -210,11 +210,55 @@ def test_topo_matrix_layout_and_rails(node):
     assert "  NV#  = Connection traversing a bonded set of # NVLinks" in out.stdout
 
 
+def _persistence(env) -> list[str]:
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,persistence_mode", "--format=csv").stdout)
+    return [r["persistence_mode"] for r in rows]
+
+
 def test_persistence_mode(node):
     _, env = node
     out = smi(env, "-pm", "1")
     assert out.returncode == 0 and out.stdout.splitlines()[-1] == "All done."
     assert out.stdout.count("Persistence mode is already Enabled for GPU") == 8
+    assert _persistence(env) == ["Enabled"] * 8
+
+
+def test_pm_toggles_persistence_mode_and_every_output_reports_it(node):
+    """nvidia-smi's own lines (-pm 0 on a GPU that has it: "Disabled persistence mode for GPU <bus id>.",
+    then "All done."); the state file keeps the mode for the next call."""
+    _, env = node
+    off = smi(env, "-pm", "0", "-i", "3")
+    assert off.returncode == 0
+    assert off.stdout == "Disabled persistence mode for GPU 00000000:5D:00.0.\nAll done.\n"
+    assert _persistence(env) == ["Disabled" if g == 3 else "Enabled" for g in range(8)]
+    assert "    Persistence Mode                                   : Disabled" in smi(env, "-q", "-i", "3").stdout
+    assert "    Persistence Mode                                   : Enabled" in smi(env, "-q", "-i", "2").stdout
+    # The table's Persistence-M column: "Off" where a real H100 node without persistence mode shows it
+    # ("|   0  NVIDIA H100 80GB HBM3          Off |"), in the column of the real H200's "On ".
+    table = smi(env).stdout.splitlines()
+    row3, row2 = next(x for x in table if x.startswith("|   3 ")), next(x for x in table if x.startswith("|   2 "))
+    assert "NVIDIA H200                    Off |" in row3 and "NVIDIA H200                    On  |" in row2
+    real = REAL_TABLE.splitlines()[7]
+    assert [i for i, c in enumerate(row3) if c == "|"] == [i for i, c in enumerate(real) if c == "|"]
+    again = smi(env, "--persistence-mode=0", "-i", "3")
+    assert again.stdout == "Persistence mode is already Disabled for GPU 00000000:5D:00.0.\nAll done.\n"
+    on = smi(env, "-pm", "1")
+    assert on.returncode == 0 and on.stdout.splitlines()[-1] == "All done."
+    assert "Enabled persistence mode for GPU 00000000:5D:00.0." in on.stdout.splitlines()
+    assert on.stdout.count("Persistence mode is already Enabled for GPU") == 7
+    assert _persistence(env) == ["Enabled"] * 8
+    assert smi(env, "-pm", "2").returncode == 2
+
+
+def test_the_persistence_off_fault_turns_it_off_until_clear(node):
+    state, env = node
+    inject(state, "persistence-off", gpu=5)
+    assert _persistence(env) == ["Disabled" if g == 5 else "Enabled" for g in range(8)]
+    assert smi(env, "-pm", "0", "-i", "5").stdout.startswith("Persistence mode is already Disabled for GPU")
+    hw = NodeHardware.load(state, "gpu7")
+    hw.clear()
+    hw.save(state)
+    assert _persistence(env) == ["Enabled"] * 8
 
 
 def test_minor_numbers_follow_the_state(node):

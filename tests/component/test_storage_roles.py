@@ -168,6 +168,24 @@ def test_nfs_preflight_refuses_bad_mounts_naming_the_variable(tmp_path, mounts, 
     assert recap(proc)[1] == 1 and message in proc.stdout, proc.stdout[-3000:]
 
 
+@pytest.mark.parametrize("login, path, refused", [
+    ("root", "/root", "nfs_client_mounts: /root (s:/export) would be mounted over /root, the home of root"),
+    ("daemon", "/usr", "would be mounted over /usr/sbin, the home of daemon"),  # above the home hides it too
+    ("root", "/rootfs", None),  # a path that only starts with the home's characters is not above it
+    ("no-such-account", "/home", None),  # unknown to the node: no home to hide
+])
+def test_nfs_preflight_refuses_a_mount_over_the_home_ansible_logs_in_to(tmp_path, login, path, refused):
+    """The home comes from this host's passwd database (getent), as on a node."""
+    mounts = [{"path": "/shared", "server": "s", "export": "/shared"},
+              {"path": path, "server": "s", "export": "/export"}]
+    proc = run_role(tmp_path, "nfs_client", "preflight", nfs_client_mounts=mounts, ansible_user=login)
+    if refused:
+        assert recap(proc)[1] == 1 and refused in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+        assert "the account Ansible logs in as" in proc.stdout
+    else:
+        assert recap(proc)[1] == 0, proc.stdout[-3000:]
+
+
 LUSTRE = {"lustre_client_mounts": [{"fs_name": "scratch", "path": "/lustre"}],
           "lustre_client_mgs_nids": ["10.20.2.10@tcp", "10.20.2.11@tcp"]}
 

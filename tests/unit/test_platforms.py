@@ -63,6 +63,22 @@ def test_host_addresses_never_write_a_name_as_an_address():
         {"name": "gpu004", "address": None}]
 
 
+LISTENING_ROLES = ["node_exporter", "dcgm_exporter", "prometheus", "alertmanager", "grafana", "nfs_server"]
+
+
+def test_services_bind_the_cluster_address_that_prometheus_scrapes_never_a_name():
+    """A name in ansible_host may resolve to the stock `127.0.1.1 <hostname>` line on the node itself: the
+    exporter would listen on loopback, pass a check made on the node, and be down for Prometheus."""
+    hostvars = {"gpu002": {"ansible_host": "gpu002.cluster.example.net",
+                           "ansible_facts": {"default_ipv4": {"address": "10.20.1.2"}}}}
+    assert PLATFORM.cluster_address("gpu002", hostvars) == "10.20.1.2"
+    for role in LISTENING_ROLES:
+        defaults = load_yaml(ROLES / role / "defaults" / "main.yml")
+        assert defaults[f"{role}_listen_address"] == "{{ inventory_hostname | cluster_address(hostvars) }}", role
+    file_sd = (ROLES / "prometheus" / "templates" / "file_sd.yml.j2").read_text()
+    assert "default(host | cluster_address(hostvars))" in file_sd
+
+
 def test_gres_layouts_group_hosts_by_minor_numbers_and_affinity():
     gpus = [{"index": i, "minor": i, "cores": "0"} for i in range(2)]
     hostvars = {"gpu1": {"opsctl_hw": {"gpus": gpus}}, "gpu3": {"opsctl_hw": {"gpus": gpus}},

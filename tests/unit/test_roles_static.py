@@ -301,8 +301,9 @@ def test_only_the_slurm_plays_read_slurm_config():
 
 # ---- preflight: every role's inventory checks, before any host changes -----------------------------
 # What a preflight file may do: check, load variables, and run read-only commands on the control host.
+# getent only reads the node's account database (nfs_client: the home of the account Ansible logs in as).
 PREFLIGHT_MODULES = {"ansible.builtin.assert", "ansible.builtin.import_tasks", "ansible.builtin.include_vars",
-                     "ansible.builtin.set_fact", "ansible.builtin.command"}
+                     "ansible.builtin.set_fact", "ansible.builtin.command", "ansible.builtin.getent"}
 
 
 def preflight_problems(tasks_dir: Path, name: str = "preflight.yml") -> list[str]:
@@ -321,10 +322,14 @@ def preflight_problems(tasks_dir: Path, name: str = "preflight.yml") -> list[str
 
 
 def test_the_preflight_play_runs_every_roles_preflight_first():
-    """site.yml's first play, tagged always, includes tasks/preflight.yml of every role that has one; no role
-    names its checks otherwise (validate.yml); and a preflight file changes no host."""
+    """site.yml's first play only reaches the hosts (an unreachable one is left out of the run, not fatal to
+    it); the second, tagged always, stops every host on one's failure and includes tasks/preflight.yml of
+    every role that has one; no role names its checks otherwise (validate.yml); and a preflight file
+    changes no host."""
     plays = load_yaml(PLAYBOOKS / "site.yml")
-    first = plays[0]
+    reach, first = plays[0], plays[1]
+    assert reach["name"] == "Reachability" and reach["tags"] == ["always"] and "any_errors_fatal" not in reach
+    assert [next(k for k in task if k.startswith("ansible.")) for task in reach["tasks"]] == ["ansible.builtin.ping"]
     assert first["name"] == "Preflight" and first["tags"] == ["always"] and first["any_errors_fatal"] is True
     included = {task["ansible.builtin.include_role"]["name"] for task in first["tasks"]
                 if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"}
@@ -346,3 +351,40 @@ def test_preflight_problems_names_a_task_that_changes_a_host(tmp_path):
     assert preflight_problems(tmp_path) == [
         "more.yml: Write: ansible.builtin.copy",
         "more.yml: Run: a command not on the control host, or not read-only"]
+
+
+# ---- the nvidia role's persistence daemon -------------------------------------------------------
+def test_the_persistence_drop_in_runs_the_packaged_command_without_no_persistence_mode():
+    """Each platform's drop-in command is the packaged unit's (quoted in the vars file's comment) less
+    --no-persistence-mode, and a changed drop-in restarts the daemon through a handler."""
+    nvidia = ROLES / "nvidia"
+    platforms = {}
+    for path in sorted((nvidia / "vars").glob("*.yml")):
+        command = ((load_yaml(path) or {}).get("_nvidia_platform") or {}).get("persistenced_exec_start")
+        if command:
+            text = path.read_text().replace("\n  # ", " ")
+            start = text.index('"/usr/bin/nvidia-persistenced ') + 1
+            platforms[path.stem] = (text[start:text.index('"', start)].split(), command.split())
+    assert set(platforms) == {"ubuntu-22.04", "ubuntu-24.04"}
+    for name, (packaged, command) in platforms.items():
+        assert "--no-persistence-mode" in packaged, name
+        assert command == [arg for arg in packaged if arg != "--no-persistence-mode"], name
+    template = (nvidia / "templates" / "nvidia-persistenced-persistence-mode.conf.j2").read_text()
+    assert "[Service]\nExecStart=\nExecStart={{ _nvidia_platform.persistenced_exec_start }}\n" in template
+    notified = {t["notify"] for t in iter_tasks(load_yaml(nvidia / "tasks" / "persistence.yml")) if "notify" in t}
+    restarts = [h["ansible.builtin.systemd_service"] for h in load_yaml(nvidia / "handlers" / "main.yml")
+                if h.get("listen") in notified and "ansible.builtin.systemd_service" in h]
+    assert restarts == [{"name": "nvidia-persistenced", "state": "restarted", "daemon_reload": True}]
+
+
+def test_facts_are_gathered_again_right_after_the_driver_reboot():
+    """The fact cache keeps the pre-reboot kernel; lustre_client names its modules package after
+    ansible_facts.kernel, so the reboot handler is followed at once by a fresh gathering, under the
+    same conditions."""
+    handlers = load_yaml(ROLES / "nvidia" / "handlers" / "main.yml")
+    names = [h["name"] for h in handlers]
+    reboot = names.index("Reboot for the NVIDIA driver")
+    gather = handlers[reboot + 1]
+    assert "ansible.builtin.setup" in gather and gather["listen"] == handlers[reboot]["listen"]
+    assert gather["when"] == handlers[reboot]["when"]
+    assert "kernel" in str(load_yaml(ROLES / "lustre_client" / "vars" / "debian.yml"))

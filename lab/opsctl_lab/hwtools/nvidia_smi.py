@@ -7,13 +7,14 @@ Forms (layouts copied from a real H200, tests/fixtures/gpu/nvidia-smi_q_and_quer
   nvidia-smi --query-gpu=F1,F2 --format=csv[,noheader][,nounits] [-i N]
   nvidia-smi --query-compute-apps=F1,F2 --format=csv[,noheader][,nounits]
   nvidia-smi topo -m                           the topology matrix (nvidia_smi_topo.py)
-  nvidia-smi -pm 0|1                           persistence mode (always on in the lab)
+  nvidia-smi -pm 0|1 [-i N]                    persistence mode (nvidia_smi_topo.py), kept in the state file
 
 Values come from the hardware state through the dcgm-exporter emulator's GpuView, so nvidia-smi and
 DCGM report the same temperature, power, memory and error counters. A GPU with the gpu-hang fault makes
 every query that reaches it hang, as NVML does with a GPU that stopped answering. The minor numbers
-of -q are the state's (NodeHardware.minor), not always the index. Return codes as documented in
-nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus.
+of -q are the state's (NodeHardware.minor), not always the index. Persistence mode is Enabled unless
+`-pm 0` or the persistence-off fault turned it off; the table, -q and --query-gpu show it. Return codes
+as documented in nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus.
 """
 
 import json
@@ -24,7 +25,7 @@ from importlib import resources
 from opsctl_lab import hardware as hwm
 from opsctl_lab.dcgm_emulator import PCI_BUS_IDS, GpuView, gpu_uuid
 from opsctl_lab.hardware import NodeHardware, stable_int
-from opsctl_lab.hwtools.common import load, main_guard
+from opsctl_lab.hwtools.common import load, main_guard, state_path
 from opsctl_lab.hwtools.nvidia_smi_topo import persistence_mode, render_topo
 
 RC_INVALID = 2
@@ -33,6 +34,7 @@ CUDA_VERSION = "12.8"  # the CUDA version driver 570 reports
 LEFTOVER_PID_BASE = 41000
 HANG_SECONDS = 3600
 KEY_WIDTH = 55  # column of the ':' in -q output
+PERSISTENCE_VALUES = {"1": True, "ENABLED": True, "0": False, "DISABLED": False}  # nvidia-smi -pm's values
 
 _FIELDS = json.loads(resources.files("opsctl_lab.hwtools").joinpath("nvidia_smi_fields.json").read_text())
 _Q_TEMPLATE = resources.files("opsctl_lab.hwtools").joinpath("nvidia_smi_q.txt").read_text()
@@ -63,6 +65,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict:
     power = min(hwm.POWER_LIMIT_W, view.power() + view.jitter("mw", 1000) / 1000.0)
     active = "Active"
     return {
+        "persistence_mode": "Enabled" if hw.persistence_mode(gpu) else "Disabled",
         "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
         "serial": f"{1650924000000 + stable_int(hw.node, gpu, 'serial', modulo=10**6)}",
         "uuid": gpu_uuid(hw.node, gpu), "pdi": f"0x{stable_int(hw.node, gpu, 'pdi', modulo=1 << 64):016x}",
@@ -119,7 +122,8 @@ def render_table(hw: NodeHardware, now: float, gpus: list[int]) -> str:
         v = values(hw, gpu, now)
         watts = int(float(v["power"]))
         used = f"{v['fb_used']}MiB / {hwm.FB_TOTAL_MIB}MiB"
-        out += [f"| {gpu:>3}  {hwm.GPU_MODEL:<31}On  |   {v['bus_id']} Off | {v['dbe_vol']:>20} |",
+        persistence = "On" if v["persistence_mode"] == "Enabled" else "Off"
+        out += [f"| {gpu:>3}  {hwm.GPU_MODEL:<31}{persistence:<4}|   {v['bus_id']} Off | {v['dbe_vol']:>20} |",
                 f"| N/A  {v['temp']:>3}C    {v['pstate']}  {watts:>13}W / {int(hwm.POWER_LIMIT_W):>4}W |"
                 f" {used:>22} | {0:>6}%      Default |",
                 "|                                         |                        |             Disabled |",
@@ -162,7 +166,10 @@ def render_q(hw: NodeHardware, now: float, gpus: list[int]) -> str:
             v["processes"] = "\n".join(lines)
         else:
             v["processes"] = _kv(4, "Processes", "None")
-        out.append(_Q_TEMPLATE.format_map(v).rstrip("\n"))
+        # The template's line is the real capture's (Enabled); a GPU with persistence mode off says Disabled.
+        block = _Q_TEMPLATE.format_map(v).replace(_kv(4, "Persistence Mode", "Enabled"),
+                                                  _kv(4, "Persistence Mode", v["persistence_mode"]))
+        out.append(block.rstrip("\n"))
     return "\n".join(out) + "\n\n"
 
 
@@ -176,7 +183,8 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict:
         "timestamp": time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}",
         "driver_version": hwm.DRIVER_VERSION, "count": str(sum(hw.gpu_present(g) for g in range(8))),
         "name": hwm.GPU_MODEL, "serial": v["serial"], "uuid": v["uuid"], "pci.bus_id": v["bus_id"],
-        "pci.bus": f"0x{v['bus']}", "index": str(gpu), "clocks_event_reasons.active": f"0x{events:016X}",
+        "pci.bus": f"0x{v['bus']}", "index": str(gpu), "persistence_mode": v["persistence_mode"],
+        "clocks_event_reasons.active": f"0x{events:016X}",
         "clocks_event_reasons.gpu_idle": v["ev_idle"], "clocks_event_reasons.hw_slowdown": v["ev_hw_slowdown"],
         "clocks_event_reasons.hw_thermal_slowdown": v["ev_hw_thermal"],
         "clocks_event_reasons.sw_thermal_slowdown": v["ev_sw_thermal"],
@@ -265,6 +273,12 @@ def _parse(argv: list[str]) -> dict:
             opts["mode"] = "q"
         elif arg in ("-L", "--list-gpus"):
             opts["mode"] = "list"
+        elif key in ("-pm", "--persistence-mode"):
+            val = val if eq else (args.pop(0) if args else "")
+            if val.upper() not in PERSISTENCE_VALUES:
+                raise Usage(f'Invalid value "{val}" for parameter -pm')
+            opts["mode"] = "pm"
+            opts["enable"] = PERSISTENCE_VALUES[val.upper()]
         elif key in ("--query-gpu", "--query-compute-apps") and eq:
             opts["mode"] = key
             opts["fields"] = [f.strip() for f in val.split(",") if f.strip()]
@@ -287,11 +301,6 @@ def main(argv: list[str]) -> int:
     if argv[:2] == ["topo", "-m"] or argv[:2] == ["topo", "--matrix"]:
         sys.stdout.write(render_topo(load()))
         return 0
-    if argv[:1] in (["-pm"], ["--persistence-mode"]) and argv[1:2] in (["0"], ["1"]):
-        hw = load()
-        buses = [bus_id(g) for g in range(hwm.GPUS_PER_NODE) if hw.gpu_present(g)]
-        sys.stdout.write(persistence_mode(hw, buses, argv[1] == "1"))
-        return 0
     try:
         opts = _parse(argv)
     except Usage as err:
@@ -309,6 +318,12 @@ def main(argv: list[str]) -> int:
     elif opts["mode"] == "list":
         text = "".join(f"GPU {g}: {hwm.GPU_MODEL} (UUID: {gpu_uuid(hw.node, g)})\n" for g in gpus
                        if hw.gpu_present(g))
+    elif opts["mode"] == "pm":
+        targets = {g: bus_id(g) for g in gpus if hw.gpu_present(g)}
+        changed = any(hw.persistence_mode(g) != opts["enable"] for g in targets)
+        text = persistence_mode(hw, targets, opts["enable"])
+        if changed:
+            hw.save(state_path())
     elif opts["mode"] == "--query-gpu":
         text = query_gpu(hw, now, opts["fields"], opts["format"], gpus)
     else:

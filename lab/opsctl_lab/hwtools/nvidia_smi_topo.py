@@ -74,10 +74,17 @@ def render_topo(hw: NodeHardware, cpus: list[int] | None = None) -> str:
     return "\n".join(lines) + "\n" + LEGEND + nic_legend
 
 
-def persistence_mode(hw: NodeHardware, bus_ids: list[str], enable: bool) -> str:
-    """The lab's GPUs always run with persistence mode on, as the -q and table output say."""
-    if enable:
-        lines = [f"Persistence mode is already Enabled for GPU {b}." for b in bus_ids]
-    else:
-        lines = [f"Disabled persistence mode for GPU {b}." for b in bus_ids]
+def persistence_mode(hw: NodeHardware, buses: dict[int, str], enable: bool) -> str:
+    """`nvidia-smi -pm 1|0` on the GPUs of `buses` (index -> PCI bus id): sets each one's mode in `hw` (the
+    caller saves it) and says what it did, in nvidia-smi's words ("Enabled persistence mode for GPU
+    00000000:19:00.0.", "Persistence mode is already Enabled for GPU ...", the same with Disabled; one
+    line per GPU, then "All done.")."""
+    word = "Enabled" if enable else "Disabled"
+    lines = []
+    for gpu, bus in buses.items():
+        if hw.persistence_mode(gpu) == enable:
+            lines.append(f"Persistence mode is already {word} for GPU {bus}.")
+        else:
+            hw.set_persistence_mode(gpu, enable)
+            lines.append(f"{word} persistence mode for GPU {bus}.")
     return "\n".join(lines + ["All done."]) + "\n"

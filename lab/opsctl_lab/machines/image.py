@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from opsctl_lab.machines.settings import PROVISIONING_UID, PROVISIONING_USER, SUITE, Settings
+from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, PROVISIONING_USER, SUITE, Settings
 from opsctl_lab.processes import run
 
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "iproute2",
@@ -29,7 +29,7 @@ SUDOERS = f"{PROVISIONING_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
 
 def recipe(settings: Settings) -> str:
     text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, SSH_KEYGEN_DROPIN, SUDOERS,
-                      f"{PROVISIONING_USER}:{PROVISIONING_UID}"])
+                      f"{PROVISIONING_USER}:{PROVISIONING_UID}:{PROVISIONING_HOME}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -115,8 +115,8 @@ def _configure(root: Path, settings: Settings) -> None:
     # minbase has no locales; pam_env logs an error at every login without this file.
     (root / "etc/default/locale").write_text("LANG=C.UTF-8\n")
     (root / "etc/apt/apt.conf.d/99opsctl-no-recommends").write_text('APT::Install-Recommends "false";\n')
-    run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--uid", str(PROVISIONING_UID),
-         "--user-group", PROVISIONING_USER])
+    run(["chroot", str(root), "useradd", "--create-home", "--home-dir", PROVISIONING_HOME, "--shell", "/bin/bash",
+         "--uid", str(PROVISIONING_UID), "--user-group", PROVISIONING_USER])
     sudoers = root / "etc/sudoers.d" / PROVISIONING_USER
     sudoers.write_text(SUDOERS)
     sudoers.chmod(0o440)

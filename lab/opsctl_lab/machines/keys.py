@@ -33,8 +33,9 @@ def write_known_hosts(settings: Settings, uppers: dict[str, Path]) -> None:
     settings.known_hosts.write_text("\n".join(lines) + "\n")
 
 
-def ssh_args(settings: Settings, name: str) -> list[str]:
-    """ssh to a machine as the inventory does: lab key, lab known_hosts, strict checking."""
+def ssh_args(settings: Settings, name: str, user: str = "root") -> list[str]:
+    """ssh to a machine as the inventory does: lab key, lab known_hosts, strict checking. The lab's own
+    commands log in as root; provisioning logs in as its own user."""
     return ["ssh", "-i", str(settings.ssh_key), "-o", f"UserKnownHostsFile={settings.known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-            "-o", "LogLevel=ERROR", f"root@{settings.addr(name)}"]
+            "-o", "LogLevel=ERROR", f"{user}@{settings.addr(name)}"]

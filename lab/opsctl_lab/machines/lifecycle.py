@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, parse_fault
-from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn
+from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn, readiness
 from opsctl_lab.machines.settings import MAX_GPU_NODES, STORAGE_MACHINE, Settings, is_gpu_machine, machine_names
 from opsctl_lab.processes import stop_pids
 
@@ -48,17 +48,20 @@ def _known(settings: Settings) -> list[str]:
     return sorted(names, key=lambda n: (n != "head", is_gpu_machine(n), len(n), n))
 
 
-def _all_ready(settings: Settings, names: list[str]) -> bool:
+def _all_ready(settings: Settings, names: list[str], run: readiness.Runner = subprocess.run) -> bool:
+    """Whether `up` has nothing to do: inventory and known_hosts written, exactly these machines and the apt
+    cache running, and every machine ready for provisioning by the same check that `up` waits for (a
+    machine that answers root while its boot still refuses other logins is not)."""
     if not (settings.inventory_dir / "hosts.yml").exists() or not settings.known_hosts.exists():
         return False
     running = {n for n in _known(settings) if nspawn.running_pid(settings, n)}
     if running != set(names) or aptcache.running_pid(settings) is None:
         return False
-    return all(subprocess.run(keys.ssh_args(settings, n) + ["true"], capture_output=True,
-                              timeout=20).returncode == 0 for n in names)
+    return all(readiness.ready(settings, n, run) for n in names)
 
 
-def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | None = None,
+       boot_timeout: float = 90) -> ExitCode:
     if not 1 <= count <= MAX_GPU_NODES:
         raise LabError(f"--count must be 1-{MAX_GPU_NODES} GPU machines")
     _preflight()
@@ -82,7 +85,7 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
             started = _start_machines(settings, names)
             note(f"started {', '.join(started)}" if started else "all running")
         with phase("ssh"):
-            nspawn.wait_ssh(settings, names)
+            readiness.wait_ssh(settings, names, timeout=boot_timeout)
         inventory.write(settings, names)
         # Just booted: slurmd registers with slurmctld a few seconds after SSH answers.
         found = labstate.report(settings, names, settle=True)

@@ -3,15 +3,12 @@ the machine's network namespace. Real systemd is PID 1 in it; SIGTERM to nspawn 
 
 import os
 import secrets
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-from opsctl_lab.errors import LabError
 from opsctl_lab.machines import image as img
 from opsctl_lab.machines import keys
-from opsctl_lab.machines.settings import PROVISIONING_UID, PROVISIONING_USER, Settings
+from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, Settings
 from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
 
 
@@ -36,7 +33,7 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     machine_id = top / "etc/machine-id"
     if not machine_id.exists() or not machine_id.read_text().strip():
         machine_id.write_text(secrets.token_hex(16) + "\n")
-    (top / "etc/hosts").write_text(hosts_text(settings, names))
+    (top / "etc/hosts").write_text(hosts_text(settings, name, names))
     ssh_dir = top / "root/.ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     ssh_dir.chmod(0o700)
@@ -56,11 +53,13 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
 HOSTS_MARKER = "# {mark} opsctl cluster hosts"
 
 
-def hosts_text(settings: Settings, names: list[str]) -> str:
-    """/etc/hosts exactly as the common role leaves it on these machines: loopback, then the role's marked
-    block with `address name` for every host of the inventory's `cluster` group (all of `names`, sorted as
-    the role sorts them). A restart rewrites the file; the next provision then finds nothing to change."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+def hosts_text(settings: Settings, name: str, names: list[str]) -> str:
+    """/etc/hosts exactly as the common role leaves it on these machines: the stock lines of a Debian or
+    Ubuntu install, `127.0.1.1 <hostname>` among them (so every service that binds or resolves the
+    machine's own name is proven against it), then the role's marked block with `address name` for every
+    host of the inventory's `cluster` group (all of `names`, sorted as the role sorts them). A restart
+    rewrites the file; the next provision then finds nothing to change."""
+    lines = ["127.0.0.1\tlocalhost", f"127.0.1.1\t{name}", "::1\tlocalhost ip6-localhost ip6-loopback",
              HOSTS_MARKER.format(mark="BEGIN")]
     lines += [f"{settings.addr(n)} {n}" for n in sorted(names)]
     lines.append(HOSTS_MARKER.format(mark="END"))
@@ -69,7 +68,7 @@ def hosts_text(settings: Settings, names: list[str]) -> str:
 
 def _authorize_provisioning_user(top: Path, client_pubkey: str) -> None:
     """The lab's key for the provisioning account (made in the image), owned by it as sshd requires."""
-    home = top / "home" / PROVISIONING_USER
+    home = top / PROVISIONING_HOME.lstrip("/")
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     keys_file = ssh_dir / "authorized_keys"
@@ -165,39 +164,6 @@ def remove_propagate_dir(name: str) -> None:
         pass
     except OSError:
         pass  # not empty or still in use: leave it rather than guess
-
-
-def wait_ssh(settings: Settings, names: list[str], timeout: float = 90) -> None:
-    """Until `ssh root@machine` works for every machine, with strict host-key checking, and the machine
-    has finished booting: root may log in while /run/nologin still shuts out everyone else (pam_nologin),
-    and the provisioning user is not root."""
-    pending = {name: "no sshd on port 22" for name in names}
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for name in sorted(pending):
-            if running_pid(settings, name) is None:
-                raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
-            if not _port_open(settings.addr(name), 22):
-                continue
-            booted = keys.ssh_args(settings, name) + ["test ! -e /run/nologin"]
-            if subprocess.run(booted, capture_output=True, timeout=15).returncode == 0:
-                del pending[name]
-            else:
-                pending[name] = "sshd answers, boot not finished (/run/nologin)"
-        if pending:
-            time.sleep(0.3)
-    if pending:
-        waiting = "; ".join(f"{name}: {why}" for name, why in sorted(pending.items()))
-        raise LabError(f"no SSH after {timeout:.0f}s ({waiting}); the boot log: "
-                       f"journalctl -D {settings.state_dir}/<machine>/upper/var/log/journal/*")
-
-
-def _port_open(addr: str, port: int) -> bool:
-    try:
-        with socket.create_connection((addr, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def stray_pids(settings: Settings) -> list[int]:

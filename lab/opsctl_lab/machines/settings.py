@@ -29,6 +29,10 @@ MAX_GPU_NODES = 32
 # the image with this uid. The lab's own commands (inject, clear) still use root.
 PROVISIONING_USER = "opsadmin"
 PROVISIONING_UID = 1100
+# Its home is on the machine's own disk, as it must be on a real site: /home is an NFS mount on the
+# cluster's nodes, and a mount over the home would hide its authorized_keys (the nfs_client preflight
+# refuses such an inventory).
+PROVISIONING_HOME = f"/var/lib/{PROVISIONING_USER}"
 
 # The NFS server of the lab: it exports /home and /shared from a disk of its own (disks.py).
 STORAGE_MACHINE = "stor1"

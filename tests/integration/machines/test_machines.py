@@ -23,8 +23,8 @@ from opsctl.ib.ibstat import parse_ibstat
 from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from opsctl.storage.lustre import parse_check_servers, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
-from opsctl_lab.machines import keys, net, nspawn
-from opsctl_lab.machines.settings import Settings, machine_names
+from opsctl_lab.machines import keys, net, nspawn, readiness
+from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE, Settings, machine_names
 
 pytestmark = [
     pytest.mark.machines,
@@ -350,6 +350,63 @@ def test_bad_inject_is_one_line_exit_2():
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     out = opsctl("inject", "gpu9", "dbe")
     assert out.returncode == 2 and out.stderr.startswith("opsctl: error: unknown GPU machine")
+
+
+# Holds the boot as a slow unit does on a real node: systemd-user-sessions.service, which removes
+# /run/nologin, waits for it.
+SLOW_BOOT = "opsctl-test-slow-boot.service"
+SLOW_BOOT_UNIT = """[Unit]
+Description=holds the boot before user sessions
+Before=systemd-user-sessions.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sleep 40
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def as_provisioning_user(machine):
+    return subprocess.run(keys.ssh_args(SETTINGS, machine, PROVISIONING_USER) + ["true"], capture_output=True,
+                          text=True, timeout=30)
+
+
+def without_ssh(argv, **kwargs):
+    """subprocess.run for a machine whose sshd does not answer."""
+    if argv[0] == "ssh":
+        return subprocess.CompletedProcess(argv, 255, "", "ssh: connect to host port 22: Connection refused\n")
+    return subprocess.run(argv, **kwargs)
+
+
+def test_up_waits_until_the_provisioning_user_can_log_in():
+    """A boot held before systemd-user-sessions lets root in but refuses the provisioning user
+    (/run/nologin): `up` times out naming the unit that holds it, the next `up` does not call the machine
+    up, and once the unit is gone `up` succeeds and provisioning can log in."""
+    m = STORAGE_MACHINE
+    on(m, f"cat >/etc/systemd/system/{SLOW_BOOT} <<'END'\n{SLOW_BOOT_UNIT}END\nsystemctl enable -q {SLOW_BOOT}")
+    try:
+        nspawn.stop(SETTINGS, m)
+        out = opsctl("up", "--boot-timeout", "15")
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"({m}: boot not finished, waiting for: " in out.stderr and SLOW_BOOT in out.stderr, out.stderr
+        on(m, "test -e /run/nologin")  # root is let in meanwhile
+        assert as_provisioning_user(m).returncode == 255  # refused by sshd (pam_nologin), not `true` failing
+        # Without root's SSH the boot journal, read from the host, names the unit too.
+        from_journal = readiness.boot_waits(SETTINGS, m, run=without_ssh)
+        assert "boot waiting for: " in from_journal and SLOW_BOOT in from_journal, from_journal
+        out = opsctl("up", "--boot-timeout", "3")
+        assert out.returncode == 2 and "already up" not in out.stdout, out.stdout + out.stderr
+        assert SLOW_BOOT in out.stderr, out.stderr
+    finally:
+        on(m, f"systemctl disable -q {SLOW_BOOT} && systemctl stop {SLOW_BOOT} && "
+              f"rm /etc/systemd/system/{SLOW_BOOT} && systemctl daemon-reload && systemctl reset-failed")
+    out = opsctl("up")
+    assert out.returncode == 0, out.stdout + out.stderr
+    on(m, "test ! -e /run/nologin")
+    assert as_provisioning_user(m).returncode == 0
 
 
 def _lab_processes():

@@ -12,21 +12,29 @@ import sys
 
 import pytest
 
-from tests.integration.provision.support import Machines, restart_keeping_a_fault_and_a_drain, timed_provision
+from tests.integration.provision.support import (
+    Machines,
+    provision_with_a_machine_stopped,
+    restart_keeping_a_fault_and_a_drain,
+    timed_provision,
+)
 
 
 @pytest.fixture(scope="session")
 def provisioned():
     """`make provision` (it brings the machines up when needed), then a restart of the machines with a
-    fault and a drain kept, then `lab machines reset`, then `make provision` again: that run must
-    change nothing. Wall times go to the test log."""
+    fault and a drain kept, then `lab machines reset`, then `make provision` again with one GPU machine
+    stopped: that run must change nothing on the others and name the stopped one. Wall times go to the
+    test log."""
     times: dict[str, float] = {}
     first = timed_provision("first", times)
     machines = Machines()
     restart = restart_keeping_a_fault_and_a_drain(machines, times)
-    after_restart = timed_provision("after the restart", times)
+    stopped = machines.gpu_nodes[-1]
+    after_restart = provision_with_a_machine_stopped(machines, stopped, times)
     sys.stderr.write("wall time: " + ", ".join(f"{what} {secs:.0f} s" for what, secs in times.items()) + "\n")
-    return {"runs": [first, after_restart], "times": times, "machines": machines, "restart": restart}
+    return {"runs": [first, after_restart], "times": times, "machines": machines, "restart": restart,
+            "stopped": stopped}
 
 
 @pytest.fixture(scope="session")
