@@ -38,8 +38,12 @@ def test_a_hang_that_stays_outlives_its_mounter_until_release(tmp_path):
     try:
         assert hung_mount.mounted(point)
         assert status(point).status == "hung"
-        waiter = subprocess.Popen([sys.executable, "-I", "-c", f"import os; os.stat({str(point)!r})"],
-                                  stderr=subprocess.PIPE, text=True)
+        # The waiter says when it reaches its stat: on a loaded host a Python start alone can outlast a
+        # fixed sleep, and a stat made after the release would find a plain directory.
+        waiter = subprocess.Popen([sys.executable, "-I", "-c",
+                                   f"import os; print('stat', flush=True); os.stat({str(point)!r})"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline() == "stat\n"
         time.sleep(0.5)
         assert waiter.poll() is None  # waits on the mount
     finally:

@@ -86,8 +86,9 @@ def test_a_stopped_machine_leaves_the_run_going_for_the_others_and_is_named_at_t
 @pytest.mark.provision
 @NEEDS_MACHINES
 def test_one_variable_changes_exactly_its_files_and_handlers(machines):
-    """SlurmdTimeout lives in slurm.conf only: slurm.conf would change on every Slurm host, slurmctld
-    restart on the controller and slurmd on the compute nodes; nothing else. A check-mode run with
+    """SlurmdTimeout lives in slurm.conf only, and `scontrol reconfigure` applies it: slurm.conf would
+    change on every Slurm host and Slurm be reconfigured once from the controller per play (the controller's
+    and the compute nodes'); no daemon restarts, nothing else changes. A check-mode run with
     --diff says what a run would change, task by task and handler by handler, and changes nothing, so
     nothing has to be put back (the first provision and the munge rotation make real changes and
     restarts). Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a
@@ -101,8 +102,10 @@ def test_one_variable_changes_exactly_its_files_and_handlers(machines):
     assert proc.returncode == 0, proc.stdout[-6000:]
     head, gpus = machines.head, machines.gpu_nodes
     expected = {("slurm_common : Template slurm.conf", host) for host in [head, *gpus]}
-    expected |= {("handler slurm_common : Restart slurmctld", head)}
-    expected |= {("handler slurm_common : Restart slurmd", gpu) for gpu in gpus}
-    assert changed_tasks(proc.stdout) == expected
+    reconfigure = "handler slurm_common : Reconfigure Slurm"
+    reconfigured = {task for task in changed_tasks(proc.stdout) if task[0] == reconfigure}
+    assert {host for _, host in reconfigured} in ({head, gpus[0]}, {head}), reconfigured
+    assert proc.stdout.count("RUNNING HANDLER [slurm_common : Reconfigure Slurm]") == 2
+    assert changed_tasks(proc.stdout) - reconfigured == expected
     assert "\n-SlurmdTimeout=300\n" in proc.stdout and "\n+SlurmdTimeout=299\n" in proc.stdout
     assert machines.on_head(state) == before, "check mode changed the file or restarted slurmctld"

@@ -1,7 +1,8 @@
 """Slurm on the provisioned machines: jobs across the nodes, slurmd's memlock limit for jobs, the epilog
 (leftover GPU memory, a hung nvidia-smi, minor numbers in gres.conf), leftover processes of an ended job,
 pam_slurm_adopt and the provisioning account's login, a `--limit` run for one node that changes nothing,
-and a munge key rotation that keeps Slurm working.
+a munge key rotation that keeps Slurm working, and a slurm.conf change applied by `scontrol reconfigure`
+under a running job.
 
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only inside
 systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here proves the
@@ -9,11 +10,14 @@ epilog's cleanup; real cgroup enforcement is covered on `opsctl lab up`'s host-l
 (tests/integration/lab/test_lab_cgroup.py, docs/provisioning.md).
 """
 
+import json
 import time
 
 import pytest
+import yaml
 
 from tests.integration.provision.support import (
+    INVENTORY,
     NEEDS_MACHINES,
     NEEDS_ROOT,
     changed_tasks,
@@ -168,6 +172,42 @@ def test_munge_key_rotation_keeps_slurm_working(machines):
     wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in machines.gpu_nodes), 90,
                "all GPU nodes idle after the rotation")
     assert sorted(machines.on_head("timeout 60 srun -N3 hostname").split()) == machines.gpu_nodes
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_a_slurm_conf_change_is_reconfigured_under_a_running_job(machines):
+    """A slurm.conf key that `scontrol reconfigure` applies: a real run with it changed keeps every daemon's
+    PID and a running job, and slurmctld reports the new value. The run back leaves it as it was."""
+    lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
+    node = machines.gpu_nodes[0]
+    pids = "pidof slurmd || true"
+
+    def daemon_pids():
+        return {"head": machines.on_head("pidof slurmctld").strip(),
+                **{n: machines.ssh(n, pids).stdout.strip() for n in machines.gpu_nodes}}
+
+    def slurmd_timeout():
+        return machines.on_head("scontrol show config | awk '$1 == \"SlurmdTimeout\" {print $3}'").strip()
+
+    before, value = daemon_pids(), slurmd_timeout()
+    job = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
+                           "--wrap 'sleep 600'").strip()
+    try:
+        wait_until(lambda: "R" == machines.on_head(f"squeue -h -j {job} -o %t").strip(), 60, "job running")
+        changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": int(value) - 1}}
+        proc = playbook("--tags", "slurm", "-e", json.dumps(changed))
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert "RUNNING HANDLER [slurm_common : Reconfigure Slurm]" in proc.stdout
+        assert not [t for t in changed_tasks(proc.stdout) if "Restart" in t[0]], sorted(changed_tasks(proc.stdout))
+        assert slurmd_timeout() == str(int(value) - 1)
+        assert daemon_pids() == before
+        assert machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R"
+    finally:
+        back = playbook("--tags", "slurm")
+        machines.on_head(f"scancel {job}", check=False)
+    assert back.returncode == 0 and slurmd_timeout() == value, back.stdout[-6000:]
+    assert daemon_pids() == before
 
 
 @pytest.mark.provision
