@@ -178,7 +178,9 @@ def test_munge_key_rotation_keeps_slurm_working(machines):
 @NEEDS_MACHINES
 def test_a_slurm_conf_change_is_reconfigured_under_a_running_job(machines):
     """A slurm.conf key that `scontrol reconfigure` applies: a real run with it changed keeps every daemon's
-    PID and a running job, and slurmctld reports the new value. The run back leaves it as it was."""
+    PID and a running job, and slurmctld reports the new value. The run back leaves it as it was. Only the
+    config tasks run (tag slurm_configure): the full check of what such a change touches is
+    test_provision_1_runs.py's check-mode run."""
     lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
     node = machines.gpu_nodes[0]
     pids = "pidof slurmd || true"
@@ -196,7 +198,7 @@ def test_a_slurm_conf_change_is_reconfigured_under_a_running_job(machines):
     try:
         wait_until(lambda: "R" == machines.on_head(f"squeue -h -j {job} -o %t").strip(), 60, "job running")
         changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": int(value) - 1}}
-        proc = playbook("--tags", "slurm", "-e", json.dumps(changed))
+        proc = playbook("--tags", "slurm_configure", "-e", json.dumps(changed))
         assert proc.returncode == 0, proc.stdout[-6000:]
         assert "RUNNING HANDLER [slurm_common : Reconfigure Slurm]" in proc.stdout
         assert not [t for t in changed_tasks(proc.stdout) if "Restart" in t[0]], sorted(changed_tasks(proc.stdout))
@@ -204,7 +206,7 @@ def test_a_slurm_conf_change_is_reconfigured_under_a_running_job(machines):
         assert daemon_pids() == before
         assert machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R"
     finally:
-        back = playbook("--tags", "slurm")
+        back = playbook("--tags", "slurm_configure")
         machines.on_head(f"scancel {job}", check=False)
     assert back.returncode == 0 and slurmd_timeout() == value, back.stdout[-6000:]
     assert daemon_pids() == before
