@@ -8,7 +8,7 @@ tier (tests/integration/machines/test_machines.py).
 """
 
 import os
-import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -57,8 +57,16 @@ Accepted publickey for root from 10.213.1.1 port 40508 ssh2: ED25519 SHA256:SZOL
 REFUSED = "\"System is booting up. Unprivileged users are not permitted to log in yet. Please come back later.\"\n"
 
 
-def done(returncode: int = 0, stdout: str = "", stderr: str = "") -> subprocess.CompletedProcess:
-    return subprocess.CompletedProcess([], returncode, stdout, stderr)
+@dataclass
+class Answer:
+    """What the readiness code reads of a finished command (subprocess.CompletedProcess's fields)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def done(returncode: int = 0, stdout: str = "", stderr: str = "") -> Answer:
+    return Answer(returncode, stdout, stderr)
 
 
 class FakeMachine:

@@ -27,14 +27,8 @@ def ready(settings: Settings, name: str, run: Runner = subprocess.run) -> bool:
     Unprivileged users are not permitted to log in yet"). Testing for that file as root would check one
     cause; logging in as the provisioning user checks what provisioning will do. It goes first: during
     the boot it is the login that fails, and one SSH round trip per poll is enough to find that out."""
-    return all(_logs_in(run, keys.ssh_args(settings, name, user)) for user in (PROVISIONING_USER, "root"))
-
-
-def _logs_in(run: Runner, ssh: list[str]) -> bool:
-    try:
-        return run(ssh + ["true"], capture_output=True, text=True, timeout=15).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
+    return all(_output(run, keys.ssh_args(settings, name, user) + ["true"]).returncode == 0
+               for user in (PROVISIONING_USER, "root"))
 
 
 def wait_ssh(settings: Settings, names: list[str], timeout: float = 90, run: Runner = subprocess.run) -> None:
