@@ -230,7 +230,7 @@ def test_exporter_down_is_unknown(clean):
 
 
 def test_stale_or_missing_recorded_results_are_queried_directly_and_decide_the_same(clean, tmp_path):
-    """The recording groups stop (reloaded with an interval of an hour: their series stay, their heartbeats
+    """The recording groups stop (reloaded with an interval of a year: their series stay, their heartbeats
     age); then the config changes a rule and adds one that was never exported. Each run queries those
     rules directly, says why, and judges as the run that read every recorded result did."""
     clean.dcgm["gpu001"].hw.inject("xid:79", gpu=3)
@@ -244,7 +244,7 @@ def test_stale_or_missing_recorded_results_are_queried_directly_and_decide_the_s
         checks(recorded, "gpu003")
     prometheus = clean.tsdbs["prometheus"]
     try:
-        prometheus.record(rules, config, interval="1h")
+        prometheus.record(rules, config, interval="8760h")  # a group first runs anywhere in its interval
         time.sleep(5)  # older than two recording intervals
         stale = evaluate(PromClientImpl(clean.url), rules, config, NODES)
         assert stale.rule_results == "direct"

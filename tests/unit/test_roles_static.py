@@ -288,9 +288,9 @@ def test_inventories_differ_only_in_variables():
 
 
 def test_only_the_slurm_plays_read_slurm_config():
-    """tests/integration/provision/test_provision_1_runs.py changes one slurm_config setting in a
-    `--check --tags slurm` run and asserts every file and handler that would change: that is the whole
-    effect only while no role outside the slurm plays of site.yml reads slurm_config."""
+    """tests/integration/provision/test_provision_3_slurm.py changes one slurm_config setting in a
+    `--tags slurm` run and asserts every file and handler that changes: that is the whole effect only
+    while no role outside the slurm plays of site.yml reads slurm_config."""
     plays = load_yaml(PLAYBOOKS / "site.yml")
     slurm_roles = {role["role"] for play in plays if "slurm" in play.get("tags", []) for role in play.get("roles", [])}
     slurm_roles.add("slurm_common")  # the internal role the slurm_* roles import

@@ -1,22 +1,17 @@
 """The provisioning runs themselves (the session's `provisioned` fixture, conftest.py): `make provision`
 against the lab machines with no failed task and its phase times; the restart of the machines in between,
-which keeps a fault and a drain that `lab machines reset` then clears; the second run, which must change
-nothing; and, in check mode, that one slurm.conf setting would change exactly the files that depend on it
-and fire exactly their handlers. First of the provision modules: the other tests change the machines.
+which keeps a fault and a drain that `lab machines reset` then clears; and the second run, which must change
+nothing and leaves a stopped machine out. First of the provision modules: the other tests change the
+machines (test_provision_3_slurm.py changes one slurm.conf setting and checks exactly what it touches).
 """
 
-import json
-
 import pytest
-import yaml
 
 from tests.integration.provision.support import (
-    INVENTORY,
     NEEDS_MACHINES,
     NEEDS_ROOT,
     changed_tasks,
     lab_cli,
-    playbook,
     recap,
 )
 
@@ -81,31 +76,3 @@ def test_a_stopped_machine_leaves_the_run_going_for_the_others_and_is_named_at_t
     node_names = r"sed -n 's/^NodeName=\([^ ]*\).*/\1/p' /etc/slurm/slurm.conf"
     names = machines.on_head(f"{node_names} | xargs -n1 scontrol show hostnames")
     assert stopped in names.split(), names
-
-
-@pytest.mark.provision
-@NEEDS_MACHINES
-def test_one_variable_changes_exactly_its_files_and_handlers(machines):
-    """SlurmdTimeout lives in slurm.conf only, and `scontrol reconfigure` applies it: slurm.conf would
-    change on every Slurm host and Slurm be reconfigured once from the controller per play (the controller's
-    and the compute nodes'); no daemon restarts, nothing else changes. A check-mode run with
-    --diff says what a run would change, task by task and handler by handler, and changes nothing, so
-    nothing has to be put back (the first provision and the munge rotation make real changes and
-    restarts). Only the plays tagged slurm read slurm_config (tests/unit/test_roles_static.py), so a
-    `--tags slurm` run shows all that would change."""
-    lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
-    changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": 299}}
-    # What a real run would change: the file, and slurmctld's start time (a restart).
-    state = "md5sum /etc/slurm/slurm.conf; systemctl show -p ActiveEnterTimestamp slurmctld"
-    before = machines.on_head(state)
-    proc = playbook("--check", "--diff", "--tags", "slurm", "-e", json.dumps(changed))
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    head, gpus = machines.head, machines.gpu_nodes
-    expected = {("slurm_common : Template slurm.conf", host) for host in [head, *gpus]}
-    reconfigure = "handler slurm_common : Reconfigure Slurm"
-    reconfigured = {task for task in changed_tasks(proc.stdout) if task[0] == reconfigure}
-    assert {host for _, host in reconfigured} in ({head, gpus[0]}, {head}), reconfigured
-    assert proc.stdout.count("RUNNING HANDLER [slurm_common : Reconfigure Slurm]") == 2
-    assert changed_tasks(proc.stdout) - reconfigured == expected
-    assert "\n-SlurmdTimeout=300\n" in proc.stdout and "\n+SlurmdTimeout=299\n" in proc.stdout
-    assert machines.on_head(state) == before, "check mode changed the file or restarted slurmctld"

@@ -1,8 +1,8 @@
 """Slurm on the provisioned machines: jobs across the nodes, slurmd's memlock limit for jobs, the epilog
 (leftover GPU memory, a hung nvidia-smi, minor numbers in gres.conf), leftover processes of an ended job,
 pam_slurm_adopt and the provisioning account's login, a `--limit` run for one node that changes nothing,
-a munge key rotation that keeps Slurm working, and a slurm.conf change applied by `scontrol reconfigure`
-under a running job.
+and one run under a running job that changes a slurm.conf key (`scontrol reconfigure` applies it) and
+rotates the munge key, keeping Slurm working.
 
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only inside
 systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here proves the
@@ -153,63 +153,64 @@ def test_provisioning_one_node_with_limit_changes_nothing(machines):
 
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_munge_key_rotation_keeps_slurm_working(machines):
-    """A rotated key reaches every Slurm host before any munged restarts; the controller's munged restarts
-    first, then the nodes'. Afterwards every Slurm host has the new key and jobs run across nodes."""
-    slurm_hosts = [machines.head, *machines.gpu_nodes]  # the storage node runs no munge
-
-    def key_sums():
-        return {h: machines.ssh(h, "sha256sum /etc/munge/munge.key").stdout.split()[0] for h in slurm_hosts}
-
-    before = key_sums()
-    proc = playbook("--tags", "munge", "-e", "munge_rotate_key=true")
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    after = key_sums()
-    assert len(set(after.values())) == 1 and set(after.values()) != set(before.values())
-    controller = proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the controller]")
-    assert proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the nodes]") > controller
-    assert ("handler munge : Restart munge on the controller", machines.head) in changed_tasks(proc.stdout)
-    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in machines.gpu_nodes), 90,
-               "all GPU nodes idle after the rotation")
-    assert sorted(machines.on_head("timeout 60 srun -N3 hostname").split()) == machines.gpu_nodes
-
-
-@pytest.mark.provision
-@NEEDS_MACHINES
-def test_a_slurm_conf_change_is_reconfigured_under_a_running_job(machines):
-    """A slurm.conf key that `scontrol reconfigure` applies: a real run with it changed keeps every daemon's
-    PID and a running job, and slurmctld reports the new value. The run back leaves it as it was. Only the
-    config tasks run (tag slurm_configure): the full check of what such a change touches is
-    test_provision_1_runs.py's check-mode run."""
+def test_a_live_run_under_a_running_job_reconfigures_slurm_and_rotates_the_munge_key(machines):
+    """One run of every Slurm play (--tags slurm) with two changes, as a maintenance run on a busy cluster.
+    SlurmdTimeout lives in slurm.conf only, and `scontrol reconfigure` applies it: slurm.conf changes on
+    every Slurm host and Slurm is reconfigured once from the controller per play (the controller's and the
+    compute nodes'); only the slurm plays read slurm_config (tests/unit/test_roles_static.py), so this is
+    all it touches. munge_rotate_key: the new key reaches every Slurm host before any munged restarts, the
+    controller's first, then the nodes'. Nothing else changes: slurmctld and the slurmds keep their PIDs
+    (they ask the local munged for each message), the running job runs on, slurmctld reports the new
+    value, and jobs run across the nodes afterwards. The run back (the config tasks alone, tag
+    slurm_configure) leaves slurm.conf as it was."""
     lab_vars = yaml.safe_load((INVENTORY / "group_vars" / "all.yml").read_text())
-    node = machines.gpu_nodes[0]
+    head, gpus = machines.head, machines.gpu_nodes
+    node = gpus[0]
     pids = "pidof slurmd || true"
 
     def daemon_pids():
         return {"head": machines.on_head("pidof slurmctld").strip(),
-                **{n: machines.ssh(n, pids).stdout.strip() for n in machines.gpu_nodes}}
+                **{n: machines.ssh(n, pids).stdout.strip() for n in gpus}}
 
     def slurmd_timeout():
         return machines.on_head("scontrol show config | awk '$1 == \"SlurmdTimeout\" {print $3}'").strip()
 
-    before, value = daemon_pids(), slurmd_timeout()
+    def key_sums():  # the storage node runs no munge
+        return {h: machines.ssh(h, "sha256sum /etc/munge/munge.key").stdout.split()[0] for h in [head, *gpus]}
+
+    before, value, keys = daemon_pids(), slurmd_timeout(), key_sums()
     job = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
                            "--wrap 'sleep 600'").strip()
     try:
         wait_until(lambda: "R" == machines.on_head(f"squeue -h -j {job} -o %t").strip(), 60, "job running")
-        changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": int(value) - 1}}
-        proc = playbook("--tags", "slurm_configure", "-e", json.dumps(changed))
+        changed = {"slurm_config": {**lab_vars["slurm_config"], "SlurmdTimeout": int(value) - 1},
+                   "munge_rotate_key": True}
+        proc = playbook("--diff", "--tags", "slurm", "-e", json.dumps(changed))
         assert proc.returncode == 0, proc.stdout[-6000:]
-        assert "RUNNING HANDLER [slurm_common : Reconfigure Slurm]" in proc.stdout
-        assert not [t for t in changed_tasks(proc.stdout) if "Restart" in t[0]], sorted(changed_tasks(proc.stdout))
+        tasks = changed_tasks(proc.stdout)
+        reconfigure = "handler slurm_common : Reconfigure Slurm"
+        reconfigured = {task for task in tasks if task[0] == reconfigure}
+        assert {host for _, host in reconfigured} in ({head, gpus[0]}, {head}), reconfigured
+        assert proc.stdout.count(f"RUNNING HANDLER [{reconfigure.removeprefix('handler ')}]") == 2
+        munge = {task for task in tasks if task[0].removeprefix("handler ").startswith("munge : ")}
+        expected = {("slurm_common : Template slurm.conf", host) for host in [head, *gpus]}
+        assert tasks - reconfigured - munge == expected, sorted(tasks)
+        assert f"\n-SlurmdTimeout={value}\n" in proc.stdout and f"\n+SlurmdTimeout={int(value) - 1}\n" in proc.stdout
         assert slurmd_timeout() == str(int(value) - 1)
         assert daemon_pids() == before
         assert machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R"
+        rotated = key_sums()
+        assert len(set(rotated.values())) == 1 and set(rotated.values()) != set(keys.values())
+        controller = proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the controller]")
+        assert proc.stdout.index("RUNNING HANDLER [munge : Restart munge on the nodes]") > controller
+        assert ("handler munge : Restart munge on the controller", head) in munge
     finally:
         back = playbook("--tags", "slurm_configure")
         machines.on_head(f"scancel {job}", check=False)
     assert back.returncode == 0 and slurmd_timeout() == value, back.stdout[-6000:]
     assert daemon_pids() == before
+    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in gpus), 90, "all GPU nodes idle")
+    assert sorted(machines.on_head("timeout 60 srun -N3 hostname").split()) == gpus
 
 
 @pytest.mark.provision
