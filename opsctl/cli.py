@@ -233,6 +233,31 @@ def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain,
     return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run)
 
 
+@main.group("hw")
+def hw_group():
+    """Hardware: the nodes that differ from their group's profile."""
+
+
+@hw_group.command("quarantine")
+@click.option("--results", required=True, metavar="FILE",
+              help="What differs per node: a JSON object, node -> why (\"\" when it fits) ('-': stdin).")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+@click.option("--dry-run", is_flag=True, help="Show what would be drained and resumed; change nothing.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def hw_quarantine_cmd(clients, results, as_json, dry_run, config_path):
+    """Provisioning's hardware check, on the head: drain the nodes whose hardware differs from their group's
+    profile (opsctl:hw-mismatch), resume the ones it drained that fit again, and drain none when too many differ.
+
+    Exit codes: 0 all fit, 1 a node differs (drained), 2 usage/config error, 3 input or Slurm unreadable,
+    4 safety stop (the breaker: nothing drained; drain limits).
+    """
+    from opsctl.commands.hw_quarantine import quarantine
+
+    return quarantine(clients.use(config_path), results, as_json, dry_run)
+
+
 @main.group("node")
 def node_group():
     """Checks that run on the node itself."""

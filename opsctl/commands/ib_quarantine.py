@@ -28,10 +28,9 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.schema import Config
-from opsctl.errors import ExitCode, SourceUnavailable, worst
+from opsctl.errors import ExitCode, SourceUnavailable
 from opsctl.health.evaluate import Check
-from opsctl.remediation.act import RESUME, Actor, Change
-from opsctl.remediation.findings import drain_findings, failing_check, shared_cause
+from opsctl.remediation.findings import failing_check, quarantine_outcome, shared_cause
 from opsctl.remediation.outcome import Outcome
 from opsctl.slurm import Slurm
 
@@ -91,30 +90,7 @@ def decide(config: Config, slurm: Slurm, reports: dict[str, dict[str, Any]], dry
         stop = shared_cause(len(found), len(reports), config.ib.max_fail_fraction, "the InfiniBand precheck")
         if stop and sum(all_ports_init(r) for r in reports.values()) * 2 > len(found):
             stop += "; most of them have every port in INIT: is the subnet manager down?"
-    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else Outcome()
-    outcome.drained.sort()
-    if not stop:
-        resumed, lines = resume_own(config, slurm, passed, dry_run, now)
-        outcome.resumed, outcome.lines = resumed, outcome.lines + lines
-    outcome.exit_code = worst(ExitCode.FAILING if found else ExitCode.OK, outcome.exit_code)
-    return outcome
-
-
-def resume_own(config: Config, slurm: Slurm, passed: list[str], dry_run: bool,
-               now: float) -> tuple[list[str], list[str]]:
-    """Resume the passing nodes that the precheck itself drained, and only those (compare and set)."""
-    with Actor(config, slurm, now) as actor:
-        before = actor.nodes()
-        changes = [Change(node=n, event=RESUME, seen=before[n], checks=(RULE,),
-                          detail="the InfiniBand precheck passes")
-                   for n in passed if n in before and before[n].resumable and before[n].reason_rules() == [RULE]]
-        if dry_run:
-            for change in changes:
-                actor.would(change)
-            return [c.node for c in changes], [f"would resume {c.node}: the InfiniBand precheck passes"
-                                               for c in changes]
-        made = actor.apply(changes).made if changes else []
-    return [c.node for c in made], [f"resumed {c.node}: the InfiniBand precheck passes" for c in made]
+    return quarantine_outcome(config, slurm, found, passed, stop, RULE, "the InfiniBand precheck passes", dry_run, now)
 
 
 def quarantine(clients: Clients, results: str, as_json: bool, dry_run: bool) -> ExitCode:

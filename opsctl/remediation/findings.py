@@ -14,7 +14,7 @@ import time
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.remediation.act import DRAIN, Actor, Change
+from opsctl.remediation.act import DRAIN, RESUME, Actor, Change
 from opsctl.remediation.outcome import Outcome
 from opsctl.remediation.plan import plan_drains
 from opsctl.slurm import Slurm
@@ -28,11 +28,11 @@ def failing_check(rule: str, device: str, evidence: str, value: float | None = N
                  action="drain")
 
 
-def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str) -> str:
+def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str, cause: str = "in the fabric") -> str:
     """The stop line when too many of the tested nodes fail at once ("" when they do not)."""
     if tested and failing > max(1.0, max_fail_fraction * tested):
         return (f"circuit breaker: {failing} of {tested} tested nodes fail {what} (more than "
-                f"{max_fail_fraction:.0%}): the fault is in the fabric, not in the nodes; draining none")
+                f"{max_fail_fraction:.0%}): the fault is {cause}, not in the nodes; draining none")
     return ""
 
 
@@ -89,3 +89,32 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
 
 def rule_ids(checks: list[Check]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c.id for c in checks))
+
+
+def resume_own(config: Config, slurm: Slurm, passed: list[str], rule: str, detail: str, dry_run: bool,
+               now: float) -> tuple[list[str], list[str]]:
+    """Resume the passing nodes whose drain is `rule`'s alone (opsctl:<rule> ...), and no other (compare
+    and set): (the nodes resumed, one line each, `resumed <node>: <detail>`)."""
+    with Actor(config, slurm, now) as actor:
+        before = actor.nodes()
+        changes = [Change(node=n, event=RESUME, seen=before[n], checks=(rule,), detail=detail)
+                   for n in passed if n in before and before[n].resumable and before[n].reason_rules() == [rule]]
+        if dry_run:
+            for change in changes:
+                actor.would(change)
+            return [c.node for c in changes], [f"would resume {c.node}: {detail}" for c in changes]
+        made = actor.apply(changes).made if changes else []
+    return [c.node for c in made], [f"resumed {c.node}: {detail}" for c in made]
+
+
+def quarantine_outcome(config: Config, slurm: Slurm, found: dict[str, list[Check]], passed: list[str], stop: str,
+               rule: str, detail: str, dry_run: bool, now: float) -> Outcome:
+    """A provisioning check's decision for all its nodes: drain those of `found` unless `stop`, then
+    resume the `passed` ones from `rule`'s own drain (`detail` says why). Exit 1 when a node failed."""
+    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else Outcome()
+    outcome.drained.sort()
+    if not stop:
+        resumed, lines = resume_own(config, slurm, passed, rule, detail, dry_run, now)
+        outcome.resumed, outcome.lines = resumed, outcome.lines + lines
+    outcome.exit_code = worst(ExitCode.FAILING if found else ExitCode.OK, outcome.exit_code)
+    return outcome

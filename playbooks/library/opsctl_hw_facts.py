@@ -16,7 +16,8 @@ description:
     and C(/proc/meminfo), and returns them as the C(opsctl_hw) fact.
   - A missing C(nvidia-smi) means "no GPUs", not a failure, so the same play runs on head and storage
     nodes. C(nvidia-smi) exiting 9 (driver not loaded) fails the module on a GPU node (O(gpu_node)),
-    and means "no GPUs" only on a host that is not one.
+    and means "no GPUs" only on a host that is not one. C(nvidia-smi) exiting 15 (a GPU fell off the
+    bus) gives the GPUs that still answer, and the lost ones in C(lost_gpus).
   - Every C(nvidia-smi) call runs under coreutils C(timeout) (O(command_timeout)); one that does not
     answer in time fails the module.
   - Read-only; supports check mode.
@@ -54,7 +55,8 @@ EXAMPLES = r"""
 RETURN = r"""
 ansible_facts:
   description: C(opsctl_hw) with gpu_model, gpu_count, gpus (index, name, pci_bus_id, minor, cores),
-    hcas, nvme, sockets, cores_per_socket, threads_per_core, cpus, memory_mb.
+    lost_gpus (the PCI bus ids of GPUs nvidia-smi could not reach), hcas, nvme, sockets, cores_per_socket,
+    threads_per_core, cpus, memory_mb.
   returned: always
   type: dict
 """
@@ -62,6 +64,12 @@ ansible_facts:
 # rc 9 is NVML_ERROR_DRIVER_NOT_LOADED surfaced by nvidia-smi ("NVIDIA-SMI has failed because it
 # couldn't communicate with the NVIDIA driver"): an error on a GPU node, "no GPUs" elsewhere.
 NVSMI_NO_DRIVER = 9
+# rc 15 is NVML_ERROR_GPU_IS_LOST ("a GPU has fallen off the bus", nvidia-smi(1)): nvidia-smi still
+# answers for the other GPUs and names each lost one in a line of its own, which discovery keeps as
+# lost_gpus, so that the node's Slurm line has the GPUs it has and the drain names the one it lost.
+NVSMI_GPU_LOST = 15
+LOST_GPU = re.compile(r"^Unable to determine the device handle for GPU\s*"
+                      r"([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])")
 # Exit statuses of coreutils `timeout -k 5 N cmd`: 124 when cmd ran past N s and TERM ended it, 137
 # (128 + KILL) when it ignored TERM too and KILL ended it 5 s later.
 TIMEOUT_RCS = (124, 137)
@@ -181,6 +189,12 @@ def parse_q_minors(text):
     return minors
 
 
+def parse_lost_gpus(text):
+    """The PCI bus ids of the GPUs nvidia-smi could not reach, from its lines such as
+    `Unable to determine the device handle for GPU0000:DB:00.0: Unknown Error`."""
+    return [match.group(1).upper() for match in map(LOST_GPU.match, text.splitlines()) if match]
+
+
 def _bus_key(bus_id):
     """nvidia-smi writes the domain with 8 digits in one place and 4 in another: compare without it."""
     return bus_id.upper().split(":", 1)[-1]
@@ -199,14 +213,15 @@ def run_timed(module, argv, seconds):
 def gpus(module, nvidia_smi, gpu_node=True, seconds=30):
     path = module.get_bin_path(nvidia_smi) if "/" not in nvidia_smi else nvidia_smi
     if not path or not os.access(path, os.X_OK):
-        return []
+        return [], []
     rc, out, _err = run_timed(module, [path, "--query-gpu=index,name,pci.bus_id", "--format=csv,noheader"],
                               seconds)
     if rc == NVSMI_NO_DRIVER:
         if gpu_node:
             module.fail_json(msg=f"{path} exited 9: the NVIDIA driver is not loaded on this GPU node")
-        return []
-    if rc != 0:
+        return [], []
+    lost = parse_lost_gpus(out) if rc == NVSMI_GPU_LOST else []
+    if rc != 0 and not lost:
         module.fail_json(msg=f"{path} --query-gpu failed with rc {rc}", stdout=out)
     found = []
     for line in out.splitlines():
@@ -217,17 +232,18 @@ def gpus(module, nvidia_smi, gpu_node=True, seconds=30):
     # The minor number is not promised to equal the index; without it gres.conf would name the wrong
     # device. A GPU whose minor number nvidia-smi -q does not show fails the module.
     rc, out, _err = run_timed(module, [path, "-q"], seconds)
-    minors = {_bus_key(bus): minor for bus, minor in parse_q_minors(out).items()} if rc == 0 else {}
+    answered = (0, NVSMI_GPU_LOST) if lost else (0,)
+    minors = {_bus_key(bus): minor for bus, minor in parse_q_minors(out).items()} if rc in answered else {}
     for gpu in found:
         if _bus_key(gpu["pci_bus_id"]) not in minors:
             module.fail_json(msg=f"{path} -q shows no minor number for GPU {gpu['index']} ({gpu['pci_bus_id']})")
         gpu["minor"] = minors[_bus_key(gpu["pci_bus_id"])]
     rc, out, _err = run_timed(module, [path, "topo", "-m"], seconds)
-    if rc == 0:
+    if rc in answered:
         affinity = parse_topo_affinity(out)
         for gpu in found:
             gpu["cores"] = affinity.get(gpu["index"], "")
-    return found
+    return found, lost
 
 
 def hcas(sysfs_root, pattern):
@@ -265,7 +281,8 @@ def main():
     )
     if module.params["command_timeout"] < 1:
         module.fail_json(msg=f"command_timeout must be at least 1 s, not {module.params['command_timeout']}")
-    gpu_list = gpus(module, module.params["nvidia_smi"], module.params["gpu_node"], module.params["command_timeout"])
+    gpu_list, lost = gpus(module, module.params["nvidia_smi"], module.params["gpu_node"],
+                          module.params["command_timeout"])
     topo = cpu_topology()
     cpu_to_core = topo.pop("_cpu_to_core")
     # Cores= is only "known" if every CPU that nvidia-smi lists exists here; a partial map would make
@@ -282,6 +299,7 @@ def main():
         "gpu_count": len(gpu_list),
         "gpu_model": models[0] if len(models) == 1 else ("mixed" if models else ""),
         "gpus": gpu_list,
+        "lost_gpus": lost,
         "hcas": hcas(module.params["sysfs_root"], module.params["ib_devices"]),
         "nvme": nvme(),
         "memory_mb": memory_mb(),

@@ -54,6 +54,8 @@ H200_FACTS = {
 LAB_FACTS = {**H200_FACTS, "gpus": [{**g, "cores": "0" if g["index"] < 4 else "1"} for g in H200_FACTS["gpus"]],
              "memory_mb": 24105, "cpus": 2, "sockets": 1, "cores_per_socket": 2, "threads_per_core": 1}
 LAB_FACTS_REVERSED = {**LAB_FACTS, "gpus": [{**g, "minor": 7 - g["index"]} for g in LAB_FACTS["gpus"]]}
+# The group's first host lost its last GPU (off the bus): before, its facts made every node's line.
+LAB_FACTS_GPU_LOST = {**LAB_FACTS, "gpu_count": 7, "gpus": LAB_FACTS["gpus"][:7], "lost_gpus": ["0000:DB:00.0"]}
 
 
 def render_playbook(renders: dict[str, dict], facts: dict, facts_by_host: dict | None = None) -> str:
@@ -111,12 +113,16 @@ def lab_inventory(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    """production-<release> for each release (one ansible-playbook run), and lab (22.05)."""
+    """production-<release> for each release (one ansible-playbook run), lab (22.05), and lab with gpu1 short
+    of a GPU."""
     tmp = tmp_path_factory.mktemp("render")
     proc = run_render(REPO / "inventory" / "example", tmp,
                       {f"production-{release}": release_vars(release) for release in RELEASES}, H200_FACTS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    proc = run_render(lab_inventory(tmp), tmp, {"lab": {}}, LAB_FACTS, {"gpu2": LAB_FACTS_REVERSED})
+    lab = lab_inventory(tmp)
+    proc = run_render(lab, tmp, {"lab": {}}, LAB_FACTS, {"gpu2": LAB_FACTS_REVERSED})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_render(lab, tmp, {"lab-gpu1-lost-a-gpu": {}}, LAB_FACTS, {"gpu1": LAB_FACTS_GPU_LOST})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {path.name: path for path in tmp.iterdir() if path.is_dir() and path.name != "facts"}
 
@@ -173,6 +179,24 @@ def test_gres_conf_names_each_gpu_by_its_minor_number(rendered):
                          for i in range(8)]
 
 
+def test_a_node_that_lost_a_gpu_has_a_line_of_its_own_and_the_others_keep_theirs(rendered):
+    """Discovery per node: gpu1 reports 7 GPUs, gpu2 and gpu3 8. gpu1 gets its own NodeName= line (7 GPUs,
+    and why, in a comment), gres.conf its own 7 lines; the partition and the others are as before."""
+    directory = rendered["lab-gpu1-lost-a-gpu"]
+    text = (directory / "slurm.conf").read_text()
+    nodes = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    assert [(line.split()[0], line.split()[-2]) for line in nodes] == [
+        ("NodeName=gpu[2-3]", "Gres=gpu:h200:8"), ("NodeName=gpu1", "Gres=gpu:h200:7")]
+    assert "# gpu1 differs from the h200 profile: gpus 7 (profile 8), lost 0000:DB:00.0\n" in text
+    assert nodes[0].replace("gpu[2-3]", "gpu[1-3]") in (rendered["lab"] / "slurm.conf").read_text()
+    def partitions(path):
+        return [line for line in path.read_text().splitlines() if line.startswith("PartitionName=")]
+
+    assert partitions(directory / "slurm.conf") == partitions(rendered["lab"] / "slurm.conf")
+    gres = [line.split()[0] for line in (directory / "gres.conf").read_text().splitlines() if line.startswith("Node")]
+    assert gres == ["NodeName=gpu[2-3]"] * 8 + ["NodeName=gpu1"] * 7
+
+
 # ---- Slurm's own parser, of each release -----------------------------------------------------------
 def host_is_cgroup_v2_only() -> bool:
     return not Path("/sys/fs/cgroup/unified").exists() and Path("/sys/fs/cgroup/cgroup.controllers").exists()
@@ -219,8 +243,9 @@ def test_production_files_pass_slurmd_of_the_release(rendered, tmp_path, release
 
 
 @needs_slurmd
-def test_lab_files_pass_slurmd(rendered):
-    proc = slurmd_check(rendered["lab"], ["gpu1", "gpu2", "gpu3"])
+@pytest.mark.parametrize("render", ["lab", "lab-gpu1-lost-a-gpu"])
+def test_lab_files_pass_slurmd(rendered, render):
+    proc = slurmd_check(rendered[render], ["gpu1", "gpu2", "gpu3"])
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

@@ -206,6 +206,18 @@ def node(name, state="idle", flags=(), reason="", partitions=("gpu",)):
     return SlurmNode(name, state, tuple(flags), reason, partitions=partitions, gres="gpu:h200:8")
 
 
+def run_with_results(tmp_path, command: list[str], results, slurm, *args):
+    """`opsctl <command> --results FILE *args`, FILE holding `results` as JSON, with a state directory and an
+    audit log of its own under tmp_path: (click's result, the config)."""
+    config = parse_config({}, "t", env={"OPSCTL_STATE_DIR": str(tmp_path / "state"),
+                                        "OPSCTL_AUDIT_LOG": str(tmp_path / "audit.jsonl")})
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    result = CliRunner().invoke(main, [*command, "--results", str(path), *args],
+                                obj=Clients(config=config, slurm=slurm))
+    return result, config
+
+
 IB_REASON = "opsctl:ib-down mlx5_0 state_id=1"
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 

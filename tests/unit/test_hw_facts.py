@@ -116,11 +116,11 @@ def test_driver_not_loaded_fails_on_a_gpu_node(executable):
 
 
 def test_driver_not_loaded_is_no_gpus_elsewhere(executable):
-    assert HW.gpus(FakeModule({QUERY: (9, "")}), NVSMI, gpu_node=False) == []
+    assert HW.gpus(FakeModule({QUERY: (9, "")}), NVSMI, gpu_node=False) == ([], [])
 
 
 def test_missing_nvidia_smi_is_no_gpus(executable):
-    assert HW.gpus(FakeModule({}), "/nonexistent/nvidia-smi") == []
+    assert HW.gpus(FakeModule({}), "/nonexistent/nvidia-smi") == ([], [])
 
 
 @pytest.mark.parametrize("rc", [124, 137])  # TERM after the timeout; KILL 5 s later
@@ -137,9 +137,9 @@ def test_every_call_runs_under_timeout(executable):
     """A real H200's -q (one GPU, minor 0) and the real H100 topology: GPU0's CPU Affinity is empty."""
     module = FakeModule({QUERY: (0, "0, NVIDIA H200, 00000000:83:00.0\n"), "-q": (0, Q_H200),
                          "topo": (0, TOPO_H100)})
-    found = HW.gpus(module, NVSMI, seconds=30)
+    found, lost = HW.gpus(module, NVSMI, seconds=30)
     assert found == [{"index": 0, "name": "NVIDIA H200", "pci_bus_id": "00000000:83:00.0", "minor": 0,
-                      "cores": ""}]
+                      "cores": ""}] and lost == []
     assert [call[:5] for call in module.calls] == [["/usr/bin/timeout", "-k", "5", "30", NVSMI]] * 3
     assert [call[5:] for call in module.calls] == [[QUERY, "--format=csv,noheader"], ["-q"], ["topo", "-m"]]
 
@@ -150,3 +150,23 @@ def test_new_options_are_documented():
     options = yaml.safe_load(HW.DOCUMENTATION)["options"]
     assert options["gpu_node"] == {**options["gpu_node"], "type": "bool", "default": True}
     assert options["command_timeout"] == {**options["command_timeout"], "type": "int", "default": 30}
+
+
+# nvidia-smi's line for a GPU NVML cannot reach (XID 79, "fallen off the bus"), and its rc 15, as the
+# lab's nvidia-smi prints them (lab/opsctl_lab/hwtools/nvidia_smi.py).
+LOST_LINE = "Unable to determine the device handle for GPU0000:DB:00.0: Unknown Error\n"
+
+
+def test_a_gpu_off_the_bus_leaves_the_others_and_is_named(executable):
+    """rc 15: the GPUs that answer are the node's; the lost one is kept by its bus id, never dropped."""
+    module = FakeModule({QUERY: (15, LOST_LINE + "0, NVIDIA H200, 00000000:83:00.0\n"), "-q": (15, LOST_LINE + Q_H200),
+                         "topo": (0, TOPO_H100)})
+    found, lost = HW.gpus(module, NVSMI)
+    assert [(gpu["index"], gpu["minor"]) for gpu in found] == [(0, 0)]
+    assert lost == ["0000:DB:00.0"]
+
+
+def test_rc_15_without_a_lost_gpu_named_fails(executable):
+    with pytest.raises(Failed, match="--query-gpu failed with rc 15"):
+        HW.gpus(FakeModule({QUERY: (15, "0, NVIDIA H200, 00000000:83:00.0\n")}), NVSMI)
+

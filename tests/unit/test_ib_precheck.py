@@ -9,7 +9,7 @@ from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
 from opsctl.slurm import SlurmNode
-from tests.unit.fakes import FakeSlurm, gpu_nodes, node
+from tests.unit.fakes import FakeSlurm, gpu_nodes, node, run_with_results
 
 HCAS = [f"mlx5_{i}" for i in range(8)]
 
@@ -25,13 +25,7 @@ def report(verdict="pass", failed=(), state="ACTIVE"):
 
 
 def run(tmp_path, reports, slurm, *args):
-    config = parse_config({}, "t", env={"OPSCTL_STATE_DIR": str(tmp_path / "state"),
-                                        "OPSCTL_AUDIT_LOG": str(tmp_path / "audit.jsonl")})
-    path = tmp_path / "reports.json"
-    path.write_text(json.dumps(reports))
-    result = CliRunner().invoke(main, ["ib", "quarantine", "--results", str(path), *args],
-                                obj=Clients(config=config, slurm=slurm))
-    return result, config
+    return run_with_results(tmp_path, ["ib", "quarantine"], reports, slurm, *args)
 
 
 def audit(config):
