@@ -92,14 +92,15 @@ def slurm_node_lines(hosts, hostvars, declared=None, tolerance_percent=5) -> lis
     if not nodes:
         return []
     profile = _profile(nodes, declared or {})
-    fitting = [h for h, hw in nodes.items() if not _differences(hw, profile, tolerance_percent)]
+    differences = {host: _differences(hw, profile, tolerance_percent) for host, hw in nodes.items()}
+    fitting = [host for host in nodes if not differences[host]]
     lines = []
     if fitting:
         smallest = min(nodes[h]["memory_mb"] for h in fitting)
         lines.append({"hosts": fitting, "hw": {**nodes[fitting[0]], "memory_mb": smallest}, "mismatch": ""})
     for host in sorted(set(nodes) - set(fitting)):
         lines.append({"hosts": [host], "hw": nodes[host],
-                      "mismatch": ", ".join(_differences(nodes[host], profile, tolerance_percent))})
+                      "mismatch": ", ".join(differences[host])})
     return lines
 
 
