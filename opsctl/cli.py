@@ -258,6 +258,69 @@ def hw_quarantine_cmd(clients, results, as_json, dry_run, config_path):
     return quarantine(clients.use(config_path), results, as_json, dry_run)
 
 
+@main.group("rollout")
+def rollout_group():
+    """Provisioning's rolling changes: a batch of nodes out of service, changed, checked, back."""
+
+
+@rollout_group.command("drain")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--change", required=True, help="What changes; stored as `opsctl:provision <change>`.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=3600, show_default=True, metavar="SECONDS",
+              help="How long the batch's jobs may run on; a node whose jobs outlast it is put back, unchanged.")
+@click.option("--json", "as_json", is_flag=True, help="Print the batch as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def rollout_drain_cmd(clients, hostlist, change, wait_s, as_json, config_path):
+    """Take the nodes of a batch out of service and wait until their jobs end; never cancels a job.
+
+    Exit codes: 0 every node is ready (no job runs there), 1 a node is skipped (back in service, unchanged),
+    2 usage/config error (an unknown node), 3 Slurm unreadable.
+    """
+    from opsctl.commands.rollout import drain
+
+    return drain(clients.use(config_path), hostlist, change, wait_s, as_json)
+
+
+@rollout_group.command("reboot")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--change", required=True, help="What changed; the node returns DOWN with `opsctl:provision <change>`.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=1800, show_default=True, metavar="SECONDS",
+              help="How long to wait for the nodes to register with Slurm again.")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes back as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def rollout_reboot_cmd(clients, hostlist, change, wait_s, as_json, config_path):
+    """Reboot through Slurm the nodes of a batch that the rollout drained (scontrol reboot ASAP nextstate=DOWN),
+    and wait until they registered again.
+
+    Exit codes: 0 every node is back, 1 a node is refused (not drained by a rollout, or jobs run there) or not
+    back in time (left DOWN), 2 usage/config error, 3 Slurm unreadable.
+    """
+    from opsctl.commands.rollout import reboot
+
+    return reboot(clients.use(config_path), hostlist, change, wait_s, as_json)
+
+
+@rollout_group.command("resume")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--json", "as_json", is_flag=True, help="Print the nodes resumed as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def rollout_resume_cmd(clients, hostlist, as_json, config_path):
+    """Put back in service the nodes of a batch that passed their checks: only the rollout's own drains, and
+    the nodes back from its reboot.
+
+    Exit codes: 0 done, 2 usage/config error, 3 Slurm unreadable.
+    """
+    from opsctl.commands.rollout import resume
+
+    return resume(clients.use(config_path), hostlist, as_json)
+
+
 @main.group("node")
 def node_group():
     """Checks that run on the node itself."""

@@ -163,7 +163,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def base_labels(node: str, gpu: int, minor: int | None = None) -> str:
+def base_labels(node: str, gpu: int, minor: int | None = None, driver: str = hwm.DRIVER_VERSION) -> str:
     pairs = [
         ("gpu", str(gpu)),
         ("UUID", gpu_uuid(node, gpu)),
@@ -171,7 +171,7 @@ def base_labels(node: str, gpu: int, minor: int | None = None) -> str:
         ("device", f"nvidia{gpu if minor is None else minor}"),  # the device file, /dev/nvidia<minor>
         ("modelName", hwm.GPU_MODEL),
         ("Hostname", node),
-        ("DCGM_FI_DRIVER_VERSION", hwm.DRIVER_VERSION),
+        ("DCGM_FI_DRIVER_VERSION", driver),
     ]
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
@@ -180,7 +180,7 @@ def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True) -
     """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT."""
     now = time.time() if now is None else now
     views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
-    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu)) for view in views}
+    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.driver_version) for view in views}
     out = []
     for fld in FIELDS:
         out.append(f"# HELP {fld.name} {fld.help}\n# TYPE {fld.name} {fld.kind}\n")

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opsctl_lab.errors import LabError
+from opsctl_lab.hca_layout import HcaLayout
+from opsctl_lab.hca_layout import layout as hca_layout
 
 GPUS_PER_NODE = 8
 GPU_MODEL = "NVIDIA H200"
@@ -34,10 +36,7 @@ ALL_HCAS = COMPUTE_HCAS + [STORAGE_HCA]
 HCA_FW = "28.41.1000"
 HCA_FW_MISMATCH = "28.39.1002"
 STORAGE_FW = "32.41.1000"
-# PCI addresses of the HCAs, laid out as on an HGX board (one NIC per PCIe switch), and their link.
-HCA_PCI_ADDRESSES = dict(zip(ALL_HCAS, ["0000:1a:00.0", "0000:3c:00.0", "0000:4d:00.0", "0000:5e:00.0",
-                                        "0000:9c:00.0", "0000:bc:00.0", "0000:cc:00.0", "0000:dc:00.0",
-                                        "0000:2a:00.0"], strict=True))
+# Where the HCAs sit in the PCIe tree (one rail per GPU's PCIe switch) is opsctl_lab.hca_layout; their link:
 PCIE_GEN5 = "32.0 GT/s PCIe"
 NDR_RATE = "400 Gb/sec (4X NDR)"
 NDR_DEGRADED_RATE = "200 Gb/sec (2X NDR)"
@@ -119,6 +118,9 @@ FAULTS = {
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
         FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}"),
         FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
+        FaultSpec("dgx-naming", "node", "the HCAs are named as on a DGX H100/H200: rails mlx5_0,3,4,5,6,9,10,11, "
+                  "in-band/storage ports mlx5_1,2 (InfiniBand, Ethernet) and mlx5_7,8 between them",
+                  simulated_only=True),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
         # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM does not report it.
@@ -158,20 +160,21 @@ def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
     return spec, None
 
 
-def hca_name(hca: str | int | None) -> str:
-    """Rail index 0-7 -> mlx5_<i>; 8 or a device name pass through (the storage port is mlx5_bond_0)."""
+def hca_name(hca: str | int | None, names: HcaLayout | None = None) -> str:
+    """Rail index 0-7 -> the rail's name (mlx5_<i> on HGX); 8 and up -> the storage ports; a device name
+    of the layout passes through."""
+    names = names or hca_layout()
+    rails, everything = names.rails, names.rails + names.storage
     if hca is None:
-        return COMPUTE_HCAS[0]
+        return rails[0]
     text = str(hca)
     if text.isdigit():
-        index = int(text)
-        if index < len(COMPUTE_HCAS):
-            return COMPUTE_HCAS[index]
-        if index == len(COMPUTE_HCAS):
-            return STORAGE_HCA
-    elif text in ALL_HCAS:
+        if int(text) < len(everything):
+            return everything[int(text)]
+    elif text in everything:
         return text
-    raise LabError(f"unknown HCA {hca!r}: use a rail 0-7, 8 for the storage port, or one of {', '.join(ALL_HCAS)}")
+    raise LabError(f"unknown HCA {hca!r}: use a rail 0-{len(rails) - 1}, {len(rails)}-{len(everything) - 1} for the "
+                   f"storage ports, or one of {', '.join(everything)}")
 
 
 def stable_int(*parts, modulo: int) -> int:
@@ -208,6 +211,9 @@ class NodeHardware:
     # Device minor number (the N of /dev/nvidiaN) of each GPU index. The driver does not promise it equals
     # the index; None: it does, as on most boards.
     minors: list | None = None
+    # The driver the node runs: `opsctl-hw driver VERSION` stands in for installing a new one and loading
+    # it (the nvidia role does so on an emulated node), so that a rollout has a version to change.
+    driver_version: str = DRIVER_VERSION
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -224,6 +230,7 @@ class NodeHardware:
             accum=dict(raw.get("accum", {})),
             last_xid=dict(raw.get("last_xid", {})),
             minors=raw.get("minors"),
+            driver_version=raw.get("driver_version", DRIVER_VERSION),
         )
 
     def save(self, path: Path) -> None:
@@ -244,7 +251,7 @@ class NodeHardware:
             if not 0 <= fault.gpu < GPUS_PER_NODE:
                 raise LabError(f"--gpu must be 0-{GPUS_PER_NODE - 1}")
         elif spec.target == "hca":
-            fault.hca = hca_name(hca)
+            fault.hca = hca_name(hca, self.hca_layout())
         for counter, amount in spec.steps.items():
             self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + amount
         if xid is not None:
@@ -307,15 +314,20 @@ class NodeHardware:
         elif self.persistence_mode(gpu):
             self.inject("persistence-off", gpu=gpu, now=now)
 
+    def hca_layout(self) -> HcaLayout:
+        """The HCAs' names and places in the PCIe tree: HGX naming, or DGX under `dgx-naming`."""
+        return hca_layout(dgx=self.node_fault("dgx-naming"))
+
     def hca_port(self, hca: str) -> dict:
         """state, phys_state, rate and firmware of a port, in sysfs wording."""
-        compute = hca in COMPUTE_HCAS
+        names = self.hca_layout()
+        compute = hca in names.rails
         port = {
             "state": "4: ACTIVE",
             "phys_state": "5: LinkUp",
             "rate": NDR_RATE if compute else STORAGE_RATE,
-            "fw_ver": HCA_FW if compute else STORAGE_FW,
-            "link_layer": "InfiniBand" if compute else "Ethernet",
+            "fw_ver": STORAGE_FW if hca == STORAGE_HCA else HCA_FW,  # a DGX's storage ports are ConnectX-7s
+            "link_layer": names.link_layer(hca),
         }
         if compute and self.node_fault("sm-down"):
             # The link trained but no subnet manager configured it: INIT, as on every port of the subnet.

@@ -16,11 +16,13 @@ whatever faults added (NodeHardware.counter), so they only go up.
 """
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from opsctl_lab.hardware import COMPUTE_HCAS, HCA_PCI_ADDRESSES, STORAGE_HCA, NodeHardware, stable_int
+from opsctl_lab.hardware import STORAGE_HCA, NodeHardware, stable_int
+from opsctl_lab.hca_layout import PciDevice
 
 # Counter files of a real mlx5 port (ports/1/counters/) and a plausible base magnitude each.
 PORT_COUNTERS = {
@@ -62,12 +64,13 @@ def node_guid(node: str, hca: str) -> str:
 def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
     """Relative path -> content for one device, exactly one line each as in sysfs."""
     port = hw.hca_port(hca)
-    compute = hca in COMPUTE_HCAS
+    compute = hca in hw.hca_layout().rails
+    bluefield = hca == STORAGE_HCA  # the HGX storage port; a DGX's are ConnectX-7 ports
     configured = compute and not port["state"].startswith("2")
     files = {
-        "board_id": "MT_0000000838" if compute else "MT_0000000884",
+        "board_id": "MT_0000000884" if bluefield else "MT_0000000838",
         "fw_ver": port["fw_ver"],
-        "hca_type": "MT4129" if compute else "MT41692",
+        "hca_type": "MT41692" if bluefield else "MT4129",
         "node_guid": node_guid(hw.node, hca),
         "node_type": "1: CA",
         "ports/1/state": port["state"],
@@ -88,23 +91,49 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
 
 
 def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
-    """Write (or refresh) <root>/class/infiniband for hw, the PCI devices behind it and the module list.
-    Only files whose content changed are rewritten."""
+    """Write (or refresh) <root>/class/infiniband for hw, the PCI devices behind it and the GPUs beside
+    them (opsctl_lab.hca_layout), and the module list. Only files whose content changed are rewritten;
+    HCAs of another naming (before or after `dgx-naming`) are removed."""
     now = time.time() if now is None else now
     root = Path(root)
     base = root / "class" / "infiniband"
-    for hca in COMPUTE_HCAS + [STORAGE_HCA]:
+    layout = hw.hca_layout()
+    for gpu in layout.gpus:
+        _write_pci_device(root, gpu, {})
+    for hca, device in layout.hcas.items():
         for rel, content in device_files(hw, hca, now).items():
             _write_if_changed(base / hca / rel, content)
-        # As in sysfs: class/infiniband/<hca>/device leads to the HCA's PCI device and its link.
-        pci = root / "bus" / "pci" / "devices" / HCA_PCI_ADDRESSES[hca]
-        for name, content in hw.hca_pcie(hca).items():
-            _write_if_changed(pci / name, content)
-        link = base / hca / "device"
-        if not link.is_symlink():
-            link.symlink_to(Path("../../../bus/pci/devices") / HCA_PCI_ADDRESSES[hca])
+        # As in sysfs: class/infiniband/<hca>/device leads to the HCA's PCI device, whose path under
+        # devices/ names the bridges above it (how `opsctl ib check` tells a rail from a storage port).
+        _write_pci_device(root, device, hw.hca_pcie(hca))
+        _link(base / hca / "device", Path("../../../bus/pci/devices") / device.bdf)
+    for stale in sorted(base.iterdir()):
+        if stale.name not in layout.hcas:
+            shutil.rmtree(stale, ignore_errors=True)
     # A loaded module has a directory under /sys/module; GPUDirect RDMA needs nvidia_peermem.
     _write_if_changed(root / "module" / "nvidia_peermem" / "initstate", "live")
+
+
+def _write_pci_device(root: Path, device: PciDevice, files: dict) -> None:
+    """devices/<path> with its class, vendor and `files`, and bus/pci/devices/<bdf> linking there."""
+    where = root / "devices" / Path(*device.path)
+    for name, content in {"class": device.pci_class, "vendor": device.vendor, **files}.items():
+        _write_if_changed(where / name, content)
+    entry = root / "bus" / "pci" / "devices" / device.bdf
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)  # a tree written before the lab laid out the bridges
+    _link(entry, Path("../../..") / "devices" / Path(*device.path))
+
+
+def _link(path: Path, target: Path) -> None:
+    """A symlink to `target`, replaced atomically when it pointed elsewhere (the naming changed)."""
+    if path.is_symlink() and os.readlink(path) == str(target):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, path)
 
 
 def _write_if_changed(path: Path, content: str) -> None:

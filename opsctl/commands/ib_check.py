@@ -10,7 +10,7 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.commands.render import JSON_SCHEMA, table
 from opsctl.errors import ExitCode
-from opsctl.ib.check import Report
+from opsctl.ib.check import RailChoice, Report
 from opsctl.ib.report import check_report, report_dict
 
 
@@ -33,6 +33,8 @@ def _table(report: Report) -> str:
         rows.append((port.device, str(port.port), port.state or "-", port.phys_state or "-", rate,
                      port.firmware or "-", pcie, ",".join(report.failed_checks(port.device)) or "-"))
     lines = [table(rows)]
+    if report.rails is not None:
+        lines += _rails_lines(report.rails)
     lines += [f"{f.check}: {f.device + ': ' if f.device else ''}{f.detail}" for f in report.findings]
     lines += [f"not checked: {check}: {why}" for check, why in sorted(report.skipped.items())]
     window = f", counters over {report.window_seconds:g}s" if report.window_seconds else ""
@@ -40,3 +42,15 @@ def _table(report: Report) -> str:
     lines.append(f"verdict: {verdict}, profile {report.profile}, {len(report.ports)} compute HCAs, "
                  f"{report.source}{window}")
     return "\n".join(lines)
+
+
+def _rails_lines(rails: RailChoice) -> list[str]:
+    how = "pinned by ib.rails" if rails.source == "pinned" else f"discovered by {rails.basis}"
+    lines = [f"rails: {', '.join(rails.devices) or 'none'} ({how})"]
+    if rails.not_rails:
+        lines.append("not rails: " + ", ".join(f"{hca} ({why})" for hca, why in rails.not_rails.items()))
+    if rails.source == "discovered" and set(rails.devices) != set(rails.watched):
+        # The health rules and fabric-test cannot discover: they judge the names of ib.rails.
+        lines.append(f"note: the health rules and fabric-test use ib.rails ({', '.join(rails.watched)}); "
+                     "pin ib.rails to the rails above")
+    return lines

@@ -205,6 +205,19 @@ class AlertsConfig:
     exporter_down_for: Duration = key(duration("2m"))
 
 
+HGX_RAILS = tuple(f"mlx5_{i}" for i in range(8))
+RAILS_AUTO = "auto"
+
+
+def _rails(raw: object, default: tuple[str, ...], path: str) -> tuple[str, ...]:
+    """ib.rails: `auto` (the default names; the nodes' own are discovered) or a list of HCA names."""
+    if raw == RAILS_AUTO:
+        return default
+    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
+        fail(path, "must be auto or a list of distinct HCA names", raw)
+    return tuple(raw)
+
+
 @dataclass(frozen=True)
 class IbConfig:
     """`opsctl ib check`: the hardware profile, a pinned HCA firmware, where sysfs is, the counter window;
@@ -216,10 +229,13 @@ class IbConfig:
                                hint="must be a version like 28.41.1000")
     sysfs_root: str = key("/sys", check=_absolute, hint="must be an absolute path")
     window_seconds: Duration = key(duration("10s"), check=_between(0, 600), hint="must be 0-600 seconds")
-    # The compute HCAs of a node, rail i first: HCA i of one node tests HCA i of another. The only list
-    # of them (hardware.ib_devices is read into it).
-    rails: tuple[str, ...] = key(tuple(f"mlx5_{i}" for i in range(8)), check=lambda v: v and _distinct(v),
-                                 hint="must be a list of distinct HCA names", each=rail_names.HCA_NAME.fullmatch,
+    # The compute HCAs of a node, rail i first: HCA i of one node tests HCA i of another. A list pins
+    # them (hardware.ib_devices is read into it); `auto`, the default, has `opsctl ib check` discover
+    # each node's (opsctl.ib.rails), while what runs away from the nodes (the health rules, fabric-test)
+    # keeps the HGX naming below, which a site with other names pins.
+    rails: tuple[str, ...] = key(HGX_RAILS, parse=_rails, check=lambda v: v and _distinct(v),
+                                 hint="must be a list of distinct HCA names",
+                                 each=rail_names.HCA_NAME.fullmatch,
                                  each_hint="must be an HCA name (letters, digits, _ . -)")
     slow_gbps: float = key(360.0, check=_positive, hint="must be above 0")  # NDR: ~392 healthy
     max_rounds: int = key(4, check=_between(2, 20), hint="must be 2-20")
@@ -228,6 +244,8 @@ class IbConfig:
     test_timeout_seconds: Duration = key(duration("60s"), check=_between(5, 3600), hint="must be 5-3600 seconds")
     # more failing nodes than this: the fabric, not the nodes; drain none
     max_fail_fraction: float = key(0.25, check=lambda v: 0 < v <= 1, hint="must be above 0 and at most 1")
+    # Whether the file lists ib.rails (or hardware.ib_devices): set by parse_config, not a key.
+    rails_pinned: bool = field(default=False, metadata={"internal": True})
 
     @property
     def rails_regex(self) -> str:
@@ -323,7 +341,11 @@ def parse_config(raw: object, source: str = DEFAULTS_SOURCE, env: Mapping[str, s
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"config {source}: the top level must be a mapping")
-    config = replace(load(Config, _one_rail_list(raw), ""), source=source)
+    raw = _one_rail_list(raw)
+    config = replace(load(Config, raw, ""), source=source)
+    rails = raw["ib"].get("rails") if isinstance(raw.get("ib"), dict) else None
+    if isinstance(rails, list):
+        config = replace(config, ib=replace(config.ib, rails_pinned=True))
     # OPSCTL_STATE_DIR moves both the state and the audit log: one directory per cluster or test.
     if env.get("OPSCTL_STATE_DIR"):
         state_dir = Path(env["OPSCTL_STATE_DIR"])

@@ -27,7 +27,7 @@ ERROR_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rc
 @dataclass(frozen=True)
 class Profile:
     """What a node of one hardware design must show. `devices` is a regular expression (fully
-    anchored, as PromQL's =~) naming the compute HCAs; others (storage, Ethernet) are not judged."""
+    anchored, as PromQL's =~) naming the compute HCAs ("": none); others (storage, Ethernet) are not judged."""
 
     name: str
     devices: str
@@ -80,6 +80,18 @@ class Finding:
     detail: str
 
 
+@dataclass(frozen=True)
+class RailChoice:
+    """The HCAs a report judges and how they were found: "pinned" (ib.rails) or "discovered"
+    (opsctl.ib.rails, on what `basis`), with why each other HCA is no rail."""
+
+    source: str
+    devices: tuple[str, ...]
+    not_rails: dict[str, str] = field(default_factory=dict)
+    basis: str = ""
+    watched: tuple[str, ...] = ()  # ib.rails: the HCAs the health rules and fabric-test use
+
+
 @dataclass
 class Report:
     profile: str
@@ -88,6 +100,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # check -> why it could not be made
     window_seconds: float = 0.0
+    rails: RailChoice | None = None
 
     @property
     def passed(self) -> bool:
@@ -113,8 +126,9 @@ def judge(snapshot: Snapshot, profile: Profile, later: Snapshot | None = None, w
         if port.link_layer == "Ethernet":
             add(Finding("link-layer", port.device, "link layer Ethernet, expected InfiniBand"))
     if len(ports) != profile.hca_count:
+        matching = f" matching {profile.devices}" if profile.devices else ""
         add(Finding("hca-count", "", f"{len(ports)} InfiniBand compute HCAs ({_names(ports)}), expected "
-                                     f"{profile.hca_count} matching {profile.devices}"))
+                                     f"{profile.hca_count}{matching}"))
     for port in ports:
         _judge_port(port, profile, add)
         if snapshot.has_pcie and port.pcie is None:

@@ -1,8 +1,10 @@
-"""The one way opsctl changes a node in Slurm: drain, resume, and a new reason on its own drain (escalate).
+"""The one way opsctl changes a node in Slurm: drain, resume, a new reason on its own drain (escalate), and a
+reboot through Slurm.
 
 Every command that acts on nodes (`opsctl health --drain/--resume`, `drain`, `resume`, `ib fabric-test
---drain`, `ib quarantine`, `node check --drain-self`) builds Changes and hands them to an Actor; nothing
-else calls the Slurm client's drain, resume or set_reason (tests/unit/test_act.py fails if something does).
+--drain`, `ib quarantine`, `hw quarantine`, `rollout drain|resume`, `node check --drain-self`) builds
+Changes and hands them to an Actor; nothing else calls the Slurm client's drain, resume or set_reason
+(tests/unit/test_act.py fails if something does).
 
 The Actor is entered once per run and holds the run lock for it. For each batch of changes that share one
 scontrol call, in this order:
@@ -31,7 +33,7 @@ from opsctl.remediation.memory import Handled, HandledMemory
 from opsctl.remediation.state import RunLock, StateDir
 from opsctl.slurm import Slurm, SlurmNode
 
-DRAIN, RESUME, ESCALATE = "drain", "resume", "escalate"
+DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 # The budget each event spends (escalate re-words opsctl's own drain: it takes no node out of service).
 BUDGET = {DRAIN: "drains", RESUME: "resumes"}
 
@@ -44,7 +46,7 @@ def cap_reason(reason: str, max_length: int) -> str:
 @dataclass(frozen=True)
 class Change:
     node: str
-    event: str  # drain | resume | escalate
+    event: str  # drain | resume | escalate | reboot
     seen: SlurmNode  # Slurm as the decision saw it: the change is made only if it still shows this
     reason: str = ""  # the reason a drain or an escalation sets
     checks: tuple[str, ...] = ()  # rule ids, for the audit record
@@ -53,6 +55,9 @@ class Change:
     handled: tuple[Handled, ...] = ()  # handled-event records, written as an intent before scontrol
     healthy_s: float | None = None  # a resume: how long the node has been healthy
     detail: str = ""  # why, in words, for the audit record
+    # Spends the drain or resume budget. A planned rollout's changes do not (remediation/rollout.py):
+    # its batch size bounds them, and the budget stays for faults.
+    budget: bool = True
 
     @property
     def line(self) -> str:
@@ -147,6 +152,8 @@ class Actor:
                 self.slurm.drain(names, reason)
             elif event == RESUME:
                 self.slurm.resume(names)
+            elif event == REBOOT:
+                self.slurm.reboot(names, reason)
             else:
                 self.slurm.set_reason(names, reason)
         except SourceUnavailable:
@@ -161,8 +168,9 @@ class Actor:
                 self.memory.add(change.handled)
             self.state.save_handled(self.memory)
         kind = BUDGET.get(batch[0].event)
-        if kind:
-            self.state.record(kind, len(batch), self.now)
+        spent = sum(1 for change in batch if change.budget)
+        if kind and spent:
+            self.state.record(kind, spent, self.now)
 
     def _made(self, batch: list[Change], acted: Acted) -> None:
         for change in batch:  # first what was done, so that a failing audit write still lists it
@@ -208,8 +216,8 @@ class Actor:
 
 
 def _batches(changes: list[Change]) -> list[list[Change]]:
-    """Drains (by reason) first, then escalations, then resumes: one scontrol call per batch."""
-    order = {DRAIN: 0, ESCALATE: 1, RESUME: 2}
+    """Drains (by reason) first, then escalations, reboots, resumes: one scontrol call per batch."""
+    order = {DRAIN: 0, ESCALATE: 1, REBOOT: 2, RESUME: 3}
     grouped: dict[tuple[str, str], list[Change]] = {}
     for change in changes:
         key = (change.event, change.reason if change.event != RESUME else "")

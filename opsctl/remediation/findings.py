@@ -92,13 +92,15 @@ def rule_ids(checks: list[Check]) -> tuple[str, ...]:
 
 
 def resume_own(config: Config, slurm: Slurm, passed: list[str], rule: str, detail: str, dry_run: bool,
-               now: float) -> tuple[list[str], list[str]]:
+               now: float, budget: bool = True, rebooted: bool = False) -> tuple[list[str], list[str]]:
     """Resume the passing nodes whose drain is `rule`'s alone (opsctl:<rule> ...), and no other (compare
-    and set): (the nodes resumed, one line each, `resumed <node>: <detail>`)."""
+    and set): (the nodes resumed, one line each, `resumed <node>: <detail>`). `rebooted`: also those that
+    came back DOWN with that reason from its reboot through Slurm."""
     with Actor(config, slurm, now) as actor:
         before = actor.nodes()
-        changes = [Change(node=n, event=RESUME, seen=before[n], checks=(rule,), detail=detail)
-                   for n in passed if n in before and before[n].resumable and before[n].reason_rules() == [rule]]
+        changes = [Change(node=n, event=RESUME, seen=before[n], checks=(rule,), detail=detail, budget=budget)
+                   for n in passed if n in before and before[n].reason_rules() == [rule]
+                   and (before[n].resumable or (rebooted and before[n].back_from_reboot))]
         if dry_run:
             for change in changes:
                 actor.would(change)

@@ -46,6 +46,8 @@ OUT_OF_SERVICE_FLAGS = {
 IN_SERVICE_FLAGS = {"CLOUD", "DYNAMIC_NORM", "COMPLETING", "PLANNED", "BLOCKED", "PERFCTRS", "RESUME", "UNDRAIN"}
 # In service, but reserved for someone: not opsctl's to take away.
 HANDS_OFF_FLAGS = OUT_OF_SERVICE_FLAGS | {"RESERVED"}
+# Base states of a node that runs jobs (sinfo's %T says "draining" for a drained one that still does).
+BUSY_STATES = {"allocated", "mixed", "completing", "draining"}
 # Base states of a node that opsctl's own drain may be lifted from (the node runs or waits for jobs).
 RESUMABLE_STATES = {"idle", "allocated", "mixed", "completing", "drained", "draining", "drain"}
 
@@ -100,6 +102,11 @@ class SlurmNode:
         return "opsctl" if self.owned else "other"
 
     @property
+    def runs_jobs(self) -> bool:
+        """Jobs run or are ending there (a drained node "drains" until they have)."""
+        return self.state in BUSY_STATES or "COMPLETING" in self.flags
+
+    @property
     def has_gpus(self) -> bool:
         """gres lists a gpu (gpu, gpu:8, gpu:h200:8(S:0-1), ...)."""
         return any(item.split(":", 1)[0].split("(", 1)[0] == "gpu" for item in self.gres.split(",") if item)
@@ -109,6 +116,18 @@ class SlurmNode:
         """opsctl's own drain, and nothing else holds the node: lifting the drain returns it to service."""
         return self.drained and self.owned and not self.manual and self.state in RESUMABLE_STATES \
             and not self.held_by_slurm
+
+    @property
+    def down_for_reboot(self) -> bool:
+        """A reboot asked for or under way, or slurmd not answering (yet)."""
+        return bool(set(self.flags) & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "NOT_RESPONDING"})
+
+    @property
+    def back_from_reboot(self) -> bool:
+        """DOWN with opsctl's own reason after a reboot through Slurm (nextstate=DOWN): slurmd registered
+        again, nothing else holds it. Like a drain, only opsctl's own resume puts it back."""
+        return self.state == "down" and self.owned and not self.manual and not (
+            set(self.flags) & (OUT_OF_SERVICE_FLAGS - {"DOWN"}))
 
     def reason_rules(self) -> list[str]:
         """'opsctl:xid-79,ib-down gpu3 ...' -> ['xid-79', 'ib-down']."""
@@ -135,5 +154,11 @@ class Slurm(Protocol):
     def resume(self, names: list[str]) -> None: ...
 
     def set_reason(self, names: list[str], reason: str) -> None: ...
+
+    def reboot(self, names: list[str], reason: str) -> None:
+        """Reboot the nodes once their jobs end, and leave them DOWN with `reason` when they are back:
+        what put them back in service is opsctl's own resume, after its checks (nextstate=RESUME would let
+        registration do it before any check)."""
+        ...
 
     def expand(self, hostlist: str) -> list[str]: ...

@@ -174,5 +174,10 @@ class SlurmCliImpl:
         # Only the reason: the node keeps its state (a drained node stays drained).
         self._call([self.scontrol, "update", f"nodename={','.join(names)}", f"reason={reason}"])
 
+    def reboot(self, names: list[str], reason: str) -> None:
+        # scontrol(1): reboot [ASAP] [nextstate={RESUME|DOWN}] [reason=<reason>] {ALL|<NodeList>}; slurmd runs
+        # slurm.conf's RebootProgram, and slurmctld waits for the node to register with a later boot time.
+        self._call([self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", ",".join(names)])
+
     def expand(self, hostlist: str) -> list[str]:
         return self._call([self.scontrol, "show", "hostnames", hostlist]).split()

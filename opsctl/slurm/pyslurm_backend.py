@@ -48,6 +48,9 @@ class PySlurmImpl:
     def set_reason(self, names: list[str], reason: str) -> None:
         self._update(names, reason=reason)
 
+    def reboot(self, names: list[str], reason: str) -> None:
+        SlurmCliImpl().reboot(names, reason)  # pyslurm has no reboot request; scontrol is installed with it
+
     def expand(self, hostlist: str) -> list[str]:
         # Hostlist syntax is Slurm's own; scontrol is installed wherever pyslurm can work.
         return SlurmCliImpl().expand(hostlist)

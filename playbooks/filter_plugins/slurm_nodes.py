@@ -26,7 +26,8 @@ CPU_KEYS = ("sockets", "cores_per_socket", "threads_per_core")
 
 def _hardware(host: str, hw: dict) -> dict:
     try:
-        # The compute HCAs (hw_discovery's ib_devices); storage and in-band ports do not count.
+        # The compute HCAs (hw_discovery: InfiniBand behind a GPU's PCIe switch, or the site's ib_devices);
+        # storage and in-band ports do not count.
         hcas = [hca for hca in hw.get("hcas") or [] if not isinstance(hca, dict) or hca.get("compute", True)]
         return {"gpu_count": int(hw.get("gpu_count") or 0), "gpu_model": str(hw.get("gpu_model") or ""),
                 "hca_count": len(hcas), "memory_mb": int(hw["memory_mb"]), "lost_gpus": list(hw.get("lost_gpus") or []),

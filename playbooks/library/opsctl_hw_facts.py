@@ -31,9 +31,14 @@ options:
     type: str
     default: /sys
   ib_devices:
-    description: Regular expression of the HCA names that count as compute rails.
+    description:
+      - The site's pin of the compute rails, a regular expression of their names (searched, so anchor it).
+        When set it alone decides each HCA's C(compute) flag.
+      - Empty (the default), an HCA is a compute rail when its ports are InfiniBand and it sits behind
+        the same PCIe switch as a GPU, the rule of C(opsctl ib check) (opsctl/ib/rails.py; this module
+        runs on the node with the system python, so it carries its own copy of the rule).
     type: str
-    default: "^mlx5_[0-9]+$"
+    default: ""
   gpu_node:
     description:
       - Whether the host is a GPU node. On a GPU node, C(nvidia-smi) exiting 9 (driver not loaded) is
@@ -246,14 +251,55 @@ def gpus(module, nvidia_smi, gpu_node=True, seconds=30):
     return found, lost
 
 
-def hcas(sysfs_root, pattern):
+# A GPU in sysfs: vendor NVIDIA, class 3D controller (SXM boards) or VGA controller (a PCIe card in
+# display mode); the NVSwitches are NVIDIA's too, but bridges (0x0680).
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0302", "0x0300")
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def pci_path(device_dir):
+    """The bdfs on the resolved path of a PCI device (/sys/devices/pci0000:15/0000:15:01.0/...), root port first."""
+    return [part for part in os.path.realpath(device_dir).split(os.sep) if BDF.match(part)]
+
+
+def gpu_paths(sysfs_root):
+    paths = []
+    for dev in sorted(glob.glob(os.path.join(sysfs_root, "bus", "pci", "devices", "*"))):
+        if (read(os.path.join(dev, "vendor")).lower() == NVIDIA_VENDOR
+                and read(os.path.join(dev, "class")).lower().startswith(GPU_CLASSES)):
+            paths.append(pci_path(dev))
+    return paths
+
+
+def share_switch(first, second):
+    """Whether two PCI paths meet below the root port, behind one PCIe switch (PIX or PXB in topo -m)."""
+    common = 0
+    for a, b in zip(first[:-1], second[:-1], strict=False):
+        if a != b:
+            break
+        common += 1
+    return common >= 2
+
+
+def is_rail(dev, gpus):
+    """InfiniBand on every port, and behind a GPU's PCIe switch (opsctl ib check's rule)."""
+    layers = {read(os.path.join(port, "link_layer")) for port in glob.glob(os.path.join(dev, "ports", "*"))}
+    device = os.path.join(dev, "device")
+    return (layers == {"InfiniBand"} and os.path.exists(device)
+            and any(share_switch(pci_path(device), gpu) for gpu in gpus))
+
+
+def hcas(sysfs_root, pattern=""):
+    """Every HCA, `compute` by the site's pattern when it gives one, else by what the HCA is."""
     found = []
+    gpus = gpu_paths(sysfs_root) if not pattern else []
     for dev in sorted(glob.glob(os.path.join(sysfs_root, "class", "infiniband", "*"))):
         name = os.path.basename(dev)
         port = os.path.join(dev, "ports", "1")
         found.append({
             "name": name,
-            "compute": bool(re.search(pattern, name)),
+            "compute": bool(re.search(pattern, name)) if pattern else is_rail(dev, gpus),
             "fw_ver": read(os.path.join(dev, "fw_ver")),
             "rate": read(os.path.join(port, "rate")),
             "link_layer": read(os.path.join(port, "link_layer")),
@@ -273,7 +319,7 @@ def main():
         argument_spec={
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
             "sysfs_root": {"type": "str", "default": "/sys"},
-            "ib_devices": {"type": "str", "default": "^mlx5_[0-9]+$"},
+            "ib_devices": {"type": "str", "default": ""},
             "gpu_node": {"type": "bool", "default": True},
             "command_timeout": {"type": "int", "default": 30},
         },

@@ -168,6 +168,20 @@ def test_values_agree_with_the_dcgm_exporter_emulator(node):
     assert rows[1]["temperature.gpu"] > 90
 
 
+def test_a_driver_installed_with_opsctl_hw_is_the_one_every_tool_reports(node):
+    """`opsctl-hw driver VERSION` stands in for a driver install and load on an emulated node (the nvidia
+    role's rollout): nvidia-smi's csv, -q and table, and dcgm-exporter's label all report it."""
+    state, env = node
+    installed = subprocess.run([sys.executable, "-m", "opsctl_lab.hwtools.admin", "driver", "570.172.08"], env=env,
+                               capture_output=True, text=True, timeout=30)
+    assert installed.returncode == 0 and "driver 570.172.08 loaded" in installed.stdout, installed.stderr
+    csv = smi(env, "--query-gpu=index,driver_version", "--format=csv,noheader").stdout.splitlines()
+    assert csv == [f"{gpu}, 570.172.08" for gpu in range(8)]
+    assert re.search(r"^Driver Version\s+: 570\.172\.08$", smi(env, "-q").stdout, re.M)
+    assert "Driver Version: 570.172.08" in smi(env).stdout
+    assert 'DCGM_FI_DRIVER_VERSION="570.172.08"' in render(NodeHardware.load(state, "gpu7"))
+
+
 def test_gpu_fallen_off_the_bus(node):
     state, env = node
     inject(state, "gpu-missing", gpu=4)

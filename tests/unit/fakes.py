@@ -190,6 +190,10 @@ class FakeSlurm:
     def set_reason(self, names, reason):
         self._change(("reason", tuple(names), reason), names, fields=lambda n: {"reason": reason})
 
+    def reboot(self, names, reason):
+        self._change(("reboot", tuple(names), reason), names,
+                     fields=lambda n: {"flags": tuple(dict.fromkeys((*n.flags, "REBOOT_REQUESTED"))), "reason": reason})
+
     def expand(self, hostlist):
         return expand(hostlist)
 

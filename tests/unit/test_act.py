@@ -21,7 +21,7 @@ from opsctl.remediation.state import StateDir
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
 
 PACKAGE = Path(__file__).resolve().parents[2] / "opsctl"
-SLURM_CHANGES = {"drain", "resume", "set_reason"}
+SLURM_CHANGES = {"drain", "resume", "set_reason", "reboot"}
 NOW = 1_800_000_000.0
 
 

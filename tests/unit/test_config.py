@@ -132,6 +132,7 @@ def test_every_attribute_is_named_as_its_yaml_key():
         for section in sections:
             node = node.setdefault(section, {})
         node[name] = as_yaml(default)
+    raw["ib"]["rails"] = "auto"  # the default; a list written out pins the rails (test_rails_auto_or_pinned)
     assert parse_config(raw, env={}) == Config()  # an unknown key would raise; every key read back to its default
     assert {"prometheus.timeout_seconds", "prometheus.connect_timeout_seconds", "prometheus.basic_auth.username",
             "prometheus.jobs", "slurm.timeout_seconds", "ib.rails"} <= {path for path, _ in walk(Config)}
@@ -243,3 +244,26 @@ def test_the_docs_state_every_key():
                 break
             node = node[name]
     assert missing == []
+
+
+HGX = tuple(f"mlx5_{i}" for i in range(8))
+
+
+@pytest.mark.parametrize("raw,pinned,rails", [
+    ({}, False, HGX),
+    ({"ib": {"rails": "auto"}}, False, HGX),
+    ({"ib": {"rails": list(RAILS)}}, True, RAILS),
+    ({"ib": {"rails": list(HGX)}}, True, HGX),  # the default names, written out: a pin
+    ({"hardware": {"ib_devices": "mlx5_[0-3]"}}, True, RAILS),
+])
+def test_rails_auto_or_pinned(raw, pinned, rails):
+    """ib.rails absent or `auto`: each node's rails are discovered, and the names that the health rules
+    use stay the HGX ones; a list (or hardware.ib_devices) pins them."""
+    config = parse_config(raw, env={})
+    assert (config.ib.rails_pinned, config.ib.rails) == (pinned, rails)
+
+
+@pytest.mark.parametrize("rails", ["discover", ["mlx5_0", 3], {"auto": True}])
+def test_rails_other_than_auto_or_a_list_is_a_config_error(rails):
+    with pytest.raises(ConfigError, match=r"^config key ib.rails: must be auto or a list of distinct HCA names"):
+        parse_config({"ib": {"rails": rails}}, env={})

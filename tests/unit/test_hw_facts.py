@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.ib_sysfs import write_tree
+from tests.pcie_tree import build_sysfs
+
 REPO = Path(__file__).resolve().parents[2]
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 TOPO_H100 = (GPU_FIXTURES / "nvidia-smi_topo_-m_8xH100_HGX_NV18.txt").read_text()
@@ -170,3 +174,33 @@ def test_rc_15_without_a_lost_gpu_named_fails(executable):
     with pytest.raises(Failed, match="--query-gpu failed with rc 15"):
         HW.gpus(FakeModule({QUERY: (15, "0, NVIDIA H200, 00000000:83:00.0\n")}), NVSMI)
 
+
+
+# The compute flag: the same rule as `opsctl ib check` (tests/unit/test_ib_rails.py), on the same trees.
+DGX_TREE = (REPO / "tests" / "fixtures" / "ib" / "dgx-h100-pcie-tree.txt").read_text()
+DGX_RAILS = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+
+
+def compute_hcas(found):
+    return [hca["name"] for hca in found if hca["compute"]]
+
+
+def test_dgx_naming_flags_the_eight_rails_and_not_the_storage_ports(tmp_path):
+    found = HW.hcas(str(build_sysfs(DGX_TREE, tmp_path)))
+    assert sorted(compute_hcas(found)) == sorted(DGX_RAILS)
+    assert len(found) == 12 and {h["name"]: h["link_layer"] for h in found}["mlx5_2"] == "Ethernet"
+
+
+def test_the_lab_hgx_tree_flags_mlx5_0_to_7(tmp_path):
+    write_tree(tmp_path, NodeHardware(node="gpu1"), now=0.0)
+    assert compute_hcas(HW.hcas(str(tmp_path))) == [f"mlx5_{i}" for i in range(8)]
+
+
+def test_the_sites_pattern_wins_over_discovery(tmp_path):
+    root = str(build_sysfs(DGX_TREE, tmp_path))
+    assert compute_hcas(HW.hcas(root, r"^mlx5_[0-7]$")) == [f"mlx5_{i}" for i in range(8)]
+
+
+def test_no_gpu_in_the_pci_tree_makes_no_rail(tmp_path):
+    hca = "pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0 0x020700 0x15b3 mlx5_0 InfiniBand"
+    assert compute_hcas(HW.hcas(str(build_sysfs(hca, tmp_path)))) == []

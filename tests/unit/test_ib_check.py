@@ -13,6 +13,7 @@ from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.ib.check import Finding, h200_ndr, judge
 from opsctl.ib.collect import capture_snapshot, live_snapshot
+from opsctl.ib.report import check_report
 from opsctl_lab.hardware import HCA_FW_MISMATCH, NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.conftest import FIXTURES
@@ -173,3 +174,41 @@ def test_config_sets_the_profile_firmware_and_root(tmp_path):
     config.write_text("ib:\n  profile: h100-hdr\n")
     bad = CliRunner().invoke(main, ["ib", "check", "--config", str(config)], obj=Clients())
     assert bad.exit_code == 2 and "config key ib.profile: unknown profile" in bad.output
+
+
+DGX_RAILS = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
+
+
+def test_the_json_says_which_rails_were_judged_and_how_they_were_found(tmp_path):
+    write_tree(tmp_path / "hgx", NodeHardware(node="gpu001"), now=T0)
+    data = json.loads(invoke(tmp_path, "--sysfs-root", str(tmp_path / "hgx"), "--window", "0", "--json").output)
+    assert data["rails"] == {"source": "discovered", "devices": [f"mlx5_{i}" for i in range(8)],
+                             "basis": "link layer and PCIe tree",
+                             "not_rails": [{"device": "mlx5_bond_0", "why": "link layer Ethernet"}],
+                             "watched": [f"mlx5_{i}" for i in range(8)]}
+    pinned = invoke(tmp_path, "--sysfs-root", str(tmp_path / "hgx"), "--window", "0", "--json",
+                    config={"ib": {"rails": [f"mlx5_{i}" for i in range(8)]}})
+    assert json.loads(pinned.output)["rails"]["source"] == "pinned" and pinned.exit_code == 0
+
+
+def test_a_dgx_named_lab_node_passes_on_its_discovered_rails_and_fails_the_hgx_pin(tmp_path):
+    hw = NodeHardware(node="gpu001")
+    hw.inject("dgx-naming", now=T0)
+    write_tree(tmp_path / "dgx", hw, now=T0)
+    found = invoke(tmp_path, "--sysfs-root", str(tmp_path / "dgx"), "--window", "0")
+    assert found.exit_code == 0, found.output
+    assert f"rails: {', '.join(DGX_RAILS)} (discovered by link layer and PCIe tree)" in found.output
+    assert "not rails: mlx5_1 (no GPU behind its PCIe switch), mlx5_2 (link layer Ethernet)" in found.output
+    assert "note: the health rules and fabric-test use ib.rails (mlx5_0, mlx5_1" in found.output
+    pinned = invoke(tmp_path, "--sysfs-root", str(tmp_path / "dgx"), "--window", "0", "--json",
+                    config={"ib": {"rails": [f"mlx5_{i}" for i in range(8)]}})
+    assert pinned.exit_code == 1
+    # The HGX names judge the storage ports (HDR, one of them Ethernet) as rails and miss mlx5_9..11.
+    assert {(f["check"], f["device"]) for f in json.loads(pinned.output)["findings"]} == {
+        ("link-layer", "mlx5_2"), ("hca-count", ""), ("link-rate", "mlx5_1"), ("link-rate", "mlx5_7")}
+
+
+def test_a_capture_is_judged_on_the_rails_its_link_layer_shows():
+    report = check_report(parse_config({}, env={}).ib, None, str(IBSTAT_SOME_DOWN), None, None)
+    assert report.rails.devices == tuple(DGX_RAILS) and report.rails.basis.startswith("link layer only")
+    assert {p.device for p in report.ports} == set(DGX_RAILS)

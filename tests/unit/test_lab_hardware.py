@@ -62,3 +62,31 @@ def test_sysfs_faults_change_only_their_port(tmp_path):
     for untouched in ("mlx5_0", "mlx5_1", "mlx5_3"):
         assert _read(tmp_path, f"{untouched}/ports/1/state") == "4: ACTIVE"
         assert _read(tmp_path, f"{untouched}/ports/1/counters/symbol_error") == "0"
+
+
+def test_dgx_naming_puts_the_storage_ports_between_the_rails_and_back(tmp_path):
+    hw = NodeHardware(node="gpu001")
+    hw.inject("dgx-naming", now=0.0)
+    write_tree(tmp_path, hw, now=0.0)
+    base = tmp_path / "class" / "infiniband"
+    assert sorted(p.name for p in base.iterdir()) == sorted(f"mlx5_{i}" for i in range(12))
+    layers = {p.name: (p / "ports" / "1" / "link_layer").read_text().strip() for p in base.iterdir()}
+    assert sorted(name for name, layer in layers.items() if layer == "Ethernet") == ["mlx5_2", "mlx5_8"]
+    assert hca_name(5, hw.hca_layout()) == "mlx5_9" and hca_name(8, hw.hca_layout()) == "mlx5_1"
+    hw.inject("ib-down", hca="mlx5_9", now=0.0)
+    write_tree(tmp_path, hw, now=1.0)
+    assert (base / "mlx5_9" / "ports" / "1" / "state").read_text() == "1: DOWN\n"
+    hw.clear(now=2.0)
+    write_tree(tmp_path, hw, now=2.0)
+    assert sorted(p.name for p in base.iterdir()) == sorted([*(f"mlx5_{i}" for i in range(8)), "mlx5_bond_0"])
+    assert (base / "mlx5_3" / "device").resolve().name == "0000:5e:00.0"
+
+
+def test_a_tree_written_before_the_pcie_bridges_is_laid_out_again(tmp_path):
+    """Earlier lab trees held each HCA's PCI device as a directory in bus/pci/devices itself."""
+    old = tmp_path / "bus" / "pci" / "devices" / "0000:1a:00.0"
+    old.mkdir(parents=True)
+    (old / "current_link_width").write_text("16\n")
+    write_tree(tmp_path, NodeHardware(node="gpu001"), now=0.0)
+    assert old.is_symlink() and (old / "current_link_width").read_text() == "16\n"
+    assert (old / "class").read_text() == "0x020700\n"

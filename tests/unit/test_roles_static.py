@@ -387,4 +387,8 @@ def test_facts_are_gathered_again_right_after_the_driver_reboot():
     gather = handlers[reboot + 1]
     assert "ansible.builtin.setup" in gather and gather["listen"] == handlers[reboot]["listen"]
     assert gather["when"] == handlers[reboot]["when"]
+    # The rollout's reboot through Slurm (a handler of its own) ends with the same gathering.
+    through_slurm = load_yaml(ROLES / "nvidia" / "tasks" / "reboot_through_slurm.yml")
+    assert "ansible.builtin.setup" in through_slurm[-1]
+    assert any(h.get("ansible.builtin.include_tasks") == "reboot_through_slurm.yml" for h in handlers)
     assert "kernel" in str(load_yaml(ROLES / "lustre_client" / "vars" / "debian.yml"))

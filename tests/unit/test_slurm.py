@@ -220,11 +220,14 @@ def test_drain_resume_and_reason_are_one_scontrol_call_each_without_a_shell():
     slurm.drain(["gpu001", "gpu002"], "opsctl:xid-79 gpu3 xid=79; it's \"quoted\"")
     slurm.resume(["gpu001"])
     slurm.set_reason(["gpu002"], "opsctl:ib-down,xid-79 x")
+    slurm.reboot(["gpu001", "gpu003"], "opsctl:provision nvidia driver 570.172.08")
     assert run.calls == [
         ["/usr/bin/scontrol", "update", "nodename=gpu001,gpu002", "state=drain",
          "reason=opsctl:xid-79 gpu3 xid=79; it's \"quoted\""],
         ["/usr/bin/scontrol", "update", "nodename=gpu001", "state=resume"],
-        ["/usr/bin/scontrol", "update", "nodename=gpu002", "reason=opsctl:ib-down,xid-79 x"]]
+        ["/usr/bin/scontrol", "update", "nodename=gpu002", "reason=opsctl:ib-down,xid-79 x"],
+        ["/usr/bin/scontrol", "reboot", "ASAP", "nextstate=DOWN", "reason=opsctl:provision nvidia driver 570.172.08",
+         "gpu001,gpu003"]]
 
 
 def test_missing_binary_is_a_clear_source_error():

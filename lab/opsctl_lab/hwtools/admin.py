@@ -60,6 +60,8 @@ def main(argv: list[str]) -> int:
     sysfs = sub.add_parser("sysfs")
     sysfs.add_argument("--link-host", action="store_true")
     sub.add_parser("show")
+    driver = sub.add_parser("driver", help="install and load an emulated NVIDIA driver of this version")
+    driver.add_argument("version")
     args = parser.parse_args(argv)
     with _locked():
         hw = load()
@@ -76,6 +78,10 @@ def main(argv: list[str]) -> int:
             hw.save(state_path())
             sys.stdout.write(f"{hw.node}: cleared {count} fault(s)\n")
             units = _systemctl
+        elif args.cmd == "driver":
+            hw.driver_version = args.version
+            hw.save(state_path())
+            sys.stdout.write(f"{hw.node}: driver {args.version} loaded\n")
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)

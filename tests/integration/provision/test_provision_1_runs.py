@@ -67,7 +67,8 @@ def test_a_stopped_machine_leaves_the_run_going_for_the_others_and_is_named_at_t
     """The second run had one GPU machine stopped (conftest.py): it reached the end for every other host
     (their recap above: nothing failed, nothing changed), exited non-zero (the fixture checked make's 2),
     and its last lines name the stopped machine. slurm.conf kept it: its hardware facts came from the
-    fact cache, and the head's slurm.conf did not change."""
+    fact cache, and the head's slurm.conf did not change. A run with --limit (one replaced node) renders
+    the hosts outside it from the same cache."""
     second, stopped, machines = provisioned["runs"][1], provisioned["stopped"], provisioned["machines"]
     assert recap(second)[stopped] == {"changed": 0, "unreachable": 1, "failed": 0}
     last = second.strip().splitlines()[-2:]

@@ -1,8 +1,7 @@
 """Slurm on the provisioned machines: jobs across the nodes, slurmd's memlock limit for jobs, the epilog
 (leftover GPU memory, a hung nvidia-smi, minor numbers in gres.conf), leftover processes of an ended job,
-pam_slurm_adopt and the provisioning account's login, a `--limit` run for one node that changes nothing,
-and one run under a running job that changes a slurm.conf key (`scontrol reconfigure` applies it) and
-rotates the munge key, keeping Slurm working.
+pam_slurm_adopt and the provisioning account's login, and one run under a running job that changes a
+slurm.conf key (`scontrol reconfigure` applies it) and rotates the munge key, keeping Slurm working.
 
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only inside
 systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here proves the
@@ -22,9 +21,7 @@ from tests.integration.provision.support import (
     NEEDS_ROOT,
     changed_tasks,
     lab_cli,
-    make_provision,
     playbook,
-    recap,
     wait_until,
 )
 
@@ -136,19 +133,6 @@ def test_provisioning_user_logs_in_without_a_job(machines):
     assert out.stdout.split() == [machines.provisioning_user, "sudo-ok"]
     pam = machines.ssh(node, "grep -B1 pam_slurm_adopt /etc/pam.d/sshd").stdout
     assert "account    sufficient   pam_access.so" in pam
-
-
-@pytest.mark.provision
-@NEEDS_MACHINES
-def test_provisioning_one_node_with_limit_changes_nothing(machines):
-    """The most common run of all: one replaced node. The other nodes' facts come from the fact cache,
-    so gres.conf, slurm.conf and /etc/hosts render exactly as for the whole cluster."""
-    node = machines.gpu_nodes[1]
-    proc = make_provision("--limit", node)
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    hosts = recap(proc.stdout)
-    assert set(hosts) == {node}, hosts
-    assert hosts[node] == {"changed": 0, "unreachable": 0, "failed": 0}, sorted(changed_tasks(proc.stdout))
 
 
 @pytest.mark.provision

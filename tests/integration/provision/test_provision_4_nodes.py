@@ -1,31 +1,103 @@
-"""The GPU node roles on the provisioned machines: the nvidia role reports the reboot it skips and checks the
-loaded driver against the pin, and the common role adds an APT repository only with the expected key.
+"""The GPU node roles on the provisioned machines: a driver change rolls out a batch of machines at a time
+under running jobs, the common role adds an APT repository only with the expected key, and a node that
+lost a GPU gets a NodeName= line of its own and is drained while the others keep theirs.
 """
 
+import concurrent.futures
 import subprocess
+import threading
 
 import pytest
 import yaml
 
-from tests.integration.provision.support import BIN, ENV, INVENTORY, NEEDS_MACHINES, NEEDS_ROOT, REPO, playbook
+from opsctl.slurm.hostlist import hostlist_expression
+from opsctl_lab.hardware import DRIVER_VERSION
+from tests.integration.provision.support import (
+    BIN,
+    ENV,
+    INVENTORY,
+    NEEDS_MACHINES,
+    NEEDS_ROOT,
+    REPO,
+    changed_tasks,
+    lab_cli,
+    playbook,
+    wait_until,
+)
 
 pytestmark = [NEEDS_ROOT]
 
 
+class OutOfService(threading.Thread):
+    """Samples the GPU machines' Slurm states every second while a run goes on: every sample's drained
+    machines, with their reasons."""
+
+    def __init__(self, machines):
+        super().__init__(daemon=True)
+        self.machines, self.samples, self.done = machines, [], threading.Event()
+
+    def run(self):
+        names = ",".join(self.machines.gpu_nodes)
+        while not self.done.is_set():
+            out = self.machines.ssh(self.machines.head, f"sinfo -h -N -n {names} -o '%N|%T|%E'", check=False).stdout
+            rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
+            self.samples.append({node: (state, reason) for node, state, reason in rows if "drain" in state})
+            self.done.wait(1.0)
+
+
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_nvidia_role_reports_the_skipped_reboot_and_checks_the_driver(machines):
-    """A changed boot file needs a reboot: the lab's GPU nodes say so and skip it. The check afterwards
-    compares the loaded driver with the pin: a pin the node does not run stops the play with one line."""
-    node = machines.gpu_nodes[0]
-    machines.ssh(node, "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
-    proc = playbook("--tags", "nvidia", "--limit", node, "-e", "nvidia_driver_version=570.999.99")
-    assert proc.returncode != 0
-    assert (f"{node}: the NVIDIA driver or its kernel modules changed, which needs a reboot; skipped: this node's "
-            "GPUs are emulated (nvidia_emulated)") in " ".join(proc.stdout.split())
-    assert (f"{node}: the loaded NVIDIA driver is 570.133.20, nvidia_driver_version is 570.999.99 "
-            "(a reboot may be pending)") in " ".join(proc.stdout.split())
-    machines.ssh(node, "grep -x 'blacklist nouveau' /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines):
+    """A new driver version while a job runs on every GPU machine (as the lab's user): the nvidia role
+    leaves the change of a node in service to the rollout play, which drains one batch at a time (here
+    1: the lab's 3 GPU machines / 8, rounded up), waits for its job to end, changes the emulated driver,
+    checks, and puts it back. No job is killed (each writes its last line), no more machines are out of
+    service than the batch at any time, a job submitted meanwhile starts on a machine not being changed,
+    and every machine ends on the new version, in service. The boot files are written again on the way."""
+    gpus = machines.gpu_nodes
+    new, old = "570.172.08", DRIVER_VERSION
+    machines.ssh(gpus[0], "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+    jobs = {node: machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /tmp/rollout-%j.out -w {node} "
+                                   "--wrap 'sleep 60; echo finished'").strip() for node in gpus}
+    sampler, versions = OutOfService(machines), {}
+    try:
+        wait_until(lambda: all(machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R" for job in jobs.values()),
+                   60, "a job running on every GPU machine")
+        sampler.start()
+        run = concurrent.futures.ThreadPoolExecutor(1).submit(playbook, "--tags", "nvidia", "-e",
+                                                              f"nvidia_driver_version={new}")
+        wait_until(lambda: any(sampler.samples), 240, "a machine drained")
+        during = machines.on_head("runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null --wrap 'sleep 10'")
+        ran_on = wait_until(lambda: machines.on_head(f"squeue -h -j {during.strip()} -o '%t %N'").split()[1:], 60,
+                            "the job submitted during the run started")[0]
+        # The machine it runs on is not one being changed (drained: out of service with no job left).
+        assert machines.node_state(ran_on)[0] != "drained", ran_on
+        proc = run.result(timeout=900)
+    finally:
+        sampler.done.set()
+        for job in jobs.values():
+            machines.on_head(f"scancel {job}", check=False)
+        for node in gpus:  # the inventory's version again, without another rollout (checked first below)
+            versions[node] = machines.ssh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+            machines.ssh(node, f"/usr/local/sbin/opsctl-hw driver {old}")
+    assert proc.returncode == 0, proc.stdout[-8000:]
+    drained = [sample for sample in sampler.samples if sample]
+    assert max(len(sample) for sample in drained) == 1, drained
+    assert {node for sample in drained for node in sample} == set(gpus), drained
+    assert all(reason.startswith(f"opsctl:provision nvidia driver {new}") for sample in drained
+               for _, reason in sample.values()), drained
+    assert any(state == "draining" for sample in drained for state, _ in sample.values()), drained  # it waited
+    text = " ".join(proc.stdout.split())
+    for node in gpus:
+        assert f"drained {node}: opsctl:provision nvidia driver {new}" in text
+        assert (f"{node}: the NVIDIA driver or its kernel modules changed, which needs a reboot; skipped: this "
+                "node's GPUs are emulated (nvidia_emulated)") in text
+        assert f"resumed {node}: the rollout's change passed its checks" in text
+        assert machines.ssh(node, f"cat /tmp/rollout-{jobs[node]}.out").stdout == "finished\n"
+        assert set(versions[node].split()) == {new}, versions
+    assert proc.stdout.count("PLAY [NVIDIA driver rollout, a batch of GPU nodes at a time]") == len(gpus)
+    machines.ssh(gpus[0], "grep -x 'blacklist nouveau' /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in gpus), 90, "every GPU machine back")
 
 
 # Debian 12's own archive key (debian-archive-keyring), armored: a key the lab machines have, for a
@@ -67,3 +139,42 @@ def test_a_repository_is_added_only_with_the_expected_key(machines, tmp_path):
         assert "http://deb.debian.org/debian bookworm-updates/main amd64 Packages" in policy
     finally:
         machines.ssh(node, f"rm -f {sources} /etc/apt/keyrings/opsctl-test-debian.asc", check=False)
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_a_node_that_lost_a_gpu_gets_its_own_line_and_is_drained_hw_mismatch(machines):
+    """gpu-missing on one machine before a run: discovery on each node, so that machine gets a NodeName= line
+    of its own with 7 GPUs and is drained `opsctl:hw-mismatch`, while the others keep 8 and stay in service.
+    With the GPU back, the next run puts it into the shared line again and resumes it. Only the tasks that
+    discover the hardware, render the Slurm config and decide (tags facts, slurm_configure, hw_quarantine);
+    the head's health timer is stopped meanwhile, so that the only drain is this check's."""
+    node, others = machines.gpu_nodes[-1], machines.gpu_nodes[:-1]
+    tags = ("--tags", "facts,slurm_configure,hw_quarantine")
+    node_lines = "grep '^NodeName=' /etc/slurm/slurm.conf"
+    before = machines.on_head(node_lines)
+    machines.on_head("systemctl stop opsctl-health.timer")
+    try:
+        lab_cli("inject", node, "gpu-missing", "--gpu", "7")
+        lost = playbook(*tags)
+        assert lost.returncode == 0, lost.stdout[-6000:]
+        lines = machines.on_head(node_lines).splitlines()
+        assert [line.split()[0] for line in lines] == [f"NodeName={hostlist_expression(others)[0]}",
+                                                       f"NodeName={node}"], lines
+        assert "Gres=gpu:h200:8" in lines[0] and "Gres=gpu:h200:7" in lines[1], lines
+        state, reason = wait_until(lambda: machines.drained(node), 60, f"{node} drained")
+        assert reason.startswith("opsctl:hw-mismatch gpus 7 (profile 8)"), (state, reason)
+        assert {n: machines.drained(n) for n in others} == dict.fromkeys(others)
+        assert f"drained {node}: opsctl:hw-mismatch gpus 7 (profile 8)" in lost.stdout
+    finally:
+        lab_cli("clear", node)
+        back = playbook(*tags)
+        machines.on_head("systemctl start opsctl-health.timer")
+    assert back.returncode == 0, back.stdout[-6000:]
+    assert machines.on_head(node_lines) == before
+    assert f"resumed {node}: the hardware fits its group's profile again" in back.stdout
+    assert any(task.startswith("slurm_compute : Drain the nodes whose hardware differs") for task, _ in
+               changed_tasks(back.stdout)), sorted(changed_tasks(back.stdout))
+    wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in machines.gpu_nodes), 90,
+               "every GPU machine in service")
+
