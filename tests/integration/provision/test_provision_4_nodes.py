@@ -4,6 +4,7 @@ lost a GPU gets a NodeName= line of its own and is drained while the others keep
 """
 
 import concurrent.futures
+import shlex
 import subprocess
 import threading
 
@@ -48,17 +49,22 @@ class OutOfService(threading.Thread):
 @pytest.mark.provision
 @NEEDS_MACHINES
 def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines):
-    """A new driver version while a job runs on every GPU machine (as the lab's user): the nvidia role
-    leaves the change of a node in service to the rollout play, which drains one batch at a time (here
-    1: the lab's 3 GPU machines / 8, rounded up), waits for its job to end, changes the emulated driver,
+    """A new driver version while a job runs on every GPU machine (as the lab's user; each ends by itself
+    10 s after its machine is drained): the nvidia role leaves the change of a node in service to the
+    rollout play, which drains one batch at a time (here 1: the lab's 3 GPU machines / 8, rounded up),
+    waits for its job to end, changes the emulated driver,
     checks, and puts it back. No job is killed (each writes its last line), no more machines are out of
     service than the batch at any time, a job submitted meanwhile starts on a machine not being changed,
     and every machine ends on the new version, in service. The boot files are written again on the way."""
     gpus = machines.gpu_nodes
     new, old = "570.172.08", DRIVER_VERSION
     machines.ssh(gpus[0], "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+    # Each job runs until the rollout has drained its machine, then a little longer, and ends by itself:
+    # however long the run takes to reach a batch, the drain meets a running job and must wait for it.
+    job = ("timeout 600 sh -c 'until scontrol show node $SLURMD_NODENAME | grep -q \"State=[A-Z_+]*DRAIN\"; "
+           "do sleep 1; done; sleep 10' && echo finished")
     jobs = {node: machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /tmp/rollout-%j.out -w {node} "
-                                   "--wrap 'sleep 60; echo finished'").strip() for node in gpus}
+                                   f"--wrap {shlex.quote(job)}").strip() for node in gpus}
     sampler, versions = OutOfService(machines), {}
     try:
         wait_until(lambda: all(machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R" for job in jobs.values()),
@@ -86,7 +92,8 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
     assert {node for sample in drained for node in sample} == set(gpus), drained
     assert all(reason.startswith(f"opsctl:provision nvidia driver {new}") for sample in drained
                for _, reason in sample.values()), drained
-    assert any(state == "draining" for sample in drained for state, _ in sample.values()), drained  # it waited
+    assert {node for sample in drained for node, (state, _) in sample.items() if state == "draining"} == set(gpus), \
+        drained  # each drain waited for its machine's job
     text = " ".join(proc.stdout.split())
     for node in gpus:
         assert f"drained {node}: opsctl:provision nvidia driver {new}" in text
