@@ -26,6 +26,12 @@ packages_matching: the package names that match any of the glob patterns (the co
     {{ ['nvidia-fabricmanager-570', 'chrony'] | packages_matching(['nvidia-*', 'munge']) }}
     -> ['nvidia-fabricmanager-570']
 
+packages_to_hold: of dpkg-query's `<status> <want> <name>` lines, the installed packages that match and
+are not held yet:
+
+    {{ ['installed install munge', 'installed hold slurmd', 'config-files deinstall grafana']
+       | packages_to_hold(['munge', 'slurmd', 'grafana']) }}  -> ['munge']
+
 host_addresses: the address each host gets in /etc/hosts: cluster_address, else ansible_host when it
 is an IP address, else the default IPv4 address of its facts (this run's or the fact cache's); None
 when none is known. A host name in ansible_host is never written as an address:
@@ -88,6 +94,14 @@ def packages_matching(names, patterns) -> list[str]:
     return sorted(name for name in names if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
 
 
+def packages_to_hold(selections, patterns) -> list[str]:
+    """The installed packages that match a pattern and are not held yet, from dpkg-query lines
+    `<status> <want> <name>` (`installed install slurmd`, `installed hold munge`)."""
+    unheld = [fields[2] for fields in (str(line).split() for line in selections)
+              if len(fields) == 3 and fields[0] == "installed" and fields[1] != "hold"]
+    return packages_matching(unheld, patterns)
+
+
 def _ip_or_none(text) -> str | None:
     try:
         return str(ipaddress.ip_address(str(text)))
@@ -116,6 +130,7 @@ class FilterModule:
             "version_misfit": version_misfit,
             "pin_misfits": pin_misfits,
             "packages_matching": packages_matching,
+            "packages_to_hold": packages_to_hold,
             "host_addresses": host_addresses,
             "cluster_address": cluster_address,
         }

@@ -7,7 +7,9 @@ NodeName= line instead of 64:
     -> ['gpu[001-003,010]', 'head']
 
 The implementation is opsctl's own (opsctl/slurm/hostlist.py), taken from this checkout, so the
-playbooks and opsctl always fold names alike.
+playbooks and opsctl always fold names alike. It is loaded from its file alone: ansible-playbook loads
+every filter plugin again in each worker it forks (one per task and host), and importing it through the
+opsctl package would import opsctl's config schema too, which was the largest part of a run's CPU.
 
 slurm_gres_layouts: the hosts of a node group that share one GPU layout, for gres.conf. A layout is each
 GPU's device minor number (the N of /dev/nvidiaN, which the driver does not promise to equal
@@ -18,15 +20,18 @@ nvidia-smi's index) and CPU affinity, from the hosts' opsctl_hw facts (hw_discov
         {'nodes': 'gpu2', 'first': 'gpu2', 'gpus': [{'index': 0, 'minor': 7, 'cores': '0-55'}, ...]}]
 """
 
-import sys
+import importlib.util
 from pathlib import Path
 
+from ansible.errors import AnsibleFilterError
+
 # playbooks/filter_plugins/ -> the checkout that holds the opsctl package these playbooks belong to.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from ansible.errors import AnsibleFilterError  # noqa: E402
-
-from opsctl.slurm.hostlist import hostlist_expression  # noqa: E402
+_HOSTLIST = Path(__file__).resolve().parents[2] / "opsctl" / "slurm" / "hostlist.py"
+_spec = importlib.util.spec_from_file_location("_opsctl_slurm_hostlist", _HOSTLIST)
+assert _spec is not None and _spec.loader is not None, _HOSTLIST
+_hostlist = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_hostlist)
+hostlist_expression = _hostlist.hostlist_expression
 
 
 def slurm_gres_layouts(hosts, hostvars) -> list[dict]:

@@ -157,6 +157,15 @@ def test_holds_cover_every_pinned_production_package():
     assert PLATFORM.packages_matching(["chrony", "linux-headers-6.8.0-52-generic", "python3-apt"], patterns) == []
 
 
+def test_only_installed_unheld_packages_that_match_are_held():
+    patterns = load_yaml(ROLES / "common" / "defaults" / "main.yml")["common_held_packages"]
+    selections = ["installed install slurmd", "installed hold munge", "config-files deinstall grafana",
+                  "installed install chrony", "installed install nvidia-fabricmanager-570", "not-installed unknown x",
+                  ""]
+    assert PLATFORM.packages_to_hold(selections, patterns) == ["nvidia-fabricmanager-570", "slurmd"]
+    assert PLATFORM.packages_to_hold(["installed hold slurmd"], patterns) == []
+
+
 def test_slurm_release_table_is_complete():
     releases = load_yaml(ROLES / "slurm_common" / "vars" / "main.yml")["_slurm_releases"]
     assert list(releases) == ["22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05"]

@@ -7,7 +7,8 @@
 - both inventories use the same groups;
 - only the plays tagged `slurm` read slurm_config (so a `--tags slurm` run shows all it changes);
 - the opsctl timer's service runs `opsctl health` with options the CLI has (--changes-only among them).
-- site.yml's first play runs every role's preflight.yml, and a preflight file changes no host.
+- site.yml's first play runs every role's preflight.yml, and a preflight file changes no host;
+- a tagged run checks every role its tags reach.
 Rendering the Slurm files and checking them with slurmd: tests/component/test_slurm_render.py.
 """
 
@@ -217,7 +218,8 @@ def load_module(path: Path, name: str):
 def test_hostlist_expression():
     plugin = load_module(PLAYBOOKS / "filter_plugins" / "slurm_hostlist.py", "slurm_hostlist")
     hostlist = plugin.FilterModule().filters()["hostlist_expression"]
-    assert hostlist is hostlist_expression  # one implementation for opsctl, the lab and the playbooks
+    # One implementation for opsctl, the lab and the playbooks: the filter runs opsctl's own file.
+    assert hostlist.__code__.co_filename == hostlist_expression.__code__.co_filename
     assert hostlist([f"gpu{i:03d}" for i in range(1, 65)]) == ["gpu[001-064]"]
     assert hostlist(["gpu1", "gpu2", "gpu3"]) == ["gpu[1-3]"]
     assert hostlist(["gpu001", "gpu002", "gpu010", "head"]) == ["gpu[001-002,010]", "head"]
@@ -323,14 +325,16 @@ def preflight_problems(tasks_dir: Path, name: str = "preflight.yml") -> list[str
 
 def test_the_preflight_play_runs_every_roles_preflight_first():
     """site.yml's first play only reaches the hosts (an unreachable one is left out of the run, not fatal to
-    it); the second, tagged always, stops every host on one's failure and includes tasks/preflight.yml of
-    every role that has one; no role names its checks otherwise (validate.yml); and a preflight file
-    changes no host."""
+    it); the second stops every host on one's failure, gathers facts and checks the platform in every run,
+    and includes tasks/preflight.yml of every role that has one; no role names its checks otherwise
+    (validate.yml); and a preflight file changes no host."""
     plays = load_yaml(PLAYBOOKS / "site.yml")
     reach, first = plays[0], plays[1]
     assert reach["name"] == "Reachability" and reach["tags"] == ["always"] and "any_errors_fatal" not in reach
     assert [next(k for k in task if k.startswith("ansible.")) for task in reach["tasks"]] == ["ansible.builtin.ping"]
-    assert first["name"] == "Preflight" and first["tags"] == ["always"] and first["any_errors_fatal"] is True
+    assert first["name"] == "Preflight" and first["any_errors_fatal"] is True
+    assert [task["tags"] for task in first["tasks"][:2]] == [["always"], ["always"]]
+    assert first["tasks"][1]["ansible.builtin.include_role"]["name"] == "common"
     included = {task["ansible.builtin.include_role"]["name"] for task in first["tasks"]
                 if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"}
     with_preflight = {path.parents[1].name for path in ROLES.glob("*/tasks/preflight.yml")}
@@ -339,6 +343,63 @@ def test_the_preflight_play_runs_every_roles_preflight_first():
     assert not sorted(ROLES.glob("*/tasks/validate.yml"))
     for role in sorted(with_preflight):
         assert preflight_problems(ROLES / role / "tasks") == [], role
+
+
+def all_tags(node) -> set[str]:
+    """Every tag anywhere in a task file's YAML: on tasks, blocks and include `apply`s."""
+    if isinstance(node, list):
+        return set().union(*map(all_tags, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    tags = node.get("tags", [])
+    return set([tags] if isinstance(tags, str) else tags).union(*map(all_tags, node.values()))
+
+
+def role_tags(role: str) -> set[str]:
+    """The tags in the tasks of a role (`always` aside)."""
+    return set().union(*(all_tags(load_yaml(path)) for path in (ROLES / role / "tasks").glob("*.yml"))) - {"always"}
+
+
+def roles_included_by(role: str) -> set[str]:
+    tasks = [task for path in (ROLES / role / "tasks").glob("*.yml") for task in iter_tasks(load_yaml(path) or [])]
+    keys = ("ansible.builtin.include_role", "ansible.builtin.import_role")
+    return {task[key]["name"] for task in tasks for key in keys if key in task}
+
+
+def tags_that_reach(role: str, plays: list[dict]) -> set[str]:
+    """Every tag under which a task of `role` can run: the tags of the plays that run it, or run a role that
+    includes it (at any depth), and the tags inside all those roles."""
+    reaching = {role}
+    while True:
+        more = {name for name in ROLE_NAMES if roles_included_by(name) & reaching} - reaching
+        if not more:
+            break
+        reaching |= more
+    tags = set().union(*(role_tags(name) for name in reaching))
+    for play in plays:
+        includes = [task["ansible.builtin.include_role"] for task in play.get("tasks", [])
+                    if "ansible.builtin.include_role" in task]
+        in_play = {entry["role"] for entry in play.get("roles", [])} | {
+            include["name"] for include in includes if include.get("tasks_from") != "preflight"}
+        if in_play & reaching:
+            tags |= set(play.get("tags", [])) - {"always"}
+    return tags
+
+
+def test_a_tagged_run_checks_every_role_its_tags_reach():
+    """The preflight play checks a role in a tagged run when the run's tags reach one of that role's tasks (the
+    play that runs it, a role that includes it, a tag inside them): its include carries exactly those tags, and
+    applies them to the tasks it brings in. Only the platform check (common) runs in every run."""
+    plays = load_yaml(PLAYBOOKS / "site.yml")
+    checks = {task["ansible.builtin.include_role"]["name"]: task for task in plays[1]["tasks"]
+              if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"}
+    assert checks["common"]["tags"] == ["always"]
+    for role, task in sorted(checks.items()):
+        assert task["ansible.builtin.include_role"]["apply"]["tags"] == task["tags"], role
+        if role != "common":
+            assert sorted(task["tags"]) == sorted(tags_that_reach(role, plays)), role
+    assert {"ib_precheck", "prometheus_configure", "grafana"} <= tags_that_reach("opsctl", plays)
+    assert {"slurm_configure", "hw_quarantine", "slurm_controller"} <= tags_that_reach("slurm_common", plays)
 
 
 def test_preflight_problems_names_a_task_that_changes_a_host(tmp_path):

@@ -178,9 +178,10 @@ def test_what_a_user_plants_in_the_probe_directory_neither_blocks_fails_nor_redi
             names = [f"{name}{suffix}" for name in old_names for suffix in ("", ".tmp")] + new_form
             plant_as_nobody(probe_dir, kind, victim, names)
             assert {(p.name, p.lstat().st_uid) for p in probe_dir.iterdir()} == {(n, NOBODY) for n in names}
-            started = time.monotonic()
             code, storage = node_check(h, PLANTED_NODE)
-            assert time.monotonic() - started < 6  # storage.timeout_seconds: nothing waited on a planted FIFO
+            # A probe that waited on a planted FIFO is abandoned at storage.timeout_seconds and reported as
+            # storage-mount-hung, so no finding also means nothing waited on one (no wall clock here: a loaded
+            # machine is slow to start the check, which says nothing about the probe).
             assert code == 0 and storage["findings"] == [], (kind, storage)
             assert sorted(p.name for p in probe_dir.iterdir()) == sorted(names)  # the probe's own file is gone
             assert (hashlib.sha256(victim.read_bytes()).hexdigest(), victim.stat().st_mtime_ns) == before, kind

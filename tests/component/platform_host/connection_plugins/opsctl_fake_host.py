@@ -5,7 +5,7 @@ A module sent to the host is not run: the connection reads its name and argument
 payload and answers as the host would in check mode. Its facts are the recorded ones of the platform
 (host variable opsctl_fake_host_facts), nvidia-smi answers with the lab's emulated H200s, and everything
 the module is asked to change is reported changed. The packages apt was asked for are remembered
-(opsctl_fake_host_state), so that package_facts lists them for the holds. Any other command (temporary
+(opsctl_fake_host_state), so that dpkg-query lists them for the holds. Any other command (temporary
 directories, file transfers of the template action) runs here, as the local connection runs it.
 Module arguments are checked against each module's specification by ansible-lint (`args` rule), not here.
 """
@@ -105,9 +105,6 @@ class FakeHost:
             names = params.get("name") or []
             self.remember([names] if isinstance(names, str) else list(names))
             return {"changed": bool(names) or bool(params.get("update_cache"))}
-        if module == "package_facts":
-            return {"ansible_facts": {"packages": {n: [{"name": n, "version": "", "source": "apt"}]
-                                                   for n in self.installed()}}, "changed": False}
         if module in ("command", "shell"):
             return self.command(params)
         if module == "stat":
@@ -151,6 +148,8 @@ class FakeHost:
             rc, out = ib_check(argv[3:], self.facts()["ansible_facts"].get("ansible_hostname", "node"))
         elif argv[1:3] == ["ib", "quarantine"] and argv[0].endswith("/opsctl"):
             rc, out = ib_quarantine(str(params.get("stdin") or "{}"), dry_run="--dry-run" in argv)
+        elif argv[:1] == ["dpkg-query"]:  # the holds' `<status> <want> <name>` lines; nothing is held yet
+            out = "".join(f"installed install {name}\n" for name in self.installed())
         elif argv[:1] == ["munge"]:
             out = "MUNGE:AwQDAACm3Gu2yq+Vq0v5RgS8fHRmUoPdI7sL2Qe1TzIMVLIlZPc=:\n"
         return {"changed": True, "rc": rc, "stdout": out, "stderr": "", "stdout_lines": out.splitlines(),
