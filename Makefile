@@ -71,6 +71,8 @@ MACHINES_TIERS := provision
 LAB_TIERS := lab or machines
 MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
 BACKGROUND := tests/low_cpu_share.sh nice -n 5
+# Each stream's slowest tests, after its results: where a stream's time goes.
+STREAM_PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=15
 test: deps-test venv
 	@start=$$(date +%s); \
 	if [ -n "$(PYTEST_ARGS)" ]; then \
@@ -79,13 +81,13 @@ test: deps-test venv
 	fi; \
 	log=$$(mktemp); lab_log=$$(mktemp); \
 	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
-	  $(BIN)/pytest -p no:cacheprovider -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
-	$(BACKGROUND) $(BIN)/pytest -p no:cacheprovider -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
+	  $(STREAM_PYTEST) -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
+	$(BACKGROUND) $(STREAM_PYTEST) -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
 	if ! $(BACKGROUND) $(MAKE) --no-print-directory lint; then \
 	  kill $$machines $$lab; wait $$machines $$lab; rm -f $$log $$lab_log; exit 1; \
 	fi; \
 	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
-	  $(BACKGROUND) $(BIN)/pytest -p no:cacheprovider -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
+	  $(BACKGROUND) $(STREAM_PYTEST) -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
 	wait $$lab; lab_rc=$$?; \
 	echo "==== the lab stream ($(LAB_TIERS)) ===="; cat $$lab_log; rm -f $$lab_log; \
 	wait $$machines; machines_rc=$$?; \

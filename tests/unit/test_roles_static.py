@@ -399,6 +399,31 @@ def test_a_tagged_run_checks_every_role_its_tags_reach():
         if role != "common":
             assert sorted(task["tags"]) == sorted(tags_that_reach(role, plays)), role
     assert {"ib_precheck", "prometheus_configure", "grafana"} <= tags_that_reach("opsctl", plays)
+
+
+def test_a_role_skips_the_checks_the_preflight_play_ran():
+    """A role runs its preflight.yml again in its own play only where site.yml's preflight play did not (the
+    role alone): preflight.yml ends by remembering it passed, and the role's include of it is conditional on
+    that. Checks that load or register what the role's tasks use carry every tag that reaches the role."""
+    plays = load_yaml(PLAYBOOKS / "site.yml")
+    with_main_include = 0
+    for path in sorted(ROLES.glob("*/tasks/preflight.yml")):
+        role = path.parents[1].name
+        flag = f"_{role}_preflight_passed"
+        includes = [task for task in iter_tasks(load_yaml(ROLES / role / "tasks" / "main.yml") or [])
+                    if (task.get("ansible.builtin.include_tasks") or {}).get("file") == "preflight.yml"]
+        if role == "opsctl":  # its checks run on the control host, in the preflight play only
+            assert includes == [], role
+            continue
+        assert (load_yaml(path) or [])[-1].get("ansible.builtin.set_fact") == {flag: True}, role
+        assert len(includes) == 1 and includes[0]["when"] == f"not ({flag} | default(false))", role
+        include = includes[0]
+        assert include["ansible.builtin.include_tasks"]["apply"]["tags"] == include.get("tags", ["always"]), role
+        assert set(include.get("tags", [])) <= tags_that_reach(role, plays), role
+        if role in ("nvidia", "lustre_client", "nfs_client", "nfs_server"):  # what they load, the role's tasks use
+            assert sorted(include["tags"]) == sorted(tags_that_reach(role, plays)), role
+        with_main_include += 1
+    assert with_main_include == 8
     assert {"slurm_configure", "hw_quarantine", "slurm_controller"} <= tags_that_reach("slurm_common", plays)
 
 
