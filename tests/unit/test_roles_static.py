@@ -12,6 +12,7 @@
 Rendering the Slurm files and checking them with slurmd: tests/component/test_slurm_render.py.
 """
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -348,22 +349,25 @@ def test_the_preflight_play_runs_every_roles_preflight_first():
 def all_tags(node) -> set[str]:
     """Every tag anywhere in a task file's YAML: on tasks, blocks and include `apply`s."""
     if isinstance(node, list):
-        return set().union(*map(all_tags, node)) if node else set()
+        return set().union(*map(all_tags, node))
     if not isinstance(node, dict):
         return set()
     tags = node.get("tags", [])
     return set([tags] if isinstance(tags, str) else tags).union(*map(all_tags, node.values()))
 
 
-def role_tags(role: str) -> set[str]:
+@functools.cache  # the role files are read once per test session, not once per role and play
+def role_tags(role: str) -> frozenset[str]:
     """The tags in the tasks of a role (`always` aside)."""
-    return set().union(*(all_tags(load_yaml(path)) for path in (ROLES / role / "tasks").glob("*.yml"))) - {"always"}
+    return frozenset(set().union(*(all_tags(load_yaml(path)) for path in (ROLES / role / "tasks").glob("*.yml")))
+                     - {"always"})
 
 
-def roles_included_by(role: str) -> set[str]:
+@functools.cache
+def roles_included_by(role: str) -> frozenset[str]:
     tasks = [task for path in (ROLES / role / "tasks").glob("*.yml") for task in iter_tasks(load_yaml(path) or [])]
     keys = ("ansible.builtin.include_role", "ansible.builtin.import_role")
-    return {task[key]["name"] for task in tasks for key in keys if key in task}
+    return frozenset(task[key]["name"] for task in tasks for key in keys if key in task)
 
 
 def tags_that_reach(role: str, plays: list[dict]) -> set[str]:
