@@ -149,18 +149,48 @@ def resume_cmd(clients, hostlist, force, config_path):
     return resume(clients.use(config_path), hostlist, force)
 
 
+@main.command("remediate")
+@click.option("--dry-run", is_flag=True, help="Show each node's next step on the ladder; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...], "stop": ...}.')
+@config_option
+@click.pass_obj
+@one_line_errors
+def remediate_cmd(clients, dry_run, as_json, config_path):
+    """Take each drained node one step up the ladder: reset, reboot, validate, resume or RMA."""
+    from opsctl.commands.remediate import remediate_once
+
+    return remediate_once(clients.use(config_path), dry_run, as_json)
+
+
+@main.command("hold")
+@click.argument("hostlist", metavar="NODES")
+@click.option("--reason", "why", default="", help="Why, for the audit log.")
+@click.option("--release", is_flag=True, help="Hand the nodes back to the ladder.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def hold_cmd(clients, hostlist, why, release, config_path):
+    """Keep the remediation ladder off NODES (a person works on them), or --release them to it."""
+    from opsctl.commands.remediate import hold
+
+    return hold(clients.use(config_path), hostlist, why, release)
+
+
 @main.command("history")
-@click.option("--node", default=None, help="Only this node.")
+@click.argument("node_arg", metavar="[NODE]", required=False)
+@click.option("--node", default=None, help="Only this node (the same as NODE).")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Last N entries.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSONL records.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def history_cmd(clients, node, limit, as_json, config_path):
-    """Show the audit log: every drain, resume and refusal."""
+def history_cmd(clients, node_arg, node, limit, as_json, config_path):
+    """Show the audit log, or one node's events in time order: every drain, resume, reboot and refusal."""
     from opsctl.commands.history import history
 
-    return history(clients.use(config_path), node, limit, as_json)
+    if node_arg and node and node_arg != node:
+        raise click.UsageError(f"NODE {node_arg!r} and --node {node!r} differ: give one")
+    return history(clients.use(config_path), node_arg or node, limit, as_json)
 
 
 @main.group("ib")
@@ -333,20 +363,23 @@ def node_group():
 @click.option("--drain-self", "drain", is_flag=True,
               help="Drain this node when a check fails, resume it from its own drain when all pass "
                    "(Slurm's HealthCheckProgram).")
+@click.option("--remediate-self", "remediate", is_flag=True,
+              help="Take this node's step of the remediation ladder when its Slurm reason asks: reset the GPU, "
+                   "check it, answer (docs/remediation.md).")
 @click.option("--node", default=None, metavar="NAME", help="This node's Slurm name (default: the short host name).")
 @window_option
 @sysfs_root_option
 @config_option
 @click.pass_obj
 @one_line_errors
-def node_check_cmd(clients, as_json, textfile, drain, node, window, sysfs_root, config_path):
+def node_check_cmd(clients, as_json, textfile, drain, remediate, node, window, sysfs_root, config_path):
     """Run every node-local check: InfiniBand, and the storage mounts of the config's storage section.
 
     Exit codes: 0 all pass, 1 a check failed, 2 usage/config error, 3 the hardware could not be read.
     """
     from opsctl.commands.node_check import node_check
 
-    return node_check(clients.use(config_path), as_json, textfile, drain, node, window, sysfs_root)
+    return node_check(clients.use(config_path), as_json, textfile, drain, node, window, sysfs_root, remediate)
 
 
 @main.group("rules")

@@ -18,7 +18,7 @@ from opsctl.errors import ExitCode
 from opsctl_lab import paths as lp
 from opsctl_lab import processes, prometheus_lab, slurm_lab
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault
+from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault, write_kernel_log
 from opsctl_lab.hardware import fault_label as _fault_label
 from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import write_storage
@@ -324,6 +324,7 @@ def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None
     hw = NodeHardware.load(paths.hardware(node), node)
     injected = hw.inject(fault, gpu=gpu, hca=hca)
     hw.save(paths.hardware(node))
+    write_kernel_log(paths.kernel_log(node), hw)  # the XID line of an xid-kernel fault
     if FAULTS[injected.fault].name == "exporter-down":
         processes.stop(f"node_exporter.{node}", paths.run)
     click.echo(f"injected {_fault_label(injected)} on {node} (lab node {lp.node_address(index)})")

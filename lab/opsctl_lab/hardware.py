@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opsctl_lab.errors import LabError
-from opsctl_lab.hca_layout import HcaLayout
+from opsctl_lab.hca_layout import GPU_BUSES, HcaLayout
 from opsctl_lab.hca_layout import layout as hca_layout
 
 GPUS_PER_NODE = 8
@@ -74,6 +74,17 @@ XID_MESSAGES = {
     155: "NVLink SW defined error",
 }
 XID_WINDOW_MS = 300000
+# The faults that take an XID code (`xid:79`): `xid` shows in DCGM (the lab writes no kernel log line for
+# it), `xid-kernel` in the node's kernel log only.
+XID_FAULTS = ("xid", "xid-kernel")
+# The emulated node's boot, unless `reboot` moved it: the origin of the dcgm-exporter emulator's
+# time-driven counters (its COUNTER_EPOCH) and of the kernel log's microseconds since boot.
+EMULATED_BOOT = 1_750_000_000.0
+# The kernel log (/dev/kmsg records, one a line) lives next to the state file, as the storage files do.
+KERNEL_LOG_NAME = "kmsg"
+# A leftover (dead job) process on a GPU: its pid and name, as nvidia-smi and the kernel log show them.
+LEFTOVER_PID_BASE = 41000
+LEFTOVER_PROCESS = "python3"
 
 
 @dataclass(frozen=True)
@@ -88,25 +99,39 @@ class FaultSpec:
     steps: dict = field(default_factory=dict)
     machines_only: bool = False
     simulated_only: bool = False  # the lab machines do not emulate what it changes (yet)
+    # Whether the fault outlives a GPU reset (`nvidia-smi -r`, NodeHardware.reset_gpu) and a reboot
+    # (NodeHardware.reboot). False: it lives in the GPU's volatile state, which both start again: an XID's
+    # aftermath, volatile ECC errors, link and PCIe errors still rising, a row remap waiting for the reset
+    # that applies it (the remapped row stays counted). True: it is in the GPU's memory or InfoROM (a failed
+    # remap, rows already remapped), or outside the GPU (heat, the HCAs, the node's services).
+    survives_reset: bool = True
+    # A reboot also ends every process (a leftover one) and a hung GPU's state.
+    survives_reboot: bool = True
 
 
+_VOLATILE = {"survives_reset": False, "survives_reboot": False}
 FAULTS = {
     spec.name: spec
     for spec in [
-        FaultSpec("xid", "gpu", "xid:<code>: the GPU reports XID <code> (last-XID gauge and windowed count)"),
+        FaultSpec("xid", "gpu", "xid:<code>: the GPU reports XID <code> (last-XID gauge and windowed count)",
+                  **_VOLATILE),
+        # NVIDIA/DCGM issue 235: XID 62 reached the kernel log but never DCGM.
+        FaultSpec("xid-kernel", "gpu", "xid-kernel:<code>: XID <code> in the node's kernel log only, never in DCGM",
+                  **_VOLATILE),
         FaultSpec("dbe", "gpu", "a new volatile double-bit ECC error",
-                  rates={"ecc_dbe_vol": 0.05}, steps={"ecc_dbe_vol": 1}),
-        FaultSpec("sbe-storm", "gpu", "volatile single-bit ECC errors rising fast", rates={"ecc_sbe_vol": 50.0}),
+                  rates={"ecc_dbe_vol": 0.05}, steps={"ecc_dbe_vol": 1}, **_VOLATILE),
+        FaultSpec("sbe-storm", "gpu", "volatile single-bit ECC errors rising fast", rates={"ecc_sbe_vol": 50.0},
+                  **_VOLATILE),
         FaultSpec("row-remap-failure", "gpu", "row remapping failed", steps={"uncorrectable_remapped_rows": 1}),
         FaultSpec("row-remap-pending", "gpu", "a row remap waits for a GPU reset",
-                  steps={"uncorrectable_remapped_rows": 1}),
+                  steps={"uncorrectable_remapped_rows": 1}, **_VOLATILE),
         FaultSpec("remapped-rows", "gpu", "9 rows remapped for uncorrectable errors (an RMA case)",
                   steps={"uncorrectable_remapped_rows": 9}),
         FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish"),
         FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events"),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
-                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}),
-        FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}),
+                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE),
+        FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE),
         FaultSpec("ib-down", "hca", "the port is down (state DOWN, phys Polling)",
                   rates={}, steps={"link_downed": 1}),
         FaultSpec("sm-down", "node", "the subnet manager is gone: every InfiniBand port sits in INIT "
@@ -121,8 +146,10 @@ FAULTS = {
         FaultSpec("dgx-naming", "node", "the HCAs are named as on a DGX H100/H200: rails mlx5_0,3,4,5,6,9,10,11, "
                   "in-band/storage ports mlx5_1,2 (InfiniBand, Ethernet) and mlx5_7,8 between them",
                   simulated_only=True),
-        FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True),
-        FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True),
+        FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True,
+                  survives_reboot=False),
+        FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True,
+                  survives_reboot=False),
         # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM does not report it.
         FaultSpec("persistence-off", "gpu", "the GPU runs with persistence mode Disabled (nvidia-smi -pm 0, or a "
                   "persistence daemon started with --no-persistence-mode)", machines_only=True),
@@ -141,21 +168,22 @@ def describe_faults() -> str:
     lines = []
     for spec in FAULTS.values():
         where = {"gpu": "--gpu G", "hca": "--hca H", "node": ""}[spec.target]
-        name = "xid:<code>" if spec.name == "xid" else spec.name
+        name = f"{spec.name}:<code>" if spec.name in XID_FAULTS else spec.name
         tier = " (lab machines only)" if spec.machines_only else " (simulated lab only)" if spec.simulated_only else ""
         lines.append(f"{name:22} {where:8} {spec.summary}{tier}")
     return "\n".join(lines)
 
 
 def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
-    """'xid:79' -> (xid spec, 79); 'dbe' -> (dbe spec, None). Raises LabError on anything else."""
+    """'xid:79' -> (xid spec, 79); 'xid-kernel:62' -> (xid-kernel spec, 62); 'dbe' -> (dbe spec, None).
+    Raises LabError on anything else."""
     name, _, arg = text.partition(":")
     spec = FAULTS.get(name)
-    if spec is None or (name == "xid") != bool(arg):
+    if spec is None or (name in XID_FAULTS) != bool(arg):
         raise LabError(f"unknown fault {text!r}; `opsctl lab faults` lists them")
-    if name == "xid":
+    if name in XID_FAULTS:
         if not arg.isdigit() or not 0 < int(arg) < 1000:
-            raise LabError(f"bad XID code in {text!r}: expected xid:<1-999>")
+            raise LabError(f"bad XID code in {text!r}: expected {name}:<1-999>")
         return spec, int(arg)
     return spec, None
 
@@ -183,6 +211,26 @@ def stable_int(*parts, modulo: int) -> int:
     return int.from_bytes(digest, "big") % modulo
 
 
+def leftover_pid(gpu: int) -> int:
+    return LEFTOVER_PID_BASE + 97 * gpu
+
+
+def kernel_log_path(state: Path) -> Path:
+    """Where a node's kernel log is, given its state file (`opsctl node check`'s gpu.kernel_log_path)."""
+    return Path(state).parent / KERNEL_LOG_NAME
+
+
+def write_kernel_log(path: Path, hw: "NodeHardware") -> None:
+    """The node's kernel log as a file of /dev/kmsg records, one a line
+    (`<prio>,<seq>,<usec since boot>,-;<message>`, Documentation/ABI/testing/dev-kmsg); replaced whole, so a
+    reader never sees half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text("".join(f"{r['prio']},{r['seq']},{r['usec']},-;{r['message']}\n" for r in hw.kernel_log))
+    os.replace(tmp, path)
+
+
 @dataclass
 class ActiveFault:
     fault: str
@@ -197,7 +245,7 @@ class ActiveFault:
 
 def fault_label(fault: ActiveFault) -> str:
     """How the lab's reports name a fault: `xid:79 gpu3`, `ib-down mlx5_2`, `exporter-down`."""
-    name = f"xid:{fault.xid}" if fault.fault == "xid" else fault.fault
+    name = f"{fault.fault}:{fault.xid}" if fault.fault in XID_FAULTS else fault.fault
     where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
     return name + where
 
@@ -214,6 +262,10 @@ class NodeHardware:
     # The driver the node runs: `opsctl-hw driver VERSION` stands in for installing a new one and loading
     # it (the nvidia role does so on an emulated node), so that a rollout has a version to change.
     driver_version: str = DRIVER_VERSION
+    booted: float = EMULATED_BOOT  # unix seconds of the node's last (emulated) boot
+    # The records the NVIDIA driver wrote to the kernel log this boot, oldest first:
+    # {"prio", "seq", "usec", "message"} (write_kernel_log renders them as /dev/kmsg records).
+    kernel_log: list = field(default_factory=list)
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -231,6 +283,8 @@ class NodeHardware:
             last_xid=dict(raw.get("last_xid", {})),
             minors=raw.get("minors"),
             driver_version=raw.get("driver_version", DRIVER_VERSION),
+            booted=float(raw.get("booted", EMULATED_BOOT)),
+            kernel_log=list(raw.get("kernel_log", [])),
         )
 
     def save(self, path: Path) -> None:
@@ -254,8 +308,10 @@ class NodeHardware:
             fault.hca = hca_name(hca, self.hca_layout())
         for counter, amount in spec.steps.items():
             self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + amount
-        if xid is not None:
+        if spec.name == "xid":
             self.last_xid[str(fault.gpu)] = xid
+        elif spec.name == "xid-kernel":
+            self._log_xid(fault.gpu, xid, now)
         self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid) != (fault.fault, fault.gpu,
                                                                                     fault.hca, fault.xid)]
         self.active.append(fault)
@@ -263,11 +319,43 @@ class NodeHardware:
 
     def clear(self, now: float | None = None) -> None:
         """Every fault ends; counters keep what they reached (their rate returns to 0)."""
-        now = time.time() if now is None else now
-        for fault in self.active:
+        self._end(list(self.active), time.time() if now is None else now)
+
+    def _end(self, faults: list[ActiveFault], now: float) -> list[ActiveFault]:
+        """End these faults: what their rates added stays in the counters."""
+        for fault in faults:
             for counter, rate in FAULTS[fault.fault].rates.items():
                 self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + rate * (now - fault.since)
-        self.active = []
+        self.active = [f for f in self.active if not any(f is ended for ended in faults)]
+        return faults
+
+    def reset_gpu(self, gpu: int, now: float | None = None) -> list[ActiveFault]:
+        """What a successful `nvidia-smi -r -i GPU` does: the GPU's faults that do not survive a reset
+        (FaultSpec.survives_reset) end; returns them. The caller decides whether the reset may run."""
+        ended = [f for f in self.active if f.gpu == gpu and not FAULTS[f.fault].survives_reset]
+        return self._end(ended, time.time() if now is None else now)
+
+    def reboot(self, now: float | None = None) -> list[ActiveFault]:
+        """What a reboot does to the hardware: the faults that do not survive it end (FaultSpec.survives_reboot),
+        the node boots at `now`: the kernel log starts again (its sequence numbers too), and DCGM, started
+        again, has seen no XID yet. Returns the faults that ended."""
+        now = time.time() if now is None else now
+        ended = self._end([f for f in self.active if not FAULTS[f.fault].survives_reboot], now)
+        self.booted, self.kernel_log, self.last_xid = now, [], {}
+        return ended
+
+    def _log_xid(self, gpu: int, code: int, now: float) -> None:
+        """The driver's XID line as the kernel log gets it (kernel_rc.c of NVIDIA/open-gpu-kernel-modules:
+        `NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, %s`; real lines: tests/fixtures/kmsg/). The
+        process is the GPU's leftover one, else the driver's own `pid='<unknown>', name=<unknown>`. Priority 3
+        (KERN_ERR), as in tests/fixtures/kmsg/kmsg_h200_node.txt."""
+        pid, name = (leftover_pid(gpu), LEFTOVER_PROCESS) if self.has("gpu-leftover-memory", gpu=gpu) else \
+            ("'<unknown>'", "<unknown>")
+        text = XID_MESSAGES.get(code, "Unknown Error")
+        seq = self.kernel_log[-1]["seq"] + 1 if self.kernel_log else 0
+        self.kernel_log.append({"prio": 3, "seq": seq, "usec": max(0, int((now - self.booted) * 1e6)),
+                                "message": f"NVRM: Xid (PCI:0000:{GPU_BUSES[gpu]}:00): {code}, pid={pid}, "
+                                           f"name={name}, {text}"})
 
     # ---- what the tools read -----------------------------------------------------------------
     def faults_on(self, name: str, gpu: int | None = None, hca: str | None = None) -> list[ActiveFault]:

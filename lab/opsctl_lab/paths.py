@@ -121,6 +121,11 @@ class LabPaths:
         bin/lctl and bin/lfs."""
         return self.node_dir(node) / "storage"
 
+    def kernel_log(self, node: str) -> Path:
+        """The node's kernel log: /dev/kmsg records, one a line (opsctl_lab.hardware.write_kernel_log), for
+        `opsctl node check`'s gpu.kernel_log_path."""
+        return self.node_dir(node) / "kmsg"
+
     def textfile(self, node: str) -> Path:
         """The directory of the node's node_exporter textfile collector (`opsctl node check --textfile`)."""
         return self.node_dir(node) / "textfile"

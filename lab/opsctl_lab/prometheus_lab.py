@@ -18,7 +18,7 @@ import opsctl
 import opsctl_lab
 from opsctl_lab import paths as lp
 from opsctl_lab import processes
-from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hardware import NodeHardware, write_kernel_log
 from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import MGS_NID, MOUNTS, mount_dir, probe_dir, write_storage
 
@@ -32,8 +32,8 @@ def prometheus_url() -> str:
 
 
 def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
-    """Each node's hardware state (kept across restarts), its sysfs tree, its storage and what `opsctl node
-    check` of it needs: the Lustre tools, a config, the textfile collector's directory."""
+    """Each node's hardware state (kept across restarts), its sysfs tree, its storage, its kernel log and what
+    `opsctl node check` of it needs: the Lustre tools, a config, the textfile collector's directory."""
     for index in range(nodes):
         name = lp.node_name(index)
         hw = NodeHardware.load(paths.hardware(name), name)
@@ -41,6 +41,7 @@ def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
             hw.save(paths.hardware(name))
         write_tree(paths.sysfs(name), hw)
         write_storage(paths.storage(name), mount_base(paths, name), hw)
+        write_kernel_log(paths.kernel_log(name), hw)
         write_node_check_config(paths, name)
         paths.textfile(name).mkdir(parents=True, exist_ok=True)
 
@@ -50,13 +51,14 @@ def mount_base(paths: lp.LabPaths, name: str) -> Path:
 
 
 def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
-    """The node's Lustre tools (the emulated lctl, lfs and lnetctl, reading its hardware state) and an opsctl config
-    that points `opsctl node check` at its sysfs tree, its mounts and those tools."""
+    """The node's tools (the emulated lctl, lfs, lnetctl, nvidia-smi and dcgmi, reading its hardware state) and an
+    opsctl config that points `opsctl node check` at its sysfs tree, its mounts, those tools and its kernel log."""
     bin_dir = paths.storage(name) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
-    for tool in ("lctl", "lfs", "lnetctl"):
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{tool} \"$@\"\n")
+    tools = {"lctl": "lctl", "lfs": "lfs", "lnetctl": "lnetctl", "nvidia-smi": "nvidia_smi", "dcgmi": "dcgmi"}
+    for tool, module in tools.items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{module} \"$@\"\n")
         (bin_dir / tool).chmod(0o755)
     base = mount_base(paths, name)
     storage = paths.storage(name)
@@ -66,7 +68,10 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
               "storage": {"mounts": mounts, "timeout_seconds": 6, "lctl": str(bin_dir / "lctl"),
                           "lfs": str(bin_dir / "lfs"), "lnetctl": str(bin_dir / "lnetctl"),
                           "lustre_mgs_nids": [MGS_NID], "mountinfo_path": str(storage / "mountinfo"),
-                          "mountstats_path": str(storage / "mountstats")}}
+                          "mountstats_path": str(storage / "mountstats")},
+              # The node's own kernel log, where its xid-kernel faults write, never the host's /dev/kmsg.
+              "gpu": {"kernel_log_path": str(paths.kernel_log(name)), "nvidia_smi": str(bin_dir / "nvidia-smi"),
+                      "dcgmi": str(bin_dir / "dcgmi")}}
     text = yaml.safe_dump(config, sort_keys=False)
     if not paths.node_check_config(name).exists() or paths.node_check_config(name).read_text() != text:
         paths.node_check_config(name).write_text(text)

@@ -11,7 +11,7 @@ import jinja2
 
 from opsctl.slurm.hostlist import hostlist_expression
 from opsctl_lab import paths as lp
-from opsctl_lab import processes
+from opsctl_lab import processes, slurm_reboot
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import GPUS_PER_NODE
 
@@ -43,12 +43,21 @@ def render_configs(paths: lp.LabPaths, nodes: int) -> None:
         "nodes_expr": ",".join(hostlist_expression(lp.node_name(i) for i in range(nodes))),
         "ports_expr": ",".join(hostlist_expression(range(lp.slurmd_first_port(), lp.slurmd_first_port() + nodes))),
         "dev_dir": paths.dev,
+        "reboot_program": reboot_program(paths),
     }
     for sub in ("state", "spool"):
         (paths.slurm / sub).mkdir(parents=True, exist_ok=True)
     for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
         (paths.slurm / name).write_text(_TEMPLATES.get_template(f"{name}.j2").render(**values))
+    slurm_reboot.write_program(reboot_program(paths), cluster="the opsctl lab", run_dir=paths.run,
+                               log_dir=paths.logs, slurm_conf=paths.slurm_conf,
+                               hardware=slurm_reboot.hardware_command(paths))
     make_gpu_devices(paths.dev)
+
+
+def reboot_program(paths: lp.LabPaths) -> Path:
+    """slurm.conf's RebootProgram: `scontrol reboot` restarts the node's slurmd (opsctl_lab.slurm_reboot)."""
+    return paths.slurm / "reboot"
 
 
 def make_gpu_devices(dev: Path) -> None:

@@ -169,14 +169,15 @@ def _out_of_service_text(counts: dict) -> str:
 
 
 def render_history(records: list[dict]) -> str:
-    rows = [("TIME", "USER", "EVENT", "NODE", "DETAIL")]
+    rows = [("TIME", "USER", "EVENT", "NODE", "CHECKS", "DETAIL")]
     for r in records:
         # A refusal says why (detail) and what reason was on the node; a change says the reason it set.
         why, reason = r.get("detail") or "", r.get("reason") or ""
         detail = f"{why}; reason: {reason}" if why and reason else why or reason
         if r.get("dry_run"):
             detail = f"[dry-run] {detail}"
-        rows.append((r.get("time", ""), r.get("user", ""), r.get("event", ""), r.get("node", ""), detail))
+        checks = ",".join(r.get("checks") or []) or "-"
+        rows.append((r.get("time", ""), r.get("user", ""), r.get("event", ""), r.get("node", ""), checks, detail))
     return table(rows)
 
 

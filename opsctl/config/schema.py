@@ -288,6 +288,36 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class GpuConfig:
+    """What `opsctl node check` reads of the GPUs: the kernel log, for the XIDs and SXids that never reach
+    DCGM (docs/gpu-kernel-log.md), and nvidia-smi, for each GPU's index."""
+
+    # /dev/kmsg, or a regular file of its records, one per line (the lab's)
+    kernel_log_path: str = key("/dev/kmsg", check=_absolute, hint="must be an absolute path")
+    nvidia_smi: str = key("nvidia-smi", check=bool, hint="must not be empty")
+    # runs the diagnostics after a reset or reboot of the remediation ladder (docs/remediation.md)
+    dcgmi: str = key("dcgmi", check=bool, hint="must not be empty")
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    """`opsctl remediate`, the ladder after a drain: reset, reboot, validate, resume or RMA
+    (docs/remediation.md)."""
+
+    max_resets_per_run: int = key(2, check=_not_negative, hint="must be >= 0")
+    max_resets_per_hour: int = key(8, check=_not_negative, hint="must be >= 0")
+    max_reboots_per_run: int = key(2, check=_not_negative, hint="must be >= 0")
+    max_reboots_per_hour: int = key(4, check=_not_negative, hint="must be >= 0")
+    # the same node, GPU and rule drained this many times within rma_window: RMA, not another round
+    rma_after: int = key(3, check=lambda v: v >= 1, hint="must be >= 1")
+    rma_window: Duration = key(duration("24h"))
+    # a reset or reboot with no validation this long after it: the next step (reboot; after a reboot, a person)
+    step_timeout: Duration = key(duration("30m"))
+    # dcgmi diag -r <level> on the node after a reset or reboot (1 quick, 2 medium, 3-4 long)
+    validate_level: int = key(2, check=_between(1, 4), hint="must be 1-4")
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = key(factory=PrometheusConfig)
     slurm: SlurmConfig = key(factory=SlurmConfig)
@@ -299,6 +329,8 @@ class Config:
     alerts: AlertsConfig = key(factory=AlertsConfig)
     ib: IbConfig = key(factory=IbConfig)
     storage: StorageConfig = key(factory=StorageConfig)
+    gpu: GpuConfig = key(factory=GpuConfig)
+    remediation: RemediationConfig = key(factory=RemediationConfig)
     state_dir: Path = key(DEFAULT_STATE_DIR)
     audit_log: Path = key(DEFAULT_AUDIT_LOG)
     # Where it came from, for messages: not a key of the file, and no part of what a config is.

@@ -28,6 +28,7 @@ import yaml
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
 from opsctl.health.units import FORMATS, fill, unknown_formats
+from opsctl.health.xid import code_regex, value_filter, xid_catalog
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -68,6 +69,9 @@ class Rule:
     description: str
     remediation: str
     xid: int | None = None
+    # An XID family (xid: series): the code comes from each series, its `xid` label (the windowed count)
+    # or its value (the last-XID gauge); opsctl/health/xid.py says which codes the family holds.
+    xid_series: bool = False
     memory: str = "none"
     domain: str = "node"
     plot_expr: str = ""  # the value before the hold wrapper (dashboards plot it); "" when expr holds by itself
@@ -96,8 +100,9 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def _placeholders(config: Config) -> dict[str, str]:
+def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
     return {
+        **_xid_placeholders(config, own_rule_xids),
         "dcgm": config.prometheus.jobs["dcgm"],
         "node": config.prometheus.jobs.get("node", ""),
         "by": ", ".join(config.node_mapping.by),
@@ -105,6 +110,24 @@ def _placeholders(config: Config) -> dict[str, str]:
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
     }
+
+
+def _xid_placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
+    """${xid_<action>_codes} (a label regex) and ${xid_<action>_gauge} (the last-XID gauge filtered to
+    those codes) for the XID families: every code of NVIDIA's catalog whose action is <action> and that
+    has no rule of its own (xid-79 ...); `report` holds the actions that are reported, not drained.
+    ${xid_known_codes} and ${xid_unknown_gauge} select the codes the catalog does not know."""
+    catalog = xid_catalog()
+    gauge = f'DCGM_FI_DEV_XID_ERRORS{{job="{config.prometheus.jobs["dcgm"]}"}}'
+    values = {}
+    for family, codes in catalog.family_codes(own_rule_xids).items():
+        values[f"xid_{family}_codes"] = code_regex(codes)
+        values[f"xid_{family}_gauge"] = value_filter(gauge, codes)
+    known = sorted(catalog.entries)
+    values["xid_known_codes"] = code_regex(known)
+    unknown_below = [code for code in range(1, known[-1]) if code not in catalog.entries]
+    values["xid_unknown_gauge"] = f"({value_filter(gauge, unknown_below)} or {gauge} > {known[-1]})"
+    return values
 
 
 # libyaml's loader where PyYAML has it: the catalog is read on every run, --watch rounds included.
@@ -153,14 +176,14 @@ def _substitute(value: Any, values: dict[str, str]) -> Any:
     return value
 
 
-def _build(raw: RawRule, config: Config, label: str) -> Rule:
+def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str]) -> Rule:
     rid = raw.get("id")
     where = f"catalog {label}: rule {rid!r}"
     if not isinstance(rid, str) or not _ID.match(rid):
         raise ConfigError(f"{where}: id must be lowercase letters, digits and dashes")
     variant = (raw.get("variants") or {}).get(config.catalog.xid_source) if raw.get("xid") is not None else None
     merged = {**raw, **(variant or {})}
-    merged = _substitute(merged, _placeholders(config))
+    merged = _substitute(merged, placeholders)
     for key in ("expr", "op", "threshold", "severity", "action", "description", "remediation"):
         if merged.get(key) in (None, ""):
             raise ConfigError(f"{where}: missing key {key!r}")
@@ -178,7 +201,8 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
     try:
         hold = effective_hold(str(merged.get("hold", "0s")), config)
         threshold = float(merged["threshold"])
-        xid = int(merged["xid"]) if merged.get("xid") is not None else None
+        xid_series = merged.get("xid") == "series"
+        xid = int(merged["xid"]) if merged.get("xid") is not None and not xid_series else None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
     raw_expr = " ".join(str(merged["expr"]).split())
@@ -207,7 +231,8 @@ def _build(raw: RawRule, config: Config, label: str) -> Rule:
                 action=merged["action"], auto_resume=auto_resume,
                 evidence=evidence,
                 description=" ".join(str(merged["description"]).split()),
-                remediation=" ".join(str(merged["remediation"]).split()), xid=xid, memory=memory,
+                remediation=" ".join(str(merged["remediation"]).split()), xid=xid, xid_series=xid_series,
+                memory=memory,
                 domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config))
 
 
@@ -275,6 +300,9 @@ def load_catalog(config: Config) -> list[Rule]:
         for entry in _read(path, label):
             for raw in _expand(entry, label):
                 entries[str(raw.get("id"))] = (raw, label)
+    # Codes with a rule of their own, counted before catalog.disable: a disabled xid-79 must not come
+    # back through the xid-reboot family.
+    own_rule_xids = {int(raw["xid"]) for raw, _ in entries.values() if str(raw.get("xid", "")).isdigit()}
     for rid, fields in config.catalog.overrides.items():
         if rid not in entries:
             raise ConfigError(f"config key catalog.overrides.{rid}: no such rule")
@@ -294,5 +322,6 @@ def load_catalog(config: Config) -> list[Rule]:
     if "node" not in config.prometheus.jobs:
         # A site without node_exporter (prometheus.jobs.node: null): the rules that read it are off.
         entries = {rid: entry for rid, entry in entries.items() if entry[0].get("source", "dcgm") != "node"}
-    rules = [_build(raw, config, label) for raw, label in entries.values()]
+    placeholders = _placeholders(config, own_rule_xids)
+    rules = [_build(raw, config, label, placeholders) for raw, label in entries.values()]
     return rules

@@ -187,19 +187,34 @@ def _check_for(rule: Rule, sample: Sample) -> Check:
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \
         f"{device} value={sample.value}".strip()
-    if rule.xid is not None:
+    xid = rule.xid
+    if rule.xid is not None or rule.xid_series:
         window = sample.labels.get("window_size_in_ms", "")
+        if rule.xid_series:
+            xid = _series_xid(sample, windowed=window.isdigit())
+            if xid is not None and window.isdigit():
+                evidence = f"{device} xid={xid} {rule.format_evidence('', sample.value)}".strip()
         if window.isdigit():
             window_s = int(window) / 1000.0
+            if sample.labels.get("xid_source") == "kernel":  # opsctl node check's count, not DCGM's
+                evidence = f"{evidence} (kernel log)"
         else:
             # The last-XID gauge: it never shows a repeat, so an XID acted on stays handled until it changes.
             memory = "level" if memory != "none" else memory
-            if sample.labels.get("xid_source") == "gauge":
-                evidence = f"{device} xid={rule.xid} (last-XID gauge; no windowed count)".strip()
+            if xid is not None and (sample.labels.get("xid_source") == "gauge" or rule.xid_series):
+                evidence = f"{device} xid={xid} (last-XID gauge; no windowed count)".strip()
     status = rule.severity if math.isfinite(sample.value) else "unknown"
     return Check(id=rule.id, severity=rule.severity, status=status, device=device, kind=kind, value=sample.value,
-                 threshold=rule.threshold, op=rule.op, evidence=evidence, action=rule.action, xid=rule.xid,
+                 threshold=rule.threshold, op=rule.op, evidence=evidence, action=rule.action, xid=xid,
                  memory=memory, window_s=window_s)
+
+
+def _series_xid(sample: Sample, windowed: bool) -> int | None:
+    """An XID family's code: the windowed count's `xid` label, or the last-XID gauge's value."""
+    if windowed:
+        raw = sample.labels.get("xid", "")
+        return int(raw) if raw.isdigit() else None
+    return int(sample.value) if math.isfinite(sample.value) and sample.value == int(sample.value) else None
 
 
 def judge(rules: list[Rule], answers: dict[str, list[Sample]], identities: Identities, ages: list[Sample],

@@ -1,5 +1,5 @@
-"""`opsctl node check`: the results of every node-local check (the InfiniBand precheck and storage health), and
-their text for node_exporter's textfile collector.
+"""`opsctl node check`: the results of every node-local check (the InfiniBand precheck, storage health and the
+kernel log's XIDs), and their text for node_exporter's textfile collector.
 
 Metrics (one file, written atomically; node_exporter reads only *.prom):
 
@@ -8,6 +8,12 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_check{check="storage-mount-hung",device="/home"} 1   storage: the device is the mount point,
     opsctl_node_check{check="lustre-import-down",device="lustre-OST0002"} 1   or the Lustre target
     opsctl_node_nfs_rpc_retransmissions_total{mount="/home"} 12   per NFS mount, cumulative since it mounted
+    opsctl_node_kernel_log_read_ok 1                              the kernel log was read (opsctl.nodecheck.kernel_log)
+    opsctl_node_kernel_xid_total{gpu="0",pci_bus_id="00000000:18:00.0",xid="79"} 1   XIDs it holds, cumulative
+    opsctl_node_kernel_xid_last_timestamp_seconds{gpu="0",pci_bus_id="00000000:18:00.0",xid="79"} 1.8e+09
+    opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
+    opsctl_node_kernel_sxid_total{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"} 2
+    opsctl_node_gpu_recovery_action{gpu="3",pci_bus_id="00000000:8A:00.0",action="reset"} 1   latest XID 154
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
@@ -22,6 +28,7 @@ from pathlib import Path
 from opsctl.errors import ConfigError
 from opsctl.fileio import write_atomic
 from opsctl.ib.check import CHECKS, Report
+from opsctl.nodecheck.kernel_log import XID_WINDOW_S, KernelLogReport
 from opsctl.slurm import OWNED_PREFIX
 from opsctl.storage.check import StorageReport
 
@@ -58,7 +65,8 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None) -> str:
+def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None,
+                 kernel: KernelLogReport | None = None) -> str:
     lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
              "# TYPE opsctl_node_check gauge"]
     lines += [f'opsctl_node_check{{check="{r.check}",device="{_label(r.device)}"}} {int(r.failed)}' for r in found]
@@ -68,10 +76,54 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
                   "# TYPE opsctl_node_nfs_rpc_retransmissions_total counter"]
         lines += [f'opsctl_node_nfs_rpc_retransmissions_total{{mount="{_label(point)}"}} {stats.retransmissions}'
                   for point, stats in sorted(storage.nfs.items())]
+    if kernel:
+        lines += kernel_log_metrics(kernel)
     lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
               "# TYPE opsctl_node_check_timestamp_seconds gauge",
               f"opsctl_node_check_timestamp_seconds {now:.3f}"]
     return "\n".join(lines) + "\n"
+
+
+def kernel_log_metrics(kernel: KernelLogReport) -> list[str]:
+    """The kernel log's counts (the health rules query these names). Counters keep counting across runs
+    and reboots; a GPU's index is "" where nvidia-smi could not name it."""
+    state = kernel.state
+    lines = ["# HELP opsctl_node_kernel_log_read_ok Whether node check read the kernel log (1) or could not (0; "
+             "--json says why).",
+             "# TYPE opsctl_node_kernel_log_read_ok gauge",
+             f"opsctl_node_kernel_log_read_ok {int(kernel.read_ok)}"]
+    xids = [(f'gpu="{kernel.gpu(pci)}",pci_bus_id="{_label(pci)}",xid="{xid}"', tally)
+            for (pci, xid), tally in sorted(state.xids.items())]
+    if xids:
+        lines += ["# HELP opsctl_node_kernel_xid_total GPU XIDs the NVIDIA driver wrote to the kernel log, counted "
+                  "by node check across its runs.",
+                  "# TYPE opsctl_node_kernel_xid_total counter"]
+        lines += [f"opsctl_node_kernel_xid_total{{{labels}}} {tally.count}" for labels, tally in xids]
+        lines += ["# HELP opsctl_node_kernel_xid_last_timestamp_seconds When the newest of these XIDs was logged "
+                  "(/dev/kmsg: the kernel's time; a file: the run that read it).",
+                  "# TYPE opsctl_node_kernel_xid_last_timestamp_seconds gauge"]
+        lines += [f"opsctl_node_kernel_xid_last_timestamp_seconds{{{labels}}} {tally.last_seen:.3f}"
+                  for labels, tally in xids]
+        window = f'window_size_in_ms="{XID_WINDOW_S * 1000}"'
+        lines += ["# HELP opsctl_node_kernel_xid_count XIDs node check first saw in the kernel log within the window "
+                  "(label window_size_in_ms), as dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT: the XID rules read both.",
+                  "# TYPE opsctl_node_kernel_xid_count gauge"]
+        lines += [f"opsctl_node_kernel_xid_count{{{labels},{window}}} {len(tally.recent)}" for labels, tally in xids]
+    if state.sxids:
+        lines += ["# HELP opsctl_node_kernel_sxid_total NVSwitch SXids the driver wrote to the kernel log, counted "
+                  "by node check across its runs.",
+                  "# TYPE opsctl_node_kernel_sxid_total counter"]
+        lines += [f'opsctl_node_kernel_sxid_total{{nvswitch_pci="{_label(pci)}",sxid="{sxid}",'
+                  f'fatal="{str(fatal).lower()}"}} {count}'
+                  for (pci, sxid, fatal), count in sorted(state.sxids.items())]
+    if state.recovery:
+        lines += ["# HELP opsctl_node_gpu_recovery_action The recovery action of a GPU's latest XID 154 this boot "
+                  "(1 on that action's series only).",
+                  "# TYPE opsctl_node_gpu_recovery_action gauge"]
+        lines += [f'opsctl_node_gpu_recovery_action{{gpu="{kernel.gpu(pci)}",pci_bus_id="{_label(pci)}",'
+                  f'action="{_label(action)}"}} 1'
+                  for pci, action in sorted(state.recovery.items())]
+    return lines
 
 
 def write_textfile(path: Path, text: str) -> None:

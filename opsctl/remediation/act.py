@@ -1,10 +1,10 @@
-"""The one way opsctl changes a node in Slurm: drain, resume, a new reason on its own drain (escalate), and a
-reboot through Slurm.
+"""The one way opsctl changes a node in Slurm: drain, resume, a new reason on its own drain (escalate, and the
+remediation ladder's reset, validated, rma and unvalidated steps), and a reboot through Slurm.
 
-Every command that acts on nodes (`opsctl health --drain/--resume`, `drain`, `resume`, `ib fabric-test
---drain`, `ib quarantine`, `hw quarantine`, `rollout drain|resume`, `node check --drain-self`) builds
-Changes and hands them to an Actor; nothing else calls the Slurm client's drain, resume or set_reason
-(tests/unit/test_act.py fails if something does).
+Every command that acts on nodes (`opsctl health --drain/--resume`, `drain`, `resume`, `remediate`, `ib
+fabric-test --drain`, `ib quarantine`, `hw quarantine`, `rollout drain|resume`, `node check --drain-self`
+and `--remediate-self`) builds Changes and hands them to an Actor; nothing else calls the Slurm client's
+drain, resume, set_reason or reboot (tests/unit/test_act.py fails if something does).
 
 The Actor is entered once per run and holds the run lock for it. For each batch of changes that share one
 scontrol call, in this order:
@@ -34,8 +34,12 @@ from opsctl.remediation.state import RunLock, StateDir
 from opsctl.slurm import Slurm, SlurmNode
 
 DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
-# The budget each event spends (escalate re-words opsctl's own drain: it takes no node out of service).
-BUDGET = {DRAIN: "drains", RESUME: "resumes"}
+# The remediation ladder's steps that re-word opsctl's own drain (opsctl/remediation/ladder.py): ask the
+# node for a GPU reset, record its checks' result, hand the node to the vendor (RMA) or to a person.
+RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
+# The budget each event spends (a re-wording takes no node out of service; a reset request and a
+# reboot spend the ladder's own). A planned rollout's reboot spends none (Change.budget).
+BUDGET = {DRAIN: "drains", RESUME: "resumes", RESET: "resets", REBOOT: "reboots"}
 
 
 def cap_reason(reason: str, max_length: int) -> str:
@@ -46,7 +50,7 @@ def cap_reason(reason: str, max_length: int) -> str:
 @dataclass(frozen=True)
 class Change:
     node: str
-    event: str  # drain | resume | escalate | reboot
+    event: str  # drain | resume | escalate | reboot | reset | validated | rma | unvalidated
     seen: SlurmNode  # Slurm as the decision saw it: the change is made only if it still shows this
     reason: str = ""  # the reason a drain or an escalation sets
     checks: tuple[str, ...] = ()  # rule ids, for the audit record
@@ -216,8 +220,8 @@ class Actor:
 
 
 def _batches(changes: list[Change]) -> list[list[Change]]:
-    """Drains (by reason) first, then escalations, reboots, resumes: one scontrol call per batch."""
-    order = {DRAIN: 0, ESCALATE: 1, REBOOT: 2, RESUME: 3}
+    """Drains (by reason) first, then re-wordings, reboots, resumes: one scontrol call per batch."""
+    order = {DRAIN: 0, ESCALATE: 1, RESET: 1, VALIDATED: 1, RMA: 1, UNVALIDATED: 1, REBOOT: 2, RESUME: 3}
     grouped: dict[tuple[str, str], list[Change]] = {}
     for change in changes:
         key = (change.event, change.reason if change.event != RESUME else "")

@@ -52,6 +52,10 @@ def secure_dir(path: Path, create: bool) -> bool:
     return True
 
 
+# The hourly budgets: drains and resumes (`opsctl health`), resets and reboots (`opsctl remediate`).
+BUDGET_KINDS = ("drains", "resumes", "resets", "reboots")
+
+
 class StateDir:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -78,14 +82,26 @@ class StateDir:
 
     # ---- budgets: times of past drains and resumes -------------------------------------------
     def recent(self, kind: str, now: float) -> list[float]:
-        """Times of the `kind` ("drains" or "resumes") within the last hour."""
+        """Times of the `kind` (one of BUDGET_KINDS) within the last hour."""
         return [t for t in self._load("budget.json", {}).get(kind, []) if now - t < HOUR]
 
     def record(self, kind: str, count: int, now: float) -> None:
         if count:
-            data = {k: self.recent(k, now) for k in ("drains", "resumes")}
+            data = {k: self.recent(k, now) for k in BUDGET_KINDS}
             data[kind] = data[kind] + [now] * count
             self._save("budget.json", data)
+
+    # ---- holds: nodes a person took off the remediation ladder (`opsctl hold`) ------------------
+    def holds(self) -> dict[str, dict[str, Any]]:
+        """node -> {"since", "user", "why"}."""
+        holds = self._load("holds.json", {})
+        if not isinstance(holds, dict):
+            raise ConfigError(f"state file {self.path / 'holds.json'} is unreadable (not an object); move it away "
+                              "to reset")
+        return holds
+
+    def save_holds(self, holds: dict[str, dict[str, Any]]) -> None:
+        self._save("holds.json", holds)
 
     # ---- handled events ----------------------------------------------------------------------
     def handled(self) -> HandledMemory:

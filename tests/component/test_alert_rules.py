@@ -14,6 +14,7 @@ import yaml
 from opsctl.config import parse_config
 from opsctl.health import precomputed
 from opsctl.health.catalog import load_catalog
+from opsctl.health.xid import xid_catalog
 from tests.conftest import opsctl
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (make deps-lab)")
@@ -59,6 +60,37 @@ def xid_cases() -> list[dict]:
     return cases
 
 
+def xid_family_cases() -> list[dict]:
+    """Per XID family: a code of the family fires (windowed count, and the last-XID gauge of a target
+    without the count); a code of another family and a count of 0 do not."""
+    rules = load_catalog(parse_config({}, "t", {}))
+    own = {rule.xid for rule in rules if rule.xid is not None}
+    codes = {f"xid-{family}": codes for family, codes in xid_catalog().family_codes(own).items()}
+    codes["xid-unknown"] = [999]
+    cases = []
+    for rule in (r for r in rules if r.xid_series):
+        mine = codes[rule.id][len(codes[rule.id]) // 2]
+        other = next(c for rid, cs in codes.items() if rid != rule.id for c in cs)
+        name = "OpsctlXid" + "".join(part.title() for part in rule.id.split("-")[1:])
+        fires = {"series": XID_SERIES.format(xid=mine), "values": "0x4 1x8"}
+        labels = {"severity": rule.severity, "action": rule.action, "rule_id": rule.id, "node": "gpu020",
+                  "job": "dcgm", "gpu": "3", "xid": str(mine), "window_size_in_ms": "300000"}
+        gauge = {"series": 'DCGM_FI_DEV_XID_ERRORS{job="dcgm", node="gpu021", Hostname="gpu021", gpu="5"}',
+                 "values": f"0x4 {mine}x8"}
+        gauge_labels = {"severity": rule.severity, "action": rule.action, "rule_id": rule.id, "node": "gpu021",
+                        "job": "dcgm", "gpu": "5", "xid_source": "gauge"}
+        cases.append({"name": f"{name} fires on XID {mine}, windowed or the last-XID gauge", "interval": "15s",
+                      "input_series": [fires, gauge], "alert_rule_test": [
+                          {"eval_time": "3m", "alertname": name,
+                           "exp_alerts": [{"exp_labels": labels}, {"exp_labels": gauge_labels}]}]})
+        quiet_gauge = {**gauge, "values": f"0x4 {other}x8"}
+        cases.append({"name": f"{name} does not fire on XID {other} or a count of 0", "interval": "15s",
+                      "input_series": [{**fires, "values": "0x12"}, {**fires, "series": XID_SERIES.format(
+                          xid=other)}, quiet_gauge], "alert_rule_test": [
+                          {"eval_time": "3m", "alertname": name, "exp_alerts": []}]})
+    return cases
+
+
 def test_promtool_checks_the_export(exported):
     proc = promtool("check", "rules", str(exported))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -78,7 +110,7 @@ def test_every_alert_fires_in_one_unit_test_and_stays_quiet_in_another(exported,
     (tmp_path / "labels-only.rules.yml").write_text(yaml.safe_dump(doc))
     tests = yaml.safe_load(CASES.read_text())
     tests["rule_files"] = ["labels-only.rules.yml"]
-    tests["tests"] += xid_cases()
+    tests["tests"] += xid_cases() + xid_family_cases()
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
 
     fires, quiet = set(), set()

@@ -149,6 +149,30 @@ def test_a_stock_exporter_without_the_windowed_count_still_shows_xid_79(clean):
         clean.dcgm["gpu002"].xid_count = True
 
 
+def test_every_xid_gets_a_decision_from_nvidias_xid_catalog(clean):
+    """XID 46 has no rule of its own; NVIDIA's catalog says RESET_GPU, so xid-reset drains it and names the
+    code. 143 (RESET_GPU) on a stock exporter without the windowed count: the same, from the last-XID
+    gauge. 999 is in no catalog: xid-unknown warns."""
+    clean.dcgm["gpu003"].xid_count = False
+    clean.dcgm["gpu002"].hw.inject("xid:46", gpu=3)
+    clean.dcgm["gpu003"].hw.inject("xid:143", gpu=1)
+    clean.dcgm["gpu001"].hw.inject("xid:999", gpu=0)
+    clean.wait_scrapes(XID_SCRAPES)
+    try:
+        report, _, _ = run(clean)
+        found = {(node, c.id): c for node in ("gpu001", "gpu002", "gpu003") for c in report.nodes[node].checks}
+        windowed, gauge, unknown = found["gpu002", "xid-reset"], found["gpu003", "xid-reset"], \
+            found["gpu001", "xid-unknown"]
+        assert (windowed.status, windowed.action, windowed.xid, windowed.evidence) == \
+            ("fail", "drain", 46, "gpu3 xid=46 count=1")
+        assert (gauge.status, gauge.device, gauge.xid, gauge.memory) == ("fail", "gpu1", 143, "level")
+        assert gauge.evidence == "gpu1 xid=143 (last-XID gauge; no windowed count)"
+        assert (unknown.status, unknown.action, unknown.xid) == ("warn", "report", 999)
+        assert [n for n in ("gpu001", "gpu002", "gpu003") if report.nodes[n].drain_checks()] == ["gpu002", "gpu003"]
+    finally:
+        clean.dcgm["gpu003"].xid_count = True
+
+
 @pytest.mark.parametrize("fault,rule", [("row-remap-failure", "row-remap-failure"),
                                         ("row-remap-pending", "row-remap-pending"), ("dbe", "ecc-dbe-new")])
 def test_memory_faults_fail(clean, fault, rule):
@@ -428,5 +452,26 @@ def test_old_node_check_results_warn_and_never_drain(texts):
     assert verdict.drain_checks() == []
     texts.node.body = result + f"opsctl_node_check_timestamp_seconds {time.time():.3f}\n"
     time.sleep(5)
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    assert report.nodes["gpu001"].status == "ok"
+
+
+def test_an_xid_only_the_kernel_log_saw_drains_by_its_catalog_action(texts):
+    """XID 62 never reached DCGM (NVIDIA/DCGM issue 235); `opsctl node check` saw it in the kernel log and
+    exported its windowed count: xid-62 drains it on both engines, and 46 (RESET_GPU in NVIDIA's catalog)
+    through the xid-reset family, each saying where it came from."""
+    config = text_config(texts, "xid-62", "xid-reset")
+    # DCGM itself saw no XID: a stock exporter's last-XID gauge reads 0.
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0) + 'DCGM_FI_DEV_XID_ERRORS{gpu="0", Hostname="gpu001"} 0\n'
+    count = 'opsctl_node_kernel_xid_count{{gpu="0",pci_bus_id="00000000:18:00.0",xid="{xid}",' \
+            'window_size_in_ms="900000"}} {n}\n'
+    texts.node.body = count.format(xid=62, n=1) + count.format(xid=46, n=2)
+    time.sleep(5)  # held for two scrape intervals, for a series that existed before the hold
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    found = {(c.id, c.device, c.status, c.action, c.xid, c.evidence) for c in report.nodes["gpu001"].checks}
+    assert found == {("xid-62", "gpu0", "fail", "drain", 62, "gpu0 xid=62 count=1 (kernel log)"),
+                     ("xid-reset", "gpu0", "fail", "drain", 46, "gpu0 xid=46 count=2 (kernel log)")}
+    texts.node.body = count.format(xid=62, n=0) + count.format(xid=46, n=0)  # out of the window
+    time.sleep(3)
     report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
     assert report.nodes["gpu001"].status == "ok"

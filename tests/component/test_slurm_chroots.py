@@ -1,5 +1,6 @@
 """The newer Slurm releases, real, from their debootstrap chroots: each runs a cluster of its own
-(munged, slurmctld, slurmd per node) that takes a drain and a resume through the host-side wrappers."""
+(munged, slurmctld, slurmd per node) that takes a drain and a resume through the host-side wrappers, and
+reboots a node as the lab does (opsctl_lab.slurm_reboot)."""
 
 import os
 import shutil
@@ -8,6 +9,7 @@ import subprocess
 import pytest
 
 from opsctl_lab.slurm_chroot import SUITES, ChrootCluster, SlurmChroot
+from tests import reboot_cycle
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("debootstrap") is None,
                                 reason="needs root and debootstrap (make deps-machines)")
@@ -43,7 +45,7 @@ def test_a_rollout_reboot_request_shows_in_that_releases_json(tmp_path, index, s
 
     chroot = SlurmChroot.ensure(suite)
     # Ports apart from the test above (5, 6) and the lab tier's release clusters (7 to 9), which run meanwhile.
-    cluster = ChrootCluster(chroot, f"reboot-{suite}", ["gpu1", "gpu2"], extra_conf="RebootProgram=/bin/true\n",
+    cluster = ChrootCluster(chroot, f"reboot-{suite}", ["gpu1", "gpu2"], reboot_program="/bin/true",
                             index=10 * int(os.environ.get("OPSCTL_LAB_SLOT") or 0) + 3 + index)
     reason = "opsctl:provision nvidia driver 570.172.08"
     try:
@@ -56,3 +58,38 @@ def test_a_rollout_reboot_request_shows_in_that_releases_json(tmp_path, index, s
         assert node.reason_rules() == ["provision"] and not slurm.nodes()["gpu1"].down_for_reboot
     finally:
         cluster.down()
+
+
+@pytest.mark.parametrize("index,suite", list(enumerate(SUITES)))
+def test_a_node_rebooted_through_slurm_comes_back_down_with_opsctls_reason_and_resumes(index, suite):
+    """The remediation ladder's reboot on that release, with the lab's RebootProgram (the node's slurmd stops
+    and starts again with -b): drained with an opsctl: reason, `SlurmCliImpl.reboot`, down_for_reboot while
+    the reboot is requested and issued, then back: DOWN, no flags, the reboot's reason (Slurm appends
+    " : reboot issued : reboot complete"), back_from_reboot; opsctl's resume makes it idle. Both releases show
+    the same steps as 22.05 (tests/reboot_cycle.py, and test_lab.py for 22.05):
+
+        REBOOT_REQUESTED  idle  DRAIN,REBOOT_REQUESTED  <reason>
+        REBOOT_ISSUED     down  DRAIN,REBOOT_ISSUED     <reason> : reboot issued
+        back              down  -                       <reason> : reboot issued : reboot complete
+
+    After the resume 24.11 keeps that reason on the idle node; 26.05 (like 22.05) clears it."""
+    from opsctl.slurm import SlurmCliImpl
+
+    chroot = SlurmChroot.ensure(suite)
+    # Ports apart from the tests above (3 to 6) and the lab tier's release clusters (7 to 9).
+    cluster = ChrootCluster(chroot, f"reboot-cycle-{suite}", ["gpu1", "gpu2"],
+                            index=10 * int(os.environ.get("OPSCTL_LAB_SLOT") or 0) + 0 + index)
+    try:
+        cluster.up(fresh=True)
+        slurm = SlurmCliImpl(cluster.sinfo, cluster.scontrol)
+        before = cluster.running()["slurmd.gpu2"]
+        reboot_cycle.check_cycle(reboot_cycle.reboot_cycle(slurm, "gpu2"))
+        # The lab tracks the slurmd that came back in place of the one the reboot stopped.
+        after = cluster.running()
+        assert after.keys() == {"munged", "slurmctld", "slurmd.gpu1", "slurmd.gpu2"} and after["slurmd.gpu2"] != before
+        node = reboot_cycle.resume(slurm, "gpu2")
+        assert node.reason == (f"{reboot_cycle.BACK[2]}" if SUITES[suite] == "24.11" else "")
+        assert slurm.nodes()["gpu1"].state == "idle"
+    finally:
+        cluster.down()
+    assert cluster.running() == {}

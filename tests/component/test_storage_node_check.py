@@ -120,7 +120,8 @@ def test_node_check_reports_a_missing_and_a_hung_mount_and_never_hangs(tmp_path)
     started = time.monotonic()
     try:
         out = opsctl("node", "check", "--json", "--window", "0", "--sysfs-root", str(sysfs), "--config",
-                     str(config), "--textfile", str(textfile), check=False, timeout=60)
+                     str(config), "--textfile", str(textfile), env={"OPSCTL_STATE_DIR": str(tmp_path / "state")},
+                     check=False, timeout=60)
     finally:
         hung_mount.release(hung, tmp_path / "hang.pid")
     assert time.monotonic() - started < 30
@@ -156,7 +157,8 @@ def test_node_check_of_a_lab_node_with_lnet_down_reports_the_ni_and_the_mgs(tmp_
         "lustre_mgs_nids": [MGS_NID], "mountinfo_path": str(tmp_path / "storage/mountinfo")}}))
     textfile = tmp_path / "node-check.prom"
     out = opsctl("node", "check", "--json", "--window", "0", "--sysfs-root", str(tmp_path / "sys"), "--config",
-                 str(config), "--textfile", str(textfile), check=False, timeout=60)
+                 str(config), "--textfile", str(textfile), env={"OPSCTL_STATE_DIR": str(tmp_path / "state")},
+                 check=False, timeout=60)
     assert out.returncode == 1, out.stderr
     storage = json.loads(out.stdout)["storage"]
     nid = node_nid(hw)

@@ -235,6 +235,7 @@ def doc_block(doc, after):
 def test_the_docs_state_every_key():
     documented = doc_block("health.md", "Every key, with its default:")
     documented["storage"] = doc_block("storage.md", "In opsctl's config")["storage"]
+    documented["gpu"] = doc_block("gpu-kernel-log.md", "In opsctl's config")["gpu"]
     missing = []
     for path, _ in walk(Config):
         node = documented
@@ -244,6 +245,21 @@ def test_the_docs_state_every_key():
                 break
             node = node[name]
     assert missing == []
+
+
+def test_the_remediation_section_documents_the_code_defaults():
+    documented = doc_block("remediation.md", "In opsctl's config")
+    assert parse_config(documented, env={}).remediation == Config().remediation
+    assert doc_block("health.md", "Every key, with its default:")["remediation"] == documented["remediation"]
+    with pytest.raises(ConfigError, match=r"^config key remediation.validate_level: must be 1-4"):
+        parse_config({"remediation": {"validate_level": 5}}, env={})
+
+
+def test_the_gpu_section_documents_the_code_defaults_and_checks_its_path():
+    documented = doc_block("gpu-kernel-log.md", "In opsctl's config")
+    assert parse_config(documented, env={}).gpu == Config().gpu
+    with pytest.raises(ConfigError, match=r"^config key gpu.kernel_log_path: must be an absolute path, got 'kmsg'$"):
+        parse_config({"gpu": {"kernel_log_path": "kmsg"}}, env={})
 
 
 HGX = tuple(f"mlx5_{i}" for i in range(8))

@@ -273,6 +273,21 @@ def test_history_skips_a_torn_last_line_with_a_warning(world):
     assert "torn last line skipped" in world.stderr and "opsctl:manual bad fan" in world.stdout
 
 
+def test_history_of_one_node_lists_its_events_in_time_order(world):
+    world.run("drain", "gpu061", "--reason", "bad fan")
+    world.run("drain", "gpu062", "--reason", "loose cable")
+    world.run("resume", "gpu061")
+    assert world.run("history", "gpu061") == 0
+    lines = world.stdout.splitlines()
+    assert lines[0].split() == ["TIME", "USER", "EVENT", "NODE", "CHECKS", "DETAIL"]
+    assert [line.split()[2] for line in lines[1:]] == ["drain", "resume"] and "gpu062" not in world.stdout
+    assert world.run("history", "gpu061", "--json") == 0
+    records = [json.loads(line) for line in world.stdout.splitlines()]
+    assert [r["event"] for r in records] == ["drain", "resume"] and {r["node"] for r in records} == {"gpu061"}
+    assert records[0]["time"] <= records[1]["time"]
+    assert world.run("history", "gpu061", "--node", "gpu062") == 2 and "differ" in world.stderr
+
+
 def test_watch_goes_on_after_a_failed_round_and_ends_with_exit_0_on_sigterm(world):
     world.prom.breach("xid-79", "gpu040", "3")
     world.slurm.sigterm_on_read = 3  # the third round's Slurm read: SIGTERM, as systemd stops the unit

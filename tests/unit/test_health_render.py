@@ -69,8 +69,10 @@ def test_warnings_are_shown_in_the_table_and_the_json():
 
 def test_history_table():
     text = render_history([{"time": "t", "user": "ops", "event": "drain", "node": "gpu001", "reason": "opsctl:x y",
-                            "dry_run": True}])
-    assert text.splitlines()[1].split() == ["t", "ops", "drain", "gpu001", "[dry-run]", "opsctl:x", "y"]
+                            "dry_run": True}, {"time": "u", "user": "ops", "event": "drain", "node": "gpu002",
+                                               "checks": ["xid-79", "ib-down"], "reason": "opsctl:xid-79,ib-down"}])
+    assert text.splitlines()[1].split() == ["t", "ops", "drain", "gpu001", "-", "[dry-run]", "opsctl:x", "y"]
+    assert text.splitlines()[2].split() == ["u", "ops", "drain", "gpu002", "xid-79,ib-down", "opsctl:xid-79,ib-down"]
 
 
 def test_usage_errors_exit_2():

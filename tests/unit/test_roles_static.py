@@ -200,12 +200,13 @@ def test_the_timer_service_runs_health_with_options_that_exist_and_logs_changes_
     """The unit's ExecStart names `opsctl health` options that the CLI has, --changes-only among them, so
     the journal gets one summary line a run and the changes, not the table every minute."""
     unit = (ROLES / "opsctl" / "templates" / "opsctl-health.service.j2").read_text()
-    [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    command, *args = exec_start.split("/bin/opsctl ", 1)[1].split()
-    health = main.get_command(click.Context(main), command)
-    assert command == "health" and health is not None
-    known = {opt for param in health.params for opt in param.opts}
-    assert "--changes-only" in args and "--drain" in args and set(args) <= known
+    starts = [line.split("/bin/opsctl ", 1)[1].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert [command for command, *_ in starts] == ["health", "remediate"]  # the ladder after the health run
+    for command, *args in starts:
+        found = main.get_command(click.Context(main), command)
+        assert found is not None and set(args) <= {opt for param in found.params for opt in param.opts}
+    assert "--changes-only" in starts[0] and "--drain" in starts[0]
+    assert "{% if opsctl_remediate_enabled %}" in unit.split(" remediate")[0]
 
 
 # ---- filters and the hardware module -----------------------------------------------------------

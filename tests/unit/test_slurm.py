@@ -65,6 +65,30 @@ def test_reboot_requested_and_powered_down_are_held_by_slurm(release):
     assert nodes["gpu049"].held_by_slurm == ("POWERED_DOWN",) and nodes["gpu049"].out_of_service
 
 
+# A reboot through Slurm as the remediation ladder asks for it, captured on each release (SOURCES.md): the rebooted
+# node (gpu002 of the lab, gpu2 of a chroot cluster) REBOOT_ISSUED, then back DOWN after its slurmd registered
+# again; the other runs a job with its reboot requested (ASAP) in both captures.
+REBOOTS = {"22.05.8": ("sinfo-22.05.8", "gpu002", "gpu003"),
+           "24.11.5": ("scontrol-show-nodes-24.11.5", "gpu2", "gpu1"),
+           "26.05.5": ("scontrol-show-nodes-26.05.5", "gpu2", "gpu1")}
+
+
+@pytest.mark.parametrize("release", list(REBOOTS))
+def test_a_reboot_through_slurm_reads_as_under_way_then_back_down_with_opsctls_reason(release):
+    stem, rebooted, busy = REBOOTS[release]
+    reason = "opsctl:reboot gpu3 xid-79 xid=79 count=1"
+    during = parse_nodes((SLURM / f"{stem}-reboot-issued.json").read_text())
+    after = parse_nodes((SLURM / f"{stem}-reboot-complete.json").read_text())
+    issued, back = during[rebooted], after[rebooted]
+    assert issued.state_text == "DOWN+DRAIN+REBOOT_ISSUED" and issued.reason == f"{reason} : reboot issued"
+    assert issued.down_for_reboot and not issued.back_from_reboot and not issued.resumable
+    assert back.state_text == "DOWN" and back.reason == f"{reason} : reboot issued : reboot complete"
+    assert back.back_from_reboot and not back.down_for_reboot
+    for nodes in (during, after):
+        assert nodes[busy].state_text == "MIXED+DRAIN+REBOOT_REQUESTED" and nodes[busy].runs_jobs
+        assert nodes[busy].down_for_reboot and not nodes[busy].back_from_reboot
+
+
 def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
     # The data_parser that `scontrol show nodes --json` prints, as slurmrestd serves it (public outputs).
     node = parse_nodes((SLURM / "slurmrestd-node-23.02.3.json").read_text())["node01"]
@@ -285,6 +309,8 @@ def test_pyslurm_backend_without_pyslurm_names_the_key():
 @pytest.mark.parametrize("name,release", [("slurmrestd-node-drain-24.05.3.json", "24.05.3"),
                                           ("slurmrestd-nodes-25.05.4.json", "25.05.4"),
                                           ("scontrol-show-nodes-24.11.5.json", "24.11.5"),
-                                          ("scontrol-show-nodes-26.05.5.json", "26.05.5")])
+                                          ("scontrol-show-nodes-26.05.5.json", "26.05.5"),
+                                          ("scontrol-show-nodes-24.11.5-reboot-issued.json", "24.11.5"),
+                                          ("scontrol-show-nodes-26.05.5-reboot-complete.json", "26.05.5")])
 def test_the_captures_are_of_the_release_their_name_says(name, release):
     assert json.loads((SLURM / name).read_text())["meta"]["slurm"]["release"] == release

@@ -7,6 +7,9 @@ every tool (and the dcgm-exporter service, which re-reads the file) reports the 
     opsctl-hw sysfs [--link-host]   # write the sysfs tree and the storage files from the state (boot-time service)
     opsctl-hw show           # the state file
 
+The kernel log (`kmsg` next to the state file, opsctl_lab.hardware.write_kernel_log) is rewritten from the
+state after every command, so an injected xid-kernel fault's XID line is in it.
+
 Storage (opsctl_lab.storage_view): mountinfo and mountstats in the `storage` directory next to the state
 file, for `opsctl node check` (storage.mountinfo_path, storage.mountstats_path). The mount points are
 under OPSCTL_HW_MOUNT_BASE (default: `mnt` in that directory). In a lab machine it is `/` (the machine's
@@ -29,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hardware import NodeHardware, kernel_log_path, write_kernel_log
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 from opsctl_lab.storage_view import MISSING_MOUNT, write_storage
 
@@ -85,6 +88,7 @@ def main(argv: list[str]) -> int:
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)
+        write_kernel_log(kernel_log_path(state_path()), hw)
         base = mount_base()
         apply_storage(hw, storage_root(), base, units if base == MACHINE_BASE else None)
         if args.cmd == "sysfs" and args.link_host:

@@ -8,13 +8,16 @@ Forms (layouts copied from a real H200, tests/fixtures/gpu/nvidia-smi_q_and_quer
   nvidia-smi --query-compute-apps=F1,F2 --format=csv[,noheader][,nounits]
   nvidia-smi topo -m                           the topology matrix (nvidia_smi_topo.py)
   nvidia-smi -pm 0|1 [-i N]                    persistence mode (nvidia_smi_topo.py), kept in the state file
+  nvidia-smi -r|--gpu-reset [-i N]             reset the GPU (nvidia_smi_reset.py): refused (rc 255) while
+                                               a process or the persistence daemon holds it
 
 Values come from the hardware state through the dcgm-exporter emulator's GpuView, so nvidia-smi and
 DCGM report the same temperature, power, memory and error counters. A GPU with the gpu-hang fault makes
 every query that reaches it hang, as NVML does with a GPU that stopped answering. The minor numbers
 of -q are the state's (NodeHardware.minor), not always the index. Persistence mode is Enabled unless
 `-pm 0` or the persistence-off fault turned it off; the table, -q and --query-gpu show it. Return codes
-as documented in nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus.
+as documented in nvidia-smi(1): 0 success, 2 invalid argument, 15 a GPU has fallen off the bus; a refused
+reset exits 255 (nvidia_smi_reset.py).
 """
 
 import json
@@ -24,14 +27,14 @@ from importlib import resources
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.dcgm_emulator import PCI_BUS_IDS, GpuView, gpu_uuid
-from opsctl_lab.hardware import NodeHardware, stable_int
+from opsctl_lab.hardware import NodeHardware, leftover_pid, stable_int
 from opsctl_lab.hwtools.common import load, main_guard, state_path
+from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
 from opsctl_lab.hwtools.nvidia_smi_topo import persistence_mode, render_topo
 
 RC_INVALID = 2
 RC_FELL_OFF_BUS = 15
 CUDA_VERSION = "12.8"  # the CUDA version driver 570 reports
-LEFTOVER_PID_BASE = 41000
 HANG_SECONDS = 3600
 KEY_WIDTH = 55  # column of the ':' in -q output
 PERSISTENCE_VALUES = {"1": True, "ENABLED": True, "0": False, "DISABLED": False}  # nvidia-smi -pm's values
@@ -54,7 +57,11 @@ def processes(hw: NodeHardware, gpu: int) -> list[dict]:
     if not hw.has("gpu-leftover-memory", gpu=gpu):
         return []
     view = GpuView(hw, gpu, time.time())
-    return [{"pid": LEFTOVER_PID_BASE + 97 * gpu, "name": "python3", "used_mib": view.fb_used}]
+    return [{"pid": leftover_pid(gpu), "name": hwm.LEFTOVER_PROCESS, "used_mib": view.fb_used}]
+
+
+def gpu_serial(node: str, gpu: int) -> str:
+    return f"{1650924000000 + stable_int(node, gpu, 'serial', modulo=10**6)}"
 
 
 def values(hw: NodeHardware, gpu: int, now: float) -> dict:
@@ -67,7 +74,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict:
     return {
         "persistence_mode": "Enabled" if hw.persistence_mode(gpu) else "Disabled",
         "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
-        "serial": f"{1650924000000 + stable_int(hw.node, gpu, 'serial', modulo=10**6)}",
+        "serial": gpu_serial(hw.node, gpu),
         "uuid": gpu_uuid(hw.node, gpu), "pdi": f"0x{stable_int(hw.node, gpu, 'pdi', modulo=1 << 64):016x}",
         "board_id": f"0x{int(PCI_BUS_IDS[gpu], 16) << 8:x}",
         "pcie_replays": int(view.counter("pcie_replay")),
@@ -273,6 +280,8 @@ def _parse(argv: list[str]) -> dict:
             opts["mode"] = "q"
         elif arg in ("-L", "--list-gpus"):
             opts["mode"] = "list"
+        elif arg in ("-r", "--gpu-reset"):
+            opts["mode"] = "reset"
         elif key in ("-pm", "--persistence-mode"):
             val = val if eq else (args.pop(0) if args else "")
             if val.upper() not in PERSISTENCE_VALUES:
@@ -324,6 +333,11 @@ def main(argv: list[str]) -> int:
         text = persistence_mode(hw, targets, opts["enable"])
         if changed:
             hw.save(state_path())
+    elif opts["mode"] == "reset":
+        text, rc = gpu_reset(hw, {g: bus_id(g) for g in gpus if hw.gpu_present(g)}, now)
+        hw.save(state_path())
+        sys.stdout.write(text)
+        return RC_FELL_OFF_BUS if _missing(hw, gpus) else rc
     elif opts["mode"] == "--query-gpu":
         text = query_gpu(hw, now, opts["fields"], opts["format"], gpus)
     else:

@@ -22,12 +22,14 @@ from opsctl_lab.machines.settings import (
 )
 from opsctl_lab.storage_view import MOUNTS
 
-# Real install paths: nvidia-smi from the NVIDIA driver, ibstat from infiniband-diags, ibv_devinfo
-# from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the Lustre client.
+# Real install paths: nvidia-smi from the NVIDIA driver, dcgmi from datacenter-gpu-manager, ibstat from
+# infiniband-diags, ibv_devinfo from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the
+# Lustre client.
 ADMIN_TOOL = "/usr/local/sbin/opsctl-hw"
 ADMIN_ENV = f"OPSCTL_HW_MOUNT_BASE=/ {STAYS_ENV}=1 "
 TOOLS = {
     "/usr/bin/nvidia-smi": "opsctl_lab.hwtools.nvidia_smi",
+    "/usr/bin/dcgmi": "opsctl_lab.hwtools.dcgmi",
     "/usr/sbin/ibstat": "opsctl_lab.hwtools.ibstat",
     "/usr/bin/ibv_devinfo": "opsctl_lab.hwtools.ibv_devinfo",
     "/usr/bin/ib_write_bw": "opsctl_lab.hwtools.ib_write_bw",

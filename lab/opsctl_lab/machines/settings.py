@@ -45,6 +45,9 @@ REVERSED_MINORS_MACHINE = "gpu2"
 HW_ROOT = "/var/lib/opsctl-hw"
 HW_STATE = f"{HW_ROOT}/hardware.json"
 HW_SYSFS_ROOT = f"{HW_ROOT}/sys"
+# The machine's kernel log, /dev/kmsg records one a line (`opsctl node check`'s gpu.kernel_log_path): the NVIDIA
+# driver's XID lines of the xid-kernel fault (opsctl_lab.hardware.write_kernel_log), next to the state file.
+HW_KERNEL_LOG = f"{HW_ROOT}/kmsg"
 HW_CODE = "/opt/opsctl-hw"
 DCGM_PORT = 9400
 

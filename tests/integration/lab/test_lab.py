@@ -3,10 +3,20 @@
 All faults are injected at once, each on its own node, so the whole table costs two scrape
 intervals instead of two per fault; each fault is still its own test."""
 
+import functools
+import os
+import subprocess
 import time
 
 import pytest
 
+from opsctl.slurm import SlurmCliImpl
+from opsctl_lab import processes
+from opsctl_lab.hardware import FAULTS as FAULT_SPECS
+from opsctl_lab.hardware import NodeHardware, fault_label, write_kernel_log
+from opsctl_lab.paths import LabPaths
+from opsctl_lab.slurm_reboot import reboot_hardware
+from tests import reboot_cycle
 from tests.conftest import opsctl
 
 pytestmark = pytest.mark.lab
@@ -195,3 +205,48 @@ def test_live_node_exporter_matches_the_real_sample(lab):
     assert len(common) >= 15
     for name in common:
         assert live[name] == sample[name], name
+
+
+def test_a_reboot_through_slurm_restarts_the_nodes_slurmd_and_reboots_its_hardware(lab):
+    """The remediation ladder's reboot on Debian 12's Slurm 22.05 (the lab's own slurmctld and slurmds), through
+    opsctl's client: drained with an opsctl: reason, `SlurmCliImpl.reboot`, down_for_reboot while requested and
+    issued, then back: DOWN, no flags, the reboot's reason with Slurm's " : reboot issued : reboot complete",
+    back_from_reboot; opsctl's resume makes it idle (22.05 clears the reason). 22.05's sinfo --json shows the
+    same steps as 24.11 and 26.05 (tests/reboot_cycle.py):
+
+        REBOOT_REQUESTED  idle  DRAIN,REBOOT_REQUESTED  <reason>
+        REBOOT_ISSUED     down  DRAIN,REBOOT_ISSUED     <reason> : reboot issued
+        back              down  -                       <reason> : reboot issued : reboot complete
+
+    The lab's RebootProgram stopped the node's slurmd, rebooted its emulated hardware (an XID in the kernel log
+    and a hung GPU are gone, a persistence mode set off stays; the kernel log starts again) and started slurmd
+    again with -b; the lab's PID file names the new slurmd, so `opsctl lab down` stops it (test_lab_lifecycle.py,
+    which runs later)."""
+    node, run = "gpu014", lab.lab_dir / "run"  # a node no other lab test uses
+    env = {**os.environ, **lab.env}
+    slurm = SlurmCliImpl(run=functools.partial(subprocess.run, env=env), environ=env)
+    paths = LabPaths(lab.lab_dir)
+    assert not FAULT_SPECS["gpu-hang"].survives_reboot and FAULT_SPECS["persistence-off"].survives_reboot
+    # Faults that neither Prometheus nor opsctl health sees: no other test's view of the lab changes.
+    hw = NodeHardware.load(paths.hardware(node), node)
+    hw.inject("xid-kernel:79", gpu=3)
+    hw.inject("gpu-hang", gpu=2)
+    hw.inject("persistence-off", gpu=5)
+    hw.save(paths.hardware(node))
+    write_kernel_log(paths.kernel_log(node), hw)
+    before, started = processes.running(run)[f"slurmd.{node}"], time.time()
+    try:
+        reboot_cycle.check_cycle(reboot_cycle.reboot_cycle(slurm, node))
+        hw = NodeHardware.load(paths.hardware(node), node)
+        assert [fault_label(f) for f in hw.active] == ["persistence-off gpu5"] and hw.booted >= started
+        assert paths.kernel_log(node).read_text() == ""
+        now = processes.running(run)
+        assert now[f"slurmd.{node}"] != before and f"reboot.{node}" not in now
+        assert processes.cmdline(now[f"slurmd.{node}"]).startswith(f"slurmd -D -b -N {node} ")
+        assert reboot_cycle.resume(slurm, node).reason == ""
+    finally:
+        reboot_hardware(paths, node)  # what the reboot did, should it not have run
+        opsctl("lab", "clear", node, env=lab.env)
+        # Only after a failure is there a reboot to cancel or a node to resume; both are no-ops otherwise.
+        lab.run("scontrol", "cancel_reboot", node, check=False)
+        lab.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)

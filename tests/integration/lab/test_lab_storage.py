@@ -190,3 +190,31 @@ def test_what_a_user_plants_in_the_probe_directory_neither_blocks_fails_nor_redi
     finally:
         for planted in probe_dir.iterdir():
             os.rmdir(planted) if planted.is_dir() and not planted.is_symlink() else planted.unlink()
+
+
+def test_an_xid_only_in_the_kernel_log_is_drained_by_its_catalog_action(h):
+    """XID 62 reaches the node's kernel log and never DCGM (NVIDIA/DCGM issue 235): `opsctl node check` reads
+    it, its textfile carries the windowed count through node_exporter and Prometheus, and the catalog's
+    xid-62 rule (NVIDIA's catalog: reset the GPU) drains the node, saying where the XID came from."""
+    from opsctl_lab.hardware import NodeHardware, write_kernel_log
+
+    node_dir = h.lab.lab_dir / "nodes" / NODE
+    h.inject(NODE, "xid-kernel:62", gpu=5)
+    try:
+        proc = h.opsctl("node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
+                        "--textfile", str(node_dir / "textfile" / "node-check.prom"), timeout=60)
+        kernel = json.loads(proc.stdout)["kernel_log"]
+        assert kernel["read_ok"] and [(x["xid"], x["gpu"]) for x in kernel["xids"]] == [(62, 5)], proc.stdout
+        h.lab.wait_until(lambda: ("xid-62", None) in check_ids(h, NODE), 60, "Prometheus to show XID 62", interval=1)
+        assert h.health_json("--nodes", NODE)[1][NODE]["status"] == "fail"
+        assert not prometheus_query(h.lab, 'DCGM_EXP_XID_ERRORS_COUNT{xid="62"} > 0')  # DCGM never saw it
+        _, nodes = h.health_json("--drain", "--nodes", NODE)
+        assert nodes[NODE]["action"] == "drain"
+        assert h.slurm()[NODE].reason == "opsctl:xid-62 gpu5 xid=62 count=1 (kernel log)"
+    finally:
+        # The kernel log keeps its lines after `lab clear`, as a real one does until the node reboots: reboot
+        # the emulated node, so that no later node check reads this XID again.
+        hw = NodeHardware.load(node_dir / "hardware.json", NODE)
+        hw.reboot()
+        hw.save(node_dir / "hardware.json")
+        write_kernel_log(node_dir / "kmsg", hw)

@@ -1,0 +1,300 @@
+"""`opsctl node check`: the GPU XIDs and NVSwitch SXids that the NVIDIA driver wrote to the kernel log
+since the last run, counted for node_exporter (opsctl.nodecheck.report). Some XIDs never reach DCGM
+(NVIDIA/DCGM issue 235: XID 62); the kernel log has every one (docs/gpu-kernel-log.md).
+
+Each run reads the whole log (/dev/kmsg: one record per read(), from the oldest one the ring still holds;
+a regular file: one record per line) and counts the records after the last one it read. It keeps that
+record's sequence number and the boot id in <state_dir>/kernel_log.json, per log path, written as root
+writes state (opsctl.fileio: never through a symlink, replaced atomically). A new boot id (a reboot) or
+a log whose newest record is older than that one (a file started again) is read from its start. The
+counts are cumulative across runs and reboots (Prometheus counters); the latest XID 154 recovery action
+of each GPU, and the GPUs' nvidia-smi indexes, hold for one boot.
+
+A log or a state that cannot be read or written makes a check that could not run (`read_ok` false, the
+reason in --json), never a failure: node check's exit code does not change and nothing drains here.
+"""
+
+import copy
+import errno
+import fcntl
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsctl.config.schema import GpuConfig
+from opsctl.errors import OpsctlError, SourceUnavailable
+from opsctl.fileio import read_nofollow, write_atomic
+from opsctl.gpu.kmsg import Record, SXid, Xid, parse_record, parse_records, parse_sxid, parse_xid
+from opsctl.gpu.nvidia_smi import GpuIndexes, NvidiaSmiImpl
+from opsctl.remediation.state import secure_dir
+
+CHECK = "kernel-log"
+STATE_FILE = "kernel_log.json"
+LOCK_FILE = "kernel_log.lock"
+STATE_VERSION = 1
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+# A record with its context is at most 8 KiB (CONSOLE_EXT_LOG_MAX); a read() into less fails EINVAL.
+READ_SIZE = 16384
+# opsctl_node_kernel_xid_count counts the XIDs node check first saw within this window, as dcgm-exporter's
+# DCGM_EXP_XID_ERRORS_COUNT does for DCGM's: the health rules read both alike. The run's time, not the
+# kernel's: a node check that was stopped for a while still reports what it then reads as new.
+# 15 minutes outlast the timer (1 minute), a scrape and the rules' hold many times over.
+XID_WINDOW_S = 900
+
+
+@dataclass
+class XidTally:
+    count: int = 0
+    last_seen: float = 0.0  # unix seconds: when the newest of them was logged (see Seen.time)
+    recent: list[float] = field(default_factory=list)  # the runs that first saw them, within XID_WINDOW_S
+
+
+@dataclass
+class KernelLogState:
+    """What kernel_log.json keeps of one log from one run to the next."""
+
+    boot_id: str = ""
+    seq: int = -1  # the newest record read; -1: none yet
+    xids: dict[tuple[str, int], XidTally] = field(default_factory=dict)  # (GPU PCI, XID) ->
+    sxids: dict[tuple[str, int, bool], int] = field(default_factory=dict)  # (NVSwitch PCI, SXid, fatal) -> count
+    recovery: dict[str, str] = field(default_factory=dict)  # GPU PCI -> its latest XID 154 action, this boot
+    gpus: dict[str, int] = field(default_factory=dict)  # GPU PCI -> nvidia-smi index, this boot
+
+    def to_json(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id, "seq": self.seq,
+                "xids": [{"pci_bus_id": pci, "xid": xid, "count": t.count, "last_seen": t.last_seen,
+                          "recent": t.recent}
+                         for (pci, xid), t in sorted(self.xids.items())],
+                "sxids": [{"nvswitch_pci": pci, "sxid": sxid, "fatal": fatal, "count": count}
+                          for (pci, sxid, fatal), count in sorted(self.sxids.items())],
+                "recovery_actions": dict(sorted(self.recovery.items())), "gpus": dict(sorted(self.gpus.items()))}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "KernelLogState":
+        """ValueError, TypeError or KeyError for anything but what to_json wrote."""
+        return cls(boot_id=str(data["boot_id"]), seq=int(data["seq"]),
+                   xids={(str(x["pci_bus_id"]), int(x["xid"])): XidTally(int(x["count"]), float(x["last_seen"]),
+                                                                         [float(t) for t in x.get("recent", [])])
+                         for x in data["xids"]},
+                   sxids={(str(s["nvswitch_pci"]), int(s["sxid"]), bool(s["fatal"])): int(s["count"])
+                          for s in data["sxids"]},
+                   recovery={str(k): str(v) for k, v in data["recovery_actions"].items()},
+                   gpus={str(k): int(v) for k, v in data["gpus"].items()})
+
+
+@dataclass(frozen=True)
+class Seen:
+    """An XID or SXid new in this run."""
+
+    seq: int
+    time: float  # unix seconds: the kernel's time of the record (/dev/kmsg), else the run's
+    event: Xid | SXid
+
+
+@dataclass
+class KernelLogReport:
+    source: str  # the configured kernel log
+    state: KernelLogState = field(default_factory=KernelLogState)  # the counts so far, this run's included
+    seen: list[Seen] = field(default_factory=list)
+    why: str = ""  # why the log could not be read (or the state kept): the check could not run
+    gpu_note: str = ""  # why some GPU indexes are unknown (nvidia-smi's error)
+
+    @property
+    def read_ok(self) -> bool:
+        return not self.why
+
+    def index(self, pci: str) -> int | None:
+        """The GPU's nvidia-smi index; None when nvidia-smi has not named it this boot."""
+        return self.state.gpus.get(pci)
+
+    def gpu(self, pci: str) -> str:
+        """The index as a label value: "" when unknown."""
+        index = self.index(pci)
+        return "" if index is None else str(index)
+
+
+def advance(state: KernelLogState, boot_id: str, records: list[Record], now: float,
+            boot_time: float | None = None) -> tuple[KernelLogState, list[Seen]]:
+    """The state after reading `records` (the whole log, oldest first) and what is new in them. A record is
+    placed at `boot_time` + its microseconds since boot when that is the kernel's clock (/dev/kmsg), at
+    `now` otherwise (a file, whose clock is not this kernel's); never later than `now`."""
+    new = copy.deepcopy(state)
+    if boot_id != state.boot_id:  # a reboot: the cursor, the recovery actions and the indexes were the last boot's
+        new = KernelLogState(boot_id=boot_id, xids=new.xids, sxids=new.sxids)
+    elif records and max(r.seq for r in records) < state.seq:  # the log started again
+        new.seq = -1
+    seen = []
+    for record in records:
+        if record.seq <= new.seq or not record.from_kernel:  # a program's message that looks like the driver's
+            continue
+        event = parse_xid(record.message) or parse_sxid(record.message)
+        if event is not None:
+            when = now if boot_time is None else min(now, boot_time + record.usec / 1e6)
+            seen.append(Seen(record.seq, when, event))
+            _count(new, event, when, now)
+    for tally in new.xids.values():
+        tally.recent = [t for t in tally.recent if t > now - XID_WINDOW_S]
+    if records:
+        new.seq = max(new.seq, *(r.seq for r in records))
+    return new, seen
+
+
+def _count(state: KernelLogState, event: Xid | SXid, when: float, now: float) -> None:
+    if isinstance(event, SXid):
+        key = (event.pci, event.code, event.fatal)
+        state.sxids[key] = state.sxids.get(key, 0) + 1
+        return
+    tally = state.xids.setdefault((event.pci, event.code), XidTally())
+    tally.count += 1
+    tally.last_seen = max(tally.last_seen, when)
+    tally.recent.append(now)
+    if event.recovery_action is not None:  # records come oldest first: the last one is the GPU's latest
+        state.recovery[event.pci] = event.recovery_action
+
+
+def check_kernel_log(config: GpuConfig, state_dir: Path, now: float, gpus: GpuIndexes | None = None,
+                     boot_id_path: Path = BOOT_ID_PATH) -> KernelLogReport:
+    """Read what is new in the kernel log and keep the counts; never raises for what it cannot read."""
+    report = KernelLogReport(source=config.kernel_log_path)
+    try:
+        secure_dir(state_dir, create=True)
+        with _locked(state_dir):
+            logs = load_logs(state_dir)
+            report.state = _state_of(logs, report.source, state_dir)  # goes out even if the log cannot be read
+            boot_id = _read_text(boot_id_path, "the boot id").strip()
+            records, own = read_kernel_log(config.kernel_log_path)
+            boot_time = now - time.clock_gettime(time.CLOCK_MONOTONIC) if own else None
+            report.state, report.seen = advance(report.state, boot_id, records, now, boot_time)
+            report.gpu_note = _learn_indexes(report, gpus or NvidiaSmiImpl(config.nvidia_smi))
+            save_logs(state_dir, {**logs, report.source: report.state.to_json()})
+    except (OpsctlError, _NotRead) as err:
+        report.why = str(err)
+    return report
+
+
+class _NotRead(Exception):
+    pass
+
+
+@contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """Two node checks at once (the timer's and one by hand) would each count the same new records."""
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise _NotRead(f"lock {path}: {_reason(err)}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _learn_indexes(report: KernelLogReport, gpus: GpuIndexes) -> str:
+    """Ask nvidia-smi once a boot, and again only for a GPU it has not named this boot: a GPU that fell off
+    the bus is no longer listed, and keeps the index it had."""
+    state = report.state
+    wanted = {s.event.pci for s in report.seen if isinstance(s.event, Xid)} | set(state.recovery)
+    if state.gpus and wanted <= state.gpus.keys():
+        return ""
+    try:
+        state.gpus.update(gpus.gpu_indexes())
+    except SourceUnavailable as err:
+        return str(err) if state.xids or state.recovery else ""  # no GPU to name, nothing unknown
+    missing = sorted(wanted - state.gpus.keys())
+    return f"nvidia-smi does not list {', '.join(missing)}" if missing else ""
+
+
+def read_kernel_log(path: str) -> tuple[list[Record], bool]:
+    """The log's records, oldest first, and whether they are the kernel's own (a character device)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO never blocks
+    except OSError as err:
+        raise _NotRead(f"cannot read {path}: {_reason(err)}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISCHR(mode):
+            return _read_records(fd), True
+        if stat.S_ISREG(mode):
+            return parse_records(_read_all(fd).decode(errors="replace")), False
+        raise _NotRead(f"cannot read {path}: neither /dev/kmsg nor a regular file")
+    except OSError as err:
+        raise _NotRead(f"cannot read {path}: {_reason(err)}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_records(fd: int) -> list[Record]:
+    """/dev/kmsg: each read() returns one record; EAGAIN (O_NONBLOCK) once none is left."""
+    os.lseek(fd, 0, os.SEEK_SET)  # the first record the ring still holds
+    records: list[Record] = []
+    while True:
+        try:
+            raw = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return records
+        except BrokenPipeError:  # EPIPE: the ring overwrote records meanwhile; the next read goes on after them
+            continue
+        if not raw:
+            return records
+        if (record := parse_record(raw.decode(errors="replace"))) is not None:
+            records.append(record)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise _NotRead(f"cannot read {what} ({path}): {_reason(err)}") from None
+
+
+def load_logs(state_dir: Path) -> dict[str, Any]:
+    """Each kernel log's state (KernelLogState.to_json) by its path: in the simulated lab, the nodes of one
+    host read a file each and share one state directory."""
+    path = state_dir / STATE_FILE
+    try:
+        text = read_nofollow(path)  # a symlink planted there is refused, never followed
+        data = {"version": STATE_VERSION, "logs": {}} if text is None else json.loads(text)
+    except OSError as err:
+        raise _NotRead(f"state file {path}: {_reason(err)}; move it away to reset") from None
+    except ValueError as err:
+        raise _NotRead(f"state file {path} is unreadable ({err}); move it away to reset") from None
+    if not isinstance(data, dict) or data.get("version") != STATE_VERSION or not isinstance(data.get("logs"), dict):
+        raise _NotRead(f"state file {path} is unreadable (not a version {STATE_VERSION} kernel log state); move it "
+                       "away to reset")
+    logs: dict[str, Any] = data["logs"]
+    return logs
+
+
+def _state_of(logs: dict[str, Any], source: str, state_dir: Path) -> KernelLogState:
+    try:
+        return KernelLogState.from_json(logs[source]) if source in logs else KernelLogState()
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise _NotRead(f"state file {state_dir / STATE_FILE} is unreadable ({source}: {err!r}); move it away to "
+                       "reset") from None
+
+
+def save_logs(state_dir: Path, logs: dict[str, Any]) -> None:
+    path = state_dir / STATE_FILE
+    try:
+        write_atomic(path, json.dumps({"version": STATE_VERSION, "logs": logs}, indent=1), mode=0o600)
+    except OSError as err:
+        raise _NotRead(f"state file {path}: {_reason(err)}") from None
+
+
+def _reason(err: OSError) -> str:
+    return "a symlink, refused" if err.errno == errno.ELOOP else (err.strerror or str(err))

@@ -1,0 +1,147 @@
+"""`opsctl node check --remediate-self`: the node's part of the remediation ladder (docs/remediation.md).
+
+The head (`opsctl remediate`) asks through the node's Slurm reason; the node reads it, acts, and answers in
+the same place:
+  - `opsctl:reset gpuN ...` and no job runs here: `nvidia-smi -r -i N` (persistence mode off around it),
+    then the checks;
+  - `opsctl:reboot gpuN ...` and the node is back from that reboot (DOWN with that reason, no reboot
+    flag left): the checks.
+The checks are `dcgmi diag -r <remediation.validate_level> -j -i N` (opsctl.gpu.dcgm_diag: a skipped or
+errored test is "unchecked", never a pass) and this run's InfiniBand and storage checks. The answer is
+`opsctl:validated-<pass|fail|unchecked> gpuN <rule> after-<reset|reboot> <detail>`, set through the actor,
+compared and set against the reason the node read (a person who changed it meanwhile wins).
+
+What failed stays on the node for the vendor: `<state_dir>/validation/<UTC time>-<step>/` holds the diag's
+JSON and `nvidia-smi -q -i N` (the GPU's serial number), which an RMA bundle asks for.
+"""
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from opsctl.config.schema import Config
+from opsctl.errors import OpsctlError, SourceUnavailable
+from opsctl.fileio import write_atomic
+from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
+from opsctl.remediation.act import VALIDATED, Actor, Change, cap_reason
+from opsctl.remediation.ladder import REBOOT, RESET, Rung, rung_of, validated_reason
+from opsctl.remediation.state import secure_dir
+from opsctl.slurm import Slurm, SlurmNode
+
+# dcgmi's own limit per level is minutes (level 2) to an hour (level 4); the node check's unit allows this.
+DIAG_TIMEOUT_S = {1: 120, 2: 600, 3: 2400, 4: 4800}
+RESET_TIMEOUT_S = 120
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    line: str  # what happened, for the node check's output
+    reason: str = ""  # the validated-* reason set ("" when nothing was due)
+
+
+def due(node: SlurmNode | None) -> Rung | None:
+    """The ladder step this node must take now, None when there is none."""
+    rung = rung_of(node) if node is not None else None
+    if rung is None or rung.fault.gpu_index is None:
+        return None
+    if rung.step == RESET and node is not None and node.drained and not node.runs_jobs and not node.held_by_slurm:
+        return rung
+    if rung.step == REBOOT and node is not None and node.back_from_reboot:
+        return rung
+    return None
+
+
+def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool, other_failures: str,
+              run: Run = subprocess.run, now: float | None = None) -> StepOutcome:
+    """Reset or re-check this node's GPU when its reason asks, and answer with the result."""
+    now = time.time() if now is None else now
+    try:
+        node = slurm.nodes().get(name)
+    except OpsctlError as err:  # the checks above still count; the ladder waits for the next run
+        return StepOutcome(f"remediation: not checked, Slurm unreadable: {err}")
+    rung = due(node)
+    if rung is None or node is None:
+        return StepOutcome(f"remediation: nothing asked of {name}")
+    try:
+        return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "")
+    except OpsctlError as err:  # the step may be done; unanswered, the head's step_timeout takes it on
+        return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu} not answered: {err}")
+
+
+def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, now: float,
+          other_failures: str) -> StepOutcome:
+    """The reset (when asked), the checks, the answer; `other_failures` ("" when none) fails a passing diag."""
+    gpu = rung.fault.gpu_index
+    assert gpu is not None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    evidence = Path(config.state_dir) / "validation" / f"{stamp}-{rung.step}"
+    if rung.step == RESET:
+        reset = _reset(config.gpu.nvidia_smi, gpu, run)
+        if reset.returncode != 0:
+            why = " ".join((reset.stdout + reset.stderr).split()) or f"exit {reset.returncode}"
+            return _answer(config, slurm, node, rung, "unchecked", f"reset failed (exit {reset.returncode}): {why}",
+                           now)
+    result, detail = _validate(config, gpu, run, evidence)
+    if result == "pass" and other_failures:
+        result, detail = "fail", other_failures
+    return _answer(config, slurm, node, rung, result, detail, now)
+
+
+def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[str]:
+    """`nvidia-smi -r -i GPU`, persistence mode off around it: the persistence daemon holds the device, and
+    nvidia-smi refuses the reset ("In use by another client", exit 255) while it does (NVIDIA/NVSentinel
+    issue 1690). Persistence mode is turned back on whatever the reset did."""
+    _run(run, [nvidia_smi, "-pm", "0", "-i", str(gpu)], RESET_TIMEOUT_S)
+    try:
+        return _run(run, [nvidia_smi, "-r", "-i", str(gpu)], RESET_TIMEOUT_S)
+    finally:
+        _run(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
+
+
+def _validate(config: Config, gpu: int, run: Run, evidence: Path) -> tuple[str, str]:
+    level = config.remediation.validate_level
+    diag = _run(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
+    try:
+        verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), [gpu], level)
+    except SourceUnavailable as err:
+        return "unchecked", str(err)
+    result = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked")
+    if result != "pass":
+        query = _run(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
+        _keep(evidence, {"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
+    return result, verdict.describe()
+
+
+def _run(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} {argv[1]} timed out after {timeout:g}s")
+    except OSError as err:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {err.strerror}")
+
+
+def _keep(directory: Path, files: dict[str, str]) -> None:
+    """The failing diag's evidence, for the vendor; a node that cannot write it still answers."""
+    try:
+        secure_dir(directory.parent, create=True)
+        directory.mkdir(mode=0o750)
+        for name, text in files.items():
+            write_atomic(directory / name, text, mode=0o640)
+    except (OSError, OpsctlError):
+        pass
+
+
+def _answer(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, result: str, detail: str,
+            now: float) -> StepOutcome:
+    reason = cap_reason(validated_reason(result, rung.fault, rung.step, detail), config.safety.reason_max_length)
+    change = Change(node=node.name, event=VALIDATED, seen=node, reason=reason, checks=(rung.fault.rule,),
+                    evidence=rung.fault.gpu, detail=detail, budget=False)
+    with Actor(config, slurm, now) as actor:
+        acted = actor.apply([change])
+    if acted.dropped:
+        return StepOutcome(f"remediation: {node.name} changed meanwhile, not answered ({acted.dropped[0][1]})")
+    return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu} checked: {result}; reason {reason}", reason)

@@ -1,0 +1,218 @@
+"""Pure decisions of `opsctl remediate`: the next step of each node on the remediation ladder.
+
+Nothing here talks to Slurm; `opsctl.remediation.remediate` reads what this needs and carries out the plan
+through the actor. The steps and their reasons are opsctl/remediation/ladder.py's; docs/remediation.md
+has the ladder as a whole.
+
+Safety, as for drains: a node with any reason opsctl did not set, a person's `opsctl:manual` drain, a node
+held by Slurm for another cause (a maintenance reservation, a reboot someone else asked for, DOWN not by
+opsctl's reboot) and a node under `opsctl hold` are never touched. Resets and reboots have budgets per run
+and per hour. The circuit breaker counts every node that would need a reset or reboot now or is in the
+middle of one: when that is more than the health run's breaker allows, nothing is reset or rebooted (a
+shared fault, or broken monitoring, is no hardware fault of many nodes at once).
+"""
+
+import calendar
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.config.schema import Config, duration_seconds
+from opsctl.health.xid import XidCatalog
+from opsctl.remediation.act import RESUME, cap_reason
+from opsctl.remediation.ladder import (
+    REBOOT,
+    RESET,
+    RMA,
+    UNVALIDATED,
+    VALIDATED,
+    Fault,
+    Rung,
+    fault_of,
+    rung_of,
+    step_reason,
+)
+from opsctl.remediation.plan import counted_nodes
+from opsctl.slurm.base import SlurmNode
+
+WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs
+
+
+@dataclass(frozen=True)
+class LadderDecision:
+    node: str
+    action: str  # reset | reboot | resume | rma | unvalidated | wait | skip:<why>, would-<...> in a dry run
+    fault: Fault | None = None
+    reason: str = ""  # the reason the step sets
+    detail: str = ""  # why, in words
+    seen: SlurmNode | None = None
+
+    @property
+    def changes(self) -> bool:
+        return self.action in (RESET, REBOOT, RESUME, RMA, UNVALIDATED)
+
+
+@dataclass
+class LadderPlan:
+    decisions: list[LadderDecision] = field(default_factory=list)
+    stop: str = ""  # a safety limit stopped (part of) the run: exit 4
+    breaker: bool = False
+
+    def changing(self) -> list[LadderDecision]:
+        return [d for d in self.decisions if d.changes]
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """The steps already taken in the last hour (StateDir.recent)."""
+
+    resets: int = 0
+    reboots: int = 0
+    resumes: int = 0
+
+
+def plan_ladder(cluster: dict[str, SlurmNode], catalog: XidCatalog, records: list[dict[str, Any]],
+                holds: set[str], budgets: Budgets, config: Config, now: float) -> LadderPlan:
+    plan = LadderPlan()
+    wanted: list[LadderDecision] = []
+    in_flight = 0
+    for name, node in sorted(cluster.items()):
+        decision = _next(name, node, catalog, records, holds, config, now)
+        if decision is None:
+            continue
+        rung = rung_of(node)
+        if rung is not None and rung.step in (RESET, REBOOT):
+            in_flight += 1
+        wanted.append(decision)
+    _apply_limits(wanted, in_flight, cluster, budgets, config, plan)
+    return plan
+
+
+def _next(name: str, node: SlurmNode, catalog: XidCatalog, records: list[dict[str, Any]], holds: set[str],
+          config: Config, now: float) -> LadderDecision | None:
+    """The node's next step, before the budgets and the breaker; None for a node not on the ladder."""
+    rung, fault = rung_of(node), fault_of(node, catalog)
+    if (rung is None and fault is None) or not node.out_of_service:
+        # In service: its reason is a leftover (24.11 keeps the reason through a resume), not a step.
+        return None
+    if name in holds:
+        return LadderDecision(name, "skip:held", fault or (rung.fault if rung else None), seen=node,
+                              detail="opsctl hold: a person has it")
+    if rung is None and fault is not None:
+        return _enter(name, node, fault, records, config, now)
+    assert rung is not None
+    return _climb(name, node, rung, records, config, now)
+
+
+def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any]], config: Config,
+           now: float) -> LadderDecision:
+    """A node that opsctl's health run drained for a fault the ladder clears."""
+    rem = config.remediation
+    since = now - duration_seconds(rem.rma_window)
+    drains = _episodes(records, name, fault, since)
+    if drains >= rem.rma_after:
+        why = f"drained {drains} times for {fault.rule} on {fault.gpu} within {rem.rma_window}"
+        return _step(name, node, RMA, fault, why, config)
+    if fault.action == "inspect":
+        return _step(name, node, RMA, fault, "NVIDIA's XID catalog: contact support, inspect the hardware",
+                     config)
+    if node.held_by_slurm:
+        return LadderDecision(name, "skip:slurm-state", fault, seen=node,
+                              detail=f"held by Slurm: {'+'.join(node.held_by_slurm)}")
+    tail = node.reason.split(" ", 2)[2] if node.reason.count(" ") >= 2 else ""
+    if fault.action == "reset":
+        if node.runs_jobs:
+            return LadderDecision(name, WAIT, fault, seen=node, detail="runs jobs: a GPU reset waits until it is idle")
+        return _step(name, node, RESET, fault, tail, config)
+    return _step(name, node, REBOOT, fault, tail, config)
+
+
+def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]], config: Config,
+           now: float) -> LadderDecision:
+    """A node already on the ladder: wait for its step, or take the next one."""
+    fault, timeout = rung.fault, duration_seconds(config.remediation.step_timeout)
+    if rung.step in (RMA, UNVALIDATED):
+        return LadderDecision(name, "skip:" + rung.step, fault, seen=node, detail="a person's: nothing automatic")
+    if set(node.flags) & {"MAINT", "MAINTENANCE", "RESERVED"}:
+        return LadderDecision(name, "skip:slurm-state", fault, seen=node, detail="in a maintenance reservation")
+    started = _last(records, name, rung.step)
+    age = now - started if started is not None else 0.0
+    if rung.step == RESET:
+        if age > timeout:
+            return _step(name, node, REBOOT, fault, f"no validation {age / 60:.0f}m after the reset",
+                         config)
+        return LadderDecision(name, WAIT, fault, seen=node, detail="the node resets the GPU and validates it")
+    if rung.step == REBOOT:
+        if age > timeout and not node.down_for_reboot:
+            return _step(name, node, UNVALIDATED, fault,
+                         f"no validation {age / 60:.0f}m after the reboot", config)
+        return LadderDecision(name, WAIT, fault, seen=node, detail="rebooting, then the node validates itself")
+    result = rung.step.removeprefix(f"{VALIDATED}-")
+    if result == "pass":
+        return LadderDecision(name, RESUME, fault, seen=node, detail=f"validated after the {rung.after}")
+    if rung.after == "reset":
+        return _step(name, node, REBOOT, fault, f"validation {result} after the reset", config)
+    if result == "fail":
+        return _step(name, node, RMA, fault, f"validation failed after the reboot: {rung.detail}".strip(),
+                     config)
+    return _step(name, node, UNVALIDATED, fault, "the checks could not run after the reboot", config)
+
+
+def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, config: Config) -> LadderDecision:
+    """A step that changes the node: its reason names the step, which is also the actor's event."""
+    reason = cap_reason(step_reason(step, fault, detail), config.safety.reason_max_length)
+    return LadderDecision(name, step, fault, reason=reason, detail=detail, seen=node)
+
+
+def _episodes(records: list[dict[str, Any]], node: str, fault: Fault, since: float) -> int:
+    """How many times opsctl drained this node for this rule on this GPU since `since` (this time included)."""
+    gpu = re.compile(rf"(^|\s){re.escape(fault.gpu)}(\s|$)") if fault.gpu != "node" else None
+    count = 0
+    for record in records:
+        drained = record.get("event") == "drain" and record.get("node") == node
+        if not drained or fault.rule not in (record.get("checks") or []) or _seconds(record) < since:
+            continue
+        if gpu is None or gpu.search(str(record.get("evidence") or record.get("reason") or "")):
+            count += 1
+    return count
+
+
+def _last(records: list[dict[str, Any]], node: str, step: str) -> float | None:
+    """When the node's newest record of this step was written (the step was taken)."""
+    times = [_seconds(r) for r in records if r.get("node") == node and r.get("event") == step]
+    return max(times) if times else None
+
+
+def _seconds(record: dict[str, Any]) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(str(record.get("time")), "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return 0.0
+
+
+def _apply_limits(wanted: list[LadderDecision], in_flight: int, cluster: dict[str, SlurmNode], budgets: Budgets,
+                  config: Config, plan: LadderPlan) -> None:
+    """The breaker, then each step's budget per run and per hour; what is over them is skipped."""
+    rem, safety = config.remediation, config.safety
+    disruptive = [d for d in wanted if d.action in (RESET, REBOOT)]
+    judged = len(counted_nodes(cluster))
+    allowed = max(safety.breaker_min_nodes, int(safety.breaker_fraction * judged))
+    if disruptive and in_flight + len(disruptive) > allowed:
+        plan.breaker = True
+        plan.stop = (f"circuit breaker: {in_flight + len(disruptive)} nodes would be reset or rebooted at once "
+                     f"(more than {allowed} of {judged}); nothing is reset or rebooted")
+        wanted = [d if d not in disruptive else LadderDecision(d.node, "skip:breaker", d.fault, seen=d.seen)
+                  for d in wanted]
+    left = {RESET: min(rem.max_resets_per_run, rem.max_resets_per_hour - budgets.resets),
+            REBOOT: min(rem.max_reboots_per_run, rem.max_reboots_per_hour - budgets.reboots),
+            RESUME: min(safety.max_resumes_per_run, safety.max_resumes_per_hour - budgets.resumes)}
+    for decision in wanted:
+        if decision.action in left:
+            if left[decision.action] <= 0:
+                plan.stop = plan.stop or f"{decision.action} budget spent (remediation and safety limits)"
+                decision = LadderDecision(decision.node, "skip:budget", decision.fault, seen=decision.seen,
+                                          detail=f"{decision.action} budget spent")
+            else:
+                left[decision.action] -= 1
+        plan.decisions.append(decision)

@@ -1,0 +1,140 @@
+"""One `opsctl remediate` run, and `opsctl hold`: read Slurm, the audit log and the holds; plan each node's next
+step on the ladder (opsctl/remediation/ladder_plan.py); make the steps through the actor; write an RMA
+bundle for each node handed to the vendor.
+
+The actor takes the run lock (the health run's: the two never act at once), compares and sets against
+Slurm, records the reset and reboot budgets before scontrol and audits each step: `opsctl history NODE`
+shows the node's whole ladder. With --dry-run nothing changes and each step is audited as `would-<step>`.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsctl.config.schema import Config
+from opsctl.errors import ConfigError, ExitCode
+from opsctl.fileio import write_atomic
+from opsctl.health.xid import xid_catalog
+from opsctl.remediation.act import RMA, Actor, Change
+from opsctl.remediation.audit import AuditLog, current_user
+from opsctl.remediation.ladder_plan import Budgets, LadderDecision, LadderPlan, plan_ladder
+from opsctl.remediation.state import StateDir, secure_dir
+from opsctl.slurm import Slurm
+
+RMA_DIR = "rma"
+
+
+@dataclass
+class RemediateResult:
+    plan: LadderPlan
+    made: list[str] = field(default_factory=list)  # nodes whose step was made
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (node, why): Slurm changed since the plan
+    bundles: list[Path] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.SAFETY_STOP if self.plan.stop or self.dropped else ExitCode.OK
+
+
+def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = None) -> RemediateResult:
+    now = time.time() if now is None else now
+    with Actor(config, slurm, now) as actor:
+        cluster = actor.nodes()
+        records, _ = AuditLog(config.audit_log).read()
+        state = actor.state
+        budgets = Budgets(resets=len(state.recent("resets", now)), reboots=len(state.recent("reboots", now)),
+                          resumes=len(state.recent("resumes", now)))
+        plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds()), budgets, config, now)
+        result = RemediateResult(plan, dry_run=dry_run)
+        changes = [_change(d) for d in plan.changing()]
+        for decision in plan.decisions:
+            if decision.action.startswith("skip:") and decision.action not in ("skip:rma", "skip:unvalidated"):
+                actor.refuse(decision.node, f"{decision.action.removeprefix('skip:')}: {decision.detail}".rstrip(": "),
+                             checks=(decision.fault.rule,) if decision.fault else (), seen=decision.seen,
+                             dry_run=dry_run)
+        if dry_run:
+            for change in changes:
+                actor.would(change)
+            return result
+        acted = actor.apply(changes) if changes else None
+        if acted is not None:
+            result.made = [c.node for c in acted.made]
+            result.dropped = [(c.node, why) for c, why in acted.dropped]
+            rmas = [change for change in acted.made if change.event == RMA]
+            if rmas:
+                records, _ = AuditLog(config.audit_log).read()  # with the RMA's own record
+            for change in rmas:
+                result.bundles.append(write_bundle(config, change, records, now))
+    return result
+
+
+def _change(decision: LadderDecision) -> Change:
+    assert decision.seen is not None and decision.fault is not None
+    # The ladder's steps are the actor's events by the same names (opsctl/remediation/act.py).
+    return Change(node=decision.node, event=decision.action, seen=decision.seen, reason=decision.reason,
+                  checks=(decision.fault.rule,), evidence=decision.fault.gpu, detail=decision.detail)
+
+
+def write_bundle(config: Config, change: Change, records: list[dict[str, Any]], now: float) -> Path:
+    """What a vendor ticket needs from the head: the node's history from the audit log and what the ladder
+    knew of the fault. The node keeps its own side (the failing diagnostics' JSON, `nvidia-smi -q` with the
+    GPU's serial, nvidia-bug-report where it exists) under its state directory, docs/remediation.md."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    bundle = Path(config.state_dir) / RMA_DIR / f"{change.node}-{stamp}"
+    try:
+        secure_dir(bundle.parent, create=True)
+        bundle.mkdir(mode=0o750)
+        history = [r for r in records if r.get("node") == change.node]
+        write_atomic(bundle / "history.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in history),
+                     mode=0o640)
+        summary = {"node": change.node, "gpu": change.evidence, "rule": change.checks[0] if change.checks else "",
+                   "reason": change.reason, "why": change.detail, "slurm_state": change.seen.state_text,
+                   "time": stamp, "by": current_user(), "xid_catalog": _catalog_entry(change)}
+        write_atomic(bundle / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n", mode=0o640)
+    except OSError as err:
+        raise ConfigError(f"RMA bundle {bundle}: {err.strerror}") from None
+    return bundle
+
+
+def _catalog_entry(change: Change) -> dict[str, Any] | None:
+    words = change.seen.reason.split()
+    codes = [int(w[4:]) for w in words if w.startswith("xid=") and w[4:].isdigit()]
+    rule = change.checks[0] if change.checks else ""
+    if rule.startswith("xid-") and rule[4:].isdigit():
+        codes = [int(rule[4:])]
+    entry = xid_catalog().entries.get(codes[0]) if codes else None
+    if entry is None:
+        return None
+    return {"xid": entry.code, "mnemonic": entry.mnemonic, "description": entry.description,
+            "nvidia_immediate_resolution": entry.immediate, "source": xid_catalog().source}
+
+
+def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: bool) -> list[str]:
+    """Take nodes off the ladder (`opsctl hold`) or hand them back (--release): under the run lock, audited.
+    Slurm is not changed: the node keeps its state and reason, and only the ladder leaves it alone."""
+    now = time.time()
+    with Actor(config, slurm, now) as actor:
+        known = actor.nodes()
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ConfigError(f"unknown Slurm node(s): {', '.join(unknown)}")
+        state: StateDir = actor.state
+        holds = state.holds()
+        lines = []
+        for name in names:
+            if release:
+                if holds.pop(name, None) is None:
+                    lines.append(f"{name}: not held")
+                    continue
+                lines.append(f"released {name}: back on the remediation ladder")
+            else:
+                holds[name] = {"since": now, "user": current_user(), "why": why}
+                lines.append(f"held {name}: the remediation ladder leaves it alone")
+        state.save_holds(holds)
+        for name in names:
+            actor.audit.write("release" if release else "hold", node=name, detail=why, now=now,
+                              state=known[name].state_text, reason=known[name].reason)
+    return lines
