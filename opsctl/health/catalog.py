@@ -28,7 +28,7 @@ import yaml
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
 from opsctl.health.units import FORMATS, fill, unknown_formats
-from opsctl.health.xid import code_regex, value_filter, xid_catalog
+from opsctl.health.xid import DRAIN_ACTIONS, code_regex, value_filter, xid_catalog
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -113,16 +113,17 @@ def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
 
 
 def _xid_placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
-    """${xid_<action>_codes} (a label regex) and ${xid_<action>_gauge} (the last-XID gauge filtered to
-    those codes) for the XID families: every code of NVIDIA's catalog whose action is <action> and that
-    has no rule of its own (xid-79 ...); `report` holds the actions that are reported, not drained.
+    """${xid_<family>_codes} (a label regex) for the XID families, and ${xid_<action>_gauge} (the last-XID
+    gauge filtered to those codes) for those that drain: every code of NVIDIA's catalog whose action is
+    <action> and that has no rule of its own (xid-79 ...); `report` holds the actions that are reported.
     ${xid_known_codes} and ${xid_unknown_gauge} select the codes the catalog does not know."""
     catalog = xid_catalog()
     gauge = f'DCGM_FI_DEV_XID_ERRORS{{job="{config.prometheus.jobs["dcgm"]}"}}'
     values = {}
     for family, codes in catalog.family_codes(own_rule_xids).items():
         values[f"xid_{family}_codes"] = code_regex(codes)
-        values[f"xid_{family}_gauge"] = value_filter(gauge, codes)
+        if family in DRAIN_ACTIONS:  # the reported codes are never read from the gauge (catalog.yaml)
+            values[f"xid_{family}_gauge"] = value_filter(gauge, codes)
     known = sorted(catalog.entries)
     values["xid_known_codes"] = code_regex(known)
     unknown_below = [code for code in range(1, known[-1]) if code not in catalog.entries]

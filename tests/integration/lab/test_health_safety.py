@@ -251,7 +251,7 @@ def test_history_shows_the_audit_log(h):
     proc = h.opsctl("history", "--node", "gpu061")
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["TIME", "USER", "EVENT", "NODE", "DETAIL"]
+    assert lines[0].split() == ["TIME", "USER", "EVENT", "NODE", "CHECKS", "DETAIL"]
     assert [line.split()[2] for line in lines[1:]] == ["drain", "drain", "resume"]
     assert "opsctl:manual bad fan" in proc.stdout
 

@@ -17,7 +17,7 @@ import yaml
 from tests.integration.lab.health_support import HealthLab
 
 pytestmark = pytest.mark.lab
-NODE = "gpu043"  # the health tests' range; their table module has cleared it by now
+NODE = "gpu043"  # the health tests' range; their table module (test_health_lab.py, run before) has cleared it
 LADDER_MINUTES = 5
 
 
