@@ -11,6 +11,7 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.commands.render import table
 from opsctl.errors import ExitCode
+from opsctl.remediation.ladder_plan import LadderDecision
 from opsctl.remediation.remediate import RemediateResult, remediate, set_hold
 
 
@@ -28,7 +29,7 @@ def remediate_once(clients: Clients, dry_run: bool, as_json: bool) -> ExitCode:
 def result_dict(result: RemediateResult) -> dict:
     return {
         "dry_run": result.dry_run,
-        "nodes": [{"node": d.node, "action": _shown(d.action, result), "gpu": d.fault.gpu if d.fault else "",
+        "nodes": [{"node": d.node, "action": _shown(d, result), "gpu": d.fault.gpu if d.fault else "",
                    "rule": d.fault.rule if d.fault else "", "reason": d.reason, "detail": d.detail,
                    "state": d.seen.state_text if d.seen else "", "made": d.node in result.made}
                   for d in result.plan.decisions],
@@ -43,7 +44,7 @@ def render(result: RemediateResult) -> str:
         return "no node on the remediation ladder"
     rows = [("NODE", "STEP", "GPU", "RULE", "DETAIL")]
     for d in result.plan.decisions:
-        rows.append((d.node, _shown(d.action, result), d.fault.gpu if d.fault else "-",
+        rows.append((d.node, _shown(d, result), d.fault.gpu if d.fault else "-",
                      d.fault.rule if d.fault else "-", d.reason or d.detail))
     lines = [table(rows)]
     lines += [f"refused {node}: {why}" for node, why in result.dropped]
@@ -51,9 +52,8 @@ def render(result: RemediateResult) -> str:
     return "\n".join(lines)
 
 
-def _shown(action: str, result: RemediateResult) -> str:
-    changes = action in ("reset", "reboot", "resume", "rma", "unvalidated")
-    return f"would-{action}" if changes and result.dry_run else action
+def _shown(decision: LadderDecision, result: RemediateResult) -> str:
+    return f"would-{decision.action}" if decision.changes and result.dry_run else decision.action
 
 
 def hold(clients: Clients, hostlist: str, why: str, release: bool) -> ExitCode:

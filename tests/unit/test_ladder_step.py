@@ -3,8 +3,7 @@
 protocol. The head's part (`opsctl remediate`) then reads the answer: tests/unit/test_remediate.py."""
 
 import json
-import subprocess
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from opsctl.config import parse_config
 from opsctl.nodecheck.ladder_step import take_step
@@ -19,8 +18,18 @@ from tests.unit.fakes import FakeSlurm, node
 NOW = 1_800_000_000.0
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What subprocess.run returns, as far as the node's step reads it (no process is started here)."""
+
+    args: list
+    returncode: int
+    stdout: str
+    stderr: str = ""
+
+
 class EmulatedGpus:
-    """subprocess.run for nvidia-smi and dcgmi, answered by the lab's emulation of one node."""
+    """Stands in for subprocess.run of nvidia-smi and dcgmi, answered by the lab's emulation of one node."""
 
     def __init__(self, hw: NodeHardware):
         self.hw, self.calls = hw, []
@@ -30,15 +39,15 @@ class EmulatedGpus:
         gpu = int(argv[argv.index("-i") + 1])
         if argv[:2] == ["nvidia-smi", "-pm"]:
             self.hw.set_persistence_mode(gpu, argv[2] == "1", NOW)
-            return subprocess.CompletedProcess(argv, 0, f"Persistence mode set for GPU {bus_id(gpu)}.\n", "")
+            return Ran(argv, 0, f"Persistence mode set for GPU {bus_id(gpu)}.\n", "")
         if argv[:2] == ["nvidia-smi", "-r"]:
             text, rc = gpu_reset(self.hw, {gpu: bus_id(gpu)}, NOW)
-            return subprocess.CompletedProcess(argv, rc, text, "")
+            return Ran(argv, rc, text, "")
         if argv[:2] == ["nvidia-smi", "-q"]:
-            return subprocess.CompletedProcess(argv, 0, "Serial Number : 1650924060000\n", "")
+            return Ran(argv, 0, "Serial Number : 1650924060000\n", "")
         runs = run_diag(self.hw, int(argv[argv.index("-r") + 1]), [gpu], NOW)
         failed = any(result == "Fail" for run in runs for result in run.results.values())
-        return subprocess.CompletedProcess(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, [gpu])), "")
+        return Ran(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, [gpu])), "")
 
 
 def setup(tmp_path, reason, fault=None, state="idle", flags=("DRAIN",)):
