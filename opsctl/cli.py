@@ -152,14 +152,16 @@ def resume_cmd(clients, hostlist, force, config_path):
 @main.command("remediate")
 @click.option("--dry-run", is_flag=True, help="Show each node's next step on the ladder; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"nodes": [...], "stop": ...}.')
+@click.option("--watch", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Run again every SECONDS until SIGTERM, printing the steps made.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def remediate_cmd(clients, dry_run, as_json, config_path):
+def remediate_cmd(clients, dry_run, as_json, watch, config_path):
     """Take each drained node one step up the ladder: reset, reboot, validate, resume or RMA."""
-    from opsctl.commands.remediate import remediate_once
+    from opsctl.commands.remediate import remediate_cmd
 
-    return remediate_once(clients.use(config_path), dry_run, as_json)
+    return remediate_cmd(clients.use(config_path), dry_run, as_json, watch)
 
 
 @main.command("hold")

@@ -266,6 +266,10 @@ class NodeHardware:
     # The records the NVIDIA driver wrote to the kernel log this boot, oldest first:
     # {"prio", "seq", "usec", "message"} (write_kernel_log renders them as /dev/kmsg records).
     kernel_log: list = field(default_factory=list)
+    # The XIDs whose fault a GPU reset ended ({"gpu", "xid", "since"}): dcgm-exporter's windowed count
+    # still holds them (its window lives in the exporter, which a GPU reset does not restart), so a repeat
+    # counts 2 (expcollector.go). A reboot starts DCGM and the exporter again; `clear` forgets them too.
+    xid_seen: list = field(default_factory=list)
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -285,6 +289,7 @@ class NodeHardware:
             driver_version=raw.get("driver_version", DRIVER_VERSION),
             booted=float(raw.get("booted", EMULATED_BOOT)),
             kernel_log=list(raw.get("kernel_log", [])),
+            xid_seen=list(raw.get("xid_seen", [])),
         )
 
     def save(self, path: Path) -> None:
@@ -320,6 +325,7 @@ class NodeHardware:
     def clear(self, now: float | None = None) -> None:
         """Every fault ends; counters keep what they reached (their rate returns to 0)."""
         self._end(list(self.active), time.time() if now is None else now)
+        self.xid_seen = []
 
     def _end(self, faults: list[ActiveFault], now: float) -> list[ActiveFault]:
         """End these faults: what their rates added stays in the counters."""
@@ -333,6 +339,7 @@ class NodeHardware:
         """What a successful `nvidia-smi -r -i GPU` does: the GPU's faults that do not survive a reset
         (FaultSpec.survives_reset) end; returns them. The caller decides whether the reset may run."""
         ended = [f for f in self.active if f.gpu == gpu and not FAULTS[f.fault].survives_reset]
+        self.xid_seen += [{"gpu": f.gpu, "xid": f.xid, "since": f.since} for f in ended if f.fault == "xid"]
         return self._end(ended, time.time() if now is None else now)
 
     def reboot(self, now: float | None = None) -> list[ActiveFault]:
@@ -341,7 +348,7 @@ class NodeHardware:
         again, has seen no XID yet. Returns the faults that ended."""
         now = time.time() if now is None else now
         ended = self._end([f for f in self.active if not FAULTS[f.fault].survives_reboot], now)
-        self.booted, self.kernel_log, self.last_xid = now, [], {}
+        self.booted, self.kernel_log, self.last_xid, self.xid_seen = now, [], {}, []
         return ended
 
     def _log_xid(self, gpu: int, code: int, now: float) -> None:
@@ -380,9 +387,11 @@ class NodeHardware:
         """XID code -> count within the window, as DCGM_EXP_XID_ERRORS_COUNT reports it."""
         now = time.time() if now is None else now
         counts: dict = {}
-        for fault in self.faults_on("xid", gpu=gpu):
-            if now - fault.since <= window_ms / 1000.0:
-                counts[fault.xid] = counts.get(fault.xid, 0) + 1
+        seen = [(f.xid, f.since) for f in self.faults_on("xid", gpu=gpu)]
+        seen += [(x["xid"], x["since"]) for x in self.xid_seen if x["gpu"] == gpu]
+        for code, since in seen:
+            if now - since <= window_ms / 1000.0:
+                counts[code] = counts.get(code, 0) + 1
         return counts
 
     def minor(self, gpu: int) -> int:

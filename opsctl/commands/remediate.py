@@ -2,6 +2,7 @@
 
 Exit codes: 0 the ladder's steps were made (or nothing was due), 2 usage or config error, 3 Slurm could not
 be read or refused a change, 4 a safety stop (the breaker, a budget spent, a node Slurm changed meanwhile).
+With --watch a round's exit 3 or 4 is a line on stderr and the next round follows; SIGTERM ends it with 0.
 """
 
 import json
@@ -9,10 +10,33 @@ import json
 import click
 
 from opsctl.commands.context import Clients
-from opsctl.commands.render import table
+from opsctl.commands.render import iso_time, table
+from opsctl.commands.watch import watch
 from opsctl.errors import ExitCode
 from opsctl.remediation.ladder_plan import LadderDecision
 from opsctl.remediation.remediate import RemediateResult, remediate, set_hold
+
+
+def remediate_cmd(clients: Clients, dry_run: bool, as_json: bool, watch_s: float | None) -> ExitCode:
+    if watch_s is None:
+        return remediate_once(clients, dry_run, as_json)
+
+    def round_() -> RemediateResult:
+        return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
+
+    # A round prints what it did, each line stamped with its time (a journal tells the rounds apart); a round
+    # with nothing to do prints nothing, so that a node waiting for its reboot does not fill the journal.
+    def show_round(result: RemediateResult) -> None:
+        stamp = iso_time()
+        if as_json:
+            click.echo(f"{json.dumps(result_dict(result) | {'time': stamp})}")
+            return
+        for line in changes_lines(result):
+            click.echo(f"{stamp} {line}")
+        if result.plan.stop:
+            click.echo(f"{stamp} safety stop: {result.plan.stop}", err=True)
+
+    return watch(round_, watch_s, show_round, lambda line: click.echo(f"{iso_time()} {line}", err=True))
 
 
 def remediate_once(clients: Clients, dry_run: bool, as_json: bool) -> ExitCode:
@@ -46,10 +70,19 @@ def render(result: RemediateResult) -> str:
     for d in result.plan.decisions:
         rows.append((d.node, _shown(d, result), d.fault.gpu if d.fault else "-",
                      d.fault.rule if d.fault else "-", d.reason or d.detail))
-    lines = [table(rows)]
-    lines += [f"refused {node}: {why}" for node, why in result.dropped]
-    lines += [f"RMA bundle: {path}" for path in result.bundles]
-    return "\n".join(lines)
+    return "\n".join([table(rows), *_outcome_lines(result)])
+
+
+def changes_lines(result: RemediateResult) -> list[str]:
+    """The round's steps made (or, dry, that would be), refusals by Slurm and bundles, one line each."""
+    made = [f"{d.node} {_shown(d, result)} {d.reason}" for d in result.plan.decisions
+            if d.changes and (result.dry_run or d.node in result.made)]
+    return made + _outcome_lines(result)
+
+
+def _outcome_lines(result: RemediateResult) -> list[str]:
+    return [f"refused {node}: {why}" for node, why in result.dropped] + [
+        f"RMA bundle: {path}" for path in result.bundles]
 
 
 def _shown(decision: LadderDecision, result: RemediateResult) -> str:

@@ -297,6 +297,8 @@ class GpuConfig:
     nvidia_smi: str = key("nvidia-smi", check=bool, hint="must not be empty")
     # runs the diagnostics after a reset or reboot of the remediation ladder (docs/remediation.md)
     dcgmi: str = key("dcgmi", check=bool, hint="must not be empty")
+    # after a failed validation that follows a reboot, for the RMA's evidence; skipped where not installed
+    nvidia_bug_report: str = key("nvidia-bug-report.sh", check=bool, hint="must not be empty")
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,12 @@ errored test is "unchecked", never a pass) and this run's InfiniBand and storage
 compared and set against the reason the node read (a person who changed it meanwhile wins).
 
 What failed stays on the node for the vendor: `<state_dir>/validation/<UTC time>-<step>/` holds the diag's
-JSON and `nvidia-smi -q -i N` (the GPU's serial number), which an RMA bundle asks for.
+JSON and `nvidia-smi -q -i N`, and after a reboot (the failure the head hands to RMA) NVIDIA's
+`nvidia-bug-report.sh` output where it is installed. The GPU's serial number goes into the answer
+(`serial=...`), so that the head's RMA bundle and `sinfo -R` name the board without logging in here.
 """
 
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -33,6 +36,9 @@ from opsctl.slurm import Slurm, SlurmNode
 # dcgmi's own limit per level is minutes (level 2) to an hour (level 4); the node check's unit allows this.
 DIAG_TIMEOUT_S = {1: 120, 2: 600, 3: 2400, 4: 4800}
 RESET_TIMEOUT_S = 120
+# nvidia-bug-report.sh gathers logs for minutes on a busy node; within the node check unit's 15 minutes.
+BUG_REPORT_TIMEOUT_S = 300
+SERIAL = re.compile(r"^\s*Serial Number\s*:\s*(\S+)\s*$", re.MULTILINE)
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -84,7 +90,7 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
             why = " ".join((reset.stdout + reset.stderr).split()) or f"exit {reset.returncode}"
             return _answer(config, slurm, node, rung, "unchecked", f"reset failed (exit {reset.returncode}): {why}",
                            now)
-    result, detail = _validate(config, gpu, run, evidence)
+    result, detail = _validate(config, gpu, run, evidence, rung.step)
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures
     return _answer(config, slurm, node, rung, result, detail, now)
@@ -101,18 +107,31 @@ def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[s
         _run(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
 
 
-def _validate(config: Config, gpu: int, run: Run, evidence: Path) -> tuple[str, str]:
+def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) -> tuple[str, str]:
+    """The diag's result and its words; on anything but a pass, the evidence kept and the serial named."""
     level = config.remediation.validate_level
     diag = _run(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
     try:
         verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), [gpu], level)
+        result, detail = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked"), verdict.describe()
     except SourceUnavailable as err:
-        return "unchecked", str(err)
-    result = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked")
-    if result != "pass":
-        query = _run(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
-        _keep(evidence, {"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
-    return result, verdict.describe()
+        result, detail = "unchecked", str(err)
+    if result == "pass":
+        return result, detail
+    query = _run(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
+    _keep(evidence, {"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
+    if after == REBOOT:
+        _bug_report(config.gpu.nvidia_bug_report, run, evidence)
+    found = SERIAL.search(query.stdout)
+    return result, f"serial={found.group(1)} {detail}" if found else detail
+
+
+def _bug_report(program: str, run: Run, evidence: Path) -> None:
+    """NVIDIA's `nvidia-bug-report.sh --output-file <evidence>/nvidia-bug-report.log` (it writes the file
+    gzipped, `.log.gz`), which NVIDIA's support asks for with an RMA. Not installed (exit 127) or failing:
+    the rest of the evidence stands alone."""
+    if evidence.is_dir():
+        _run(run, [program, "--output-file", str(evidence / "nvidia-bug-report.log")], BUG_REPORT_TIMEOUT_S)
 
 
 def _run(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

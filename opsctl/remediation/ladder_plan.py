@@ -154,8 +154,8 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
     if rung.after == "reset":
         return _step(name, node, REBOOT, fault, f"validation {result} after the reset", config)
     if result == "fail":
-        return _step(name, node, RMA, fault, f"validation failed after the reboot: {rung.detail}".strip(),
-                     config)
+        # The node's detail starts with the GPU's serial (`serial=...`): the RMA's reason keeps it for sinfo -R.
+        return _step(name, node, RMA, fault, f"failed its checks after the reboot: {rung.detail}".strip(), config)
     return _step(name, node, UNVALIDATED, fault, "the checks could not run after the reboot", config)
 
 

@@ -8,6 +8,7 @@ shows the node's whole ladder. With --dry-run nothing changes and each step is a
 """
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,10 @@ from opsctl.remediation.state import StateDir, secure_dir
 from opsctl.slurm import Slurm
 
 RMA_DIR = "rma"
+SERIAL_WORD = re.compile(r"\bserial=(\S+)")
+# Where the node keeps its side of the evidence (opsctl/nodecheck/ladder_step.py): the head never logs in.
+NODE_EVIDENCE = ("on the node: <state_dir>/validation/<UTC time>-<step>/ (dcgmi-diag.json, nvidia-smi-q.txt, "
+                 "nvidia-bug-report.log.gz)")
 
 
 @dataclass
@@ -79,9 +84,10 @@ def _change(decision: LadderDecision) -> Change:
 
 
 def write_bundle(config: Config, change: Change, records: list[dict[str, Any]], now: float) -> Path:
-    """What a vendor ticket needs from the head: the node's history from the audit log and what the ladder
-    knew of the fault. The node keeps its own side (the failing diagnostics' JSON, `nvidia-smi -q` with the
-    GPU's serial, nvidia-bug-report where it exists) under its state directory, docs/remediation.md."""
+    """What a vendor ticket needs from the head: the node's history from the audit log, what the ladder knew
+    of the fault, and the GPU's serial that the node's failed validation named. The node keeps its own side
+    (the failing diagnostics' JSON, `nvidia-smi -q`, nvidia-bug-report where it exists) under its state
+    directory, docs/remediation.md."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     bundle = Path(config.state_dir) / RMA_DIR / f"{change.node}-{stamp}"
     try:
@@ -92,11 +98,18 @@ def write_bundle(config: Config, change: Change, records: list[dict[str, Any]], 
                      mode=0o640)
         summary = {"node": change.node, "gpu": change.evidence, "rule": change.checks[0] if change.checks else "",
                    "reason": change.reason, "why": change.detail, "slurm_state": change.seen.state_text,
-                   "time": stamp, "by": current_user(), "xid_catalog": _catalog_entry(change)}
+                   "time": stamp, "by": current_user(), "xid_catalog": _catalog_entry(change),
+                   "gpu_serial": _serial(change), "node_evidence": NODE_EVIDENCE}
         write_atomic(bundle / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n", mode=0o640)
     except OSError as err:
         raise ConfigError(f"RMA bundle {bundle}: {err.strerror}") from None
     return bundle
+
+
+def _serial(change: Change) -> str | None:
+    """The GPU's serial number, as the node's failed validation named it (`serial=...` in its reason)."""
+    found = SERIAL_WORD.search(change.seen.reason) or SERIAL_WORD.search(change.reason)
+    return found.group(1) if found else None
 
 
 def _catalog_entry(change: Change) -> dict[str, Any] | None:

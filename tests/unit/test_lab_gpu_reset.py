@@ -57,6 +57,26 @@ def test_a_reset_ends_the_gpus_volatile_faults_and_keeps_the_sticky_ones():
     assert hw.last_xid == {"3": 48}
 
 
+def test_an_xid_ended_by_a_reset_stays_in_the_windowed_count_until_a_reboot_or_clear():
+    """dcgm-exporter's XID window lives in the exporter, which a GPU reset does not restart: the same XID after
+    the reset counts 2, the third 3; another GPU's count is its own; the window still ends it."""
+    hw = NodeHardware(node="gpu1")
+    hw.inject("xid:48", gpu=3, now=100.0)
+    hw.reset_gpu(3, now=110.0)
+    assert hw.xid_window(3, now=120.0) == {48: 1} and hw.xid_window(2, now=120.0) == {}
+    hw.inject("xid:48", gpu=3, now=130.0)
+    hw.reset_gpu(3, now=140.0)
+    hw.inject("xid:48", gpu=3, now=150.0)
+    assert hw.xid_window(3, now=160.0) == {48: 3}
+    assert hw.xid_window(3, now=100.0 + 300 + 1) == {48: 2}  # the first has left the 5-minute window
+    hw.reboot(now=170.0)
+    assert hw.xid_window(3, now=180.0) == {}
+    hw.inject("xid:48", gpu=3, now=190.0)
+    hw.reset_gpu(3, now=195.0)
+    hw.clear(now=200.0)
+    assert hw.xid_window(3, now=210.0) == {}
+
+
 def test_a_reboot_ends_processes_and_volatile_faults_and_starts_a_new_kernel_log():
     hw = NodeHardware(node="gpu1")
     for fault, gpu in (("gpu-leftover-memory", 0), ("xid:79", 1), ("xid-kernel:62", 2), ("remapped-rows", 2),

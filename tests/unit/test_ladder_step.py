@@ -4,6 +4,7 @@ protocol. The head's part (`opsctl remediate`) then reads the answer: tests/unit
 
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from opsctl.config import parse_config
 from opsctl.nodecheck.ladder_step import take_step
@@ -11,7 +12,7 @@ from opsctl.slurm import SlurmNode
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools.dcgmi import diag_document, styled
 from opsctl_lab.hwtools.dcgmi_diag import run_diag
-from opsctl_lab.hwtools.nvidia_smi import bus_id
+from opsctl_lab.hwtools.nvidia_smi import bus_id, gpu_serial, render_q
 from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
 from tests.unit.fakes import FakeSlurm, node
 
@@ -31,11 +32,16 @@ class Ran:
 class EmulatedGpus:
     """Stands in for subprocess.run of nvidia-smi and dcgmi, answered by the lab's emulation of one node."""
 
-    def __init__(self, hw: NodeHardware):
-        self.hw, self.calls = hw, []
+    def __init__(self, hw: NodeHardware, bug_report: str | None = None):
+        self.hw, self.calls, self.bug_report = hw, [], bug_report
 
     def __call__(self, argv, **_):
         self.calls.append(" ".join(argv[1:]))
+        if argv[0] == "nvidia-bug-report.sh":
+            if self.bug_report is None:  # not installed, as on the lab's nodes
+                raise FileNotFoundError(2, "No such file or directory")
+            Path(argv[2] + ".gz").write_text(self.bug_report)
+            return Ran(argv, 0, "")
         gpu = int(argv[argv.index("-i") + 1])
         if argv[:2] == ["nvidia-smi", "-pm"]:
             self.hw.set_persistence_mode(gpu, argv[2] == "1", NOW)
@@ -44,7 +50,7 @@ class EmulatedGpus:
             text, rc = gpu_reset(self.hw, {gpu: bus_id(gpu)}, NOW)
             return Ran(argv, rc, text, "")
         if argv[:2] == ["nvidia-smi", "-q"]:
-            return Ran(argv, 0, "Serial Number : 1650924060000\n", "")
+            return Ran(argv, 0, render_q(self.hw, NOW, [gpu]), "")
         runs = run_diag(self.hw, int(argv[argv.index("-r") + 1]), [gpu], NOW)
         failed = any(result == "Fail" for run in runs for result in run.results.values())
         return Ran(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, [gpu])), "")
@@ -74,10 +80,26 @@ def test_a_sticky_fault_fails_the_diagnostics_and_leaves_the_evidence_for_the_ve
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 row-remap-failure row_remap_failure=1",
                                     "row-remap-failure")
     step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
-    assert step.reason.startswith("opsctl:validated-fail gpu2 row-remap-failure after-reset fail: software on GPU 2")
+    serial = gpu_serial("gpu007", 2)
+    assert step.reason.startswith(f"opsctl:validated-fail gpu2 row-remap-failure after-reset serial={serial} fail: "
+                                  "software on GPU 2")
     [kept] = (tmp_path / "state" / "validation").iterdir()
     assert json.loads((kept / "dcgmi-diag.json").read_text())["DCGM Diagnostic"]
-    assert "Serial Number" in (kept / "nvidia-smi-q.txt").read_text()
+    assert serial in (kept / "nvidia-smi-q.txt").read_text()
+    assert "nvidia-bug-report.sh" not in " ".join(gpus.calls)  # after a reset: the ladder reboots, no RMA yet
+
+
+def test_a_failure_after_a_reboot_adds_nvidia_bug_report_where_it_is_installed(tmp_path):
+    for installed in (True, False):
+        config, hw, slurm, gpus = setup(tmp_path / str(installed), "opsctl:reboot gpu2 row-remap-failure "
+                                        "row_remap_failure=1", "row-remap-failure", state="down", flags=())
+        gpus.bug_report = "nvidia-bug-report output" if installed else None
+        step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+        assert step.reason.startswith(f"opsctl:validated-fail gpu2 row-remap-failure after-reboot serial="
+                                      f"{gpu_serial('gpu007', 2)} fail")
+        [kept] = (tmp_path / str(installed) / "state" / "validation").iterdir()
+        assert {p.name for p in kept.iterdir()} == {"dcgmi-diag.json", "nvidia-smi-q.txt"} | (
+            {"nvidia-bug-report.log.gz"} if installed else set())
 
 
 def test_a_reset_refused_is_unchecked_never_a_pass(tmp_path):

@@ -2,13 +2,14 @@
 steps, its safety rails, and what `opsctl history NODE` shows of it."""
 
 import json
+import re
 import time
 from dataclasses import replace
 
 from opsctl.health.xid import xid_catalog
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.ladder import fault_of, rung_of, validated_reason
-from tests.unit.fakes import World, node
+from tests.unit.fakes import ISO, World, node
 
 
 def back_from_reboot(world, name):
@@ -64,13 +65,15 @@ def test_a_sticky_row_remap_failure_climbs_to_rma_with_a_bundle_and_stays(tmp_pa
     node_validates(w, "gpu009", "fail", "memory gpu5: row remap failure")
     assert w.run("remediate") == 0 and w.slurm.calls[-1][0] == "reboot"
     back_from_reboot(w, "gpu009")
-    node_validates(w, "gpu009", "fail", "memory gpu5: row remap failure")
+    node_validates(w, "gpu009", "fail", "serial=1650924060005 memory gpu5: row remap failure")
     assert w.run("remediate") == 0
     reason = w.slurm.state["gpu009"].reason
-    assert reason.startswith("opsctl:rma gpu5 row-remap-failure validation failed after the reboot")
+    assert reason.startswith("opsctl:rma gpu5 row-remap-failure failed its checks after the reboot: "
+                             "serial=1650924060005 memory")
     [bundle] = (tmp_path / "state" / "rma").iterdir()
     summary = json.loads((bundle / "summary.json").read_text())
-    assert (summary["node"], summary["gpu"], summary["rule"]) == ("gpu009", "gpu5", "row-remap-failure")
+    assert (summary["node"], summary["gpu"], summary["rule"], summary["gpu_serial"]) == (
+        "gpu009", "gpu5", "row-remap-failure", "1650924060005")
     history = [json.loads(line)["event"] for line in (bundle / "history.jsonl").read_text().splitlines()]
     assert history == ["drain", "reset", "reboot", "rma"]
     calls = len(w.slurm.calls)
@@ -169,3 +172,16 @@ def test_a_node_in_service_with_a_leftover_ladder_reason_is_left_alone(tmp_path)
               gpu012=node("gpu012", state="mixed", reason="opsctl:xid-79 gpu1 xid=79 count=1"))
     assert w.run("remediate", "--json") == 0
     assert json.loads(w.stdout)["nodes"] == [] and w.slurm.calls == []
+
+
+def test_watch_prints_each_step_made_with_its_time_and_ends_with_exit_0_on_sigterm(tmp_path):
+    w = World(tmp_path, gpu040=node("gpu040", flags=("DRAIN",), reason="opsctl:xid-79 gpu3 xid=79 count=1"))
+    w.slurm.sigterm_on_read = 4  # in the second round, as systemd stops the unit
+    assert w.run("remediate", "--watch", "1") == 0
+    # The reboot once; the second round, the node rebooting, prints nothing.
+    assert re.fullmatch(rf"{ISO} gpu040 reboot opsctl:reboot gpu3 xid-79 xid=79 count=1\n", w.stdout), w.stdout
+    assert [c[0] for c in w.slurm.calls] == ["reboot"]
+    w.slurm.sigterm_on_read = w.slurm.reads + 1  # the first read: this round ends, and the watch
+    assert w.run("remediate", "--watch", "1", "--json") == 0
+    [doc] = map(json.loads, w.stdout.splitlines())
+    assert re.fullmatch(ISO, doc["time"]) and doc["nodes"][0]["action"] == "wait"

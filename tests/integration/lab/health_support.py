@@ -53,15 +53,20 @@ class HealthLab:
         return proc.returncode, {n["node"]: n for n in data["nodes"]} | {"_summary": data["summary"]}
 
     def inject(self, node: str, fault: str, gpu=None, hca=None) -> None:
-        assert "gpu033" <= node <= "gpu064", "health tests touch gpu033..gpu064 only"
-        self.touched.add(node)
-        argv = ["lab", "inject", node, fault]
-        if gpu is not None:
-            argv += ["--gpu", str(gpu)]
-        if hca is not None:
-            argv += ["--hca", str(hca)]
-        proc = self.opsctl(*argv)
-        assert proc.returncode == 0, proc.stderr
+        self.inject_many([node], fault, gpu, hca)
+
+    def inject_many(self, nodes: list[str], fault: str, gpu=None, hca=None) -> None:
+        """The fault on each node, all at once (one `opsctl lab inject` per node, run side by side)."""
+        assert all("gpu033" <= node <= "gpu064" for node in nodes), "health tests touch gpu033..gpu064 only"
+        self.touched.update(nodes)
+        device = (["--gpu", str(gpu)] if gpu is not None else []) + (["--hca", str(hca)] if hca is not None else [])
+        self._all_at_once([["lab", "inject", node, fault, *device] for node in nodes])
+
+    def _all_at_once(self, runs: list[list[str]]) -> None:
+        procs = [self.popen(*argv) for argv in runs]
+        for argv, proc in zip(runs, procs, strict=True):
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"{argv}: {err}"
 
     def scontrol(self, *args) -> None:
         self.lab.run("scontrol", *args)
@@ -95,12 +100,11 @@ class HealthLab:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def cleanup(self) -> None:
-        for node in sorted(self.touched):
-            self.opsctl("lab", "clear", node)
+        self._all_at_once([["lab", "clear", node] for node in sorted(self.touched)])
         nodes = self.slurm()
-        drained = [n for n in sorted(self.touched) if nodes[n].drained]
-        if drained:
-            self.scontrol("update", f"nodename={','.join(drained)}", "state=resume")
+        out = [n for n in sorted(self.touched) if nodes[n].drained or nodes[n].state == "down"]  # or after a reboot
+        if out:
+            self.scontrol("update", f"nodename={','.join(out)}", "state=resume")
 
 
 class LabVictoria:

@@ -7,6 +7,7 @@ resuming it. `opsctl history NODE` shows each step."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -74,10 +75,129 @@ def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(h):
     assert "reboot" in table and "validated after the reboot" in table
 
 
-def test_a_persons_drain_is_never_reset_or_rebooted(h):
-    h.inject(NODE, "xid:79", gpu=3)
-    h.touched.add(NODE)
-    h.scontrol("update", f"nodename={NODE}", "state=drain", "reason=opsctl:manual xid-79 gpu3 vendor swap")
+def drained_by_health(h, node, fault, gpu, rule):
+    """The fault injected, then drained by `opsctl health --drain` for `rule`; returns the drain's reason."""
+    h.inject(node, fault, gpu=gpu)
+    h.wait_statuses(node, {node: "fail"}, {node: rule})
+    _, nodes = h.health_json("--drain", "--nodes", node)
+    assert nodes[node]["action"] == "drain", nodes[node]
+    return h.slurm()[node].reason
+
+
+def remediate(h, expected_rc=0):
     proc = h.opsctl("remediate", "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["nodes"] == []
-    assert h.slurm()[NODE].reason == "opsctl:manual xid-79 gpu3 vendor swap"
+    assert proc.returncode == expected_rc, proc.stderr
+    return {n["node"]: n for n in json.loads(proc.stdout)["nodes"]}
+
+
+def hardware(h, node):
+    return json.loads((h.lab.lab_dir / "nodes" / node / "hardware.json").read_text())
+
+
+def events(h, node):
+    return [json.loads(line)["event"] for line in h.opsctl("history", node, "--json").stdout.splitlines()]
+
+
+def test_a_pending_row_remap_is_reset_validated_and_resumed_without_a_reboot(h):
+    node = "gpu044"
+    booted = hardware(h, node)["booted"]
+    assert drained_by_health(h, node, "row-remap-pending", 2, "row-remap-pending").startswith(
+        "opsctl:row-remap-pending gpu2")
+    assert remediate(h)[node]["action"] == "reset"
+    assert h.slurm()[node].reason.startswith("opsctl:reset gpu2 row-remap-pending")
+    answered, node_audit = node_check(h, node)
+    assert "reset of gpu2 checked: pass" in answered and node_audit == ["validated"], answered
+    assert h.slurm()[node].reason == "opsctl:validated-pass gpu2 row-remap-pending after-reset pass"
+    assert remediate(h)[node]["action"] == "resume"
+    after = h.lab.wait_until(lambda: not h.slurm()[node].out_of_service and h.slurm()[node], 60,
+                             "the node back in service", interval=1)  # responding, after a lab reset too
+    assert after.state == "idle" and after.reason == "", after
+    # The reset applied the remap: the fault is gone; the node never rebooted.
+    assert hardware(h, node)["active"] == [] and hardware(h, node)["booted"] == booted
+    assert events(h, node) == ["drain", "reset", "resume"]
+
+
+def test_a_sticky_row_remap_failure_goes_from_reset_and_reboot_to_rma_with_the_gpus_serial_and_stays(h):
+    node = "gpu045"
+    drained_by_health(h, node, "row-remap-failure", 5, "row-remap-failure")
+    assert remediate(h)[node]["action"] == "reset"
+    answered, _ = node_check(h, node)
+    assert "reset of gpu5 checked: fail" in answered, answered
+    assert remediate(h)[node]["action"] == "reboot"
+    h.lab.wait_until(lambda: h.slurm()[node].back_from_reboot, 90, "the node back from its reboot", interval=1)
+    answered, node_audit = node_check(h, node)
+    assert "reboot of gpu5 checked: fail" in answered and node_audit == ["validated", "validated"], answered
+    assert remediate(h)[node]["action"] == "rma"
+    serial = nvidia_smi_serial(h, node, 5)
+    reason = h.slurm()[node].reason
+    assert reason.startswith(f"opsctl:rma gpu5 row-remap-failure failed its checks after the reboot: serial={serial}")
+    [bundle] = (h.state / "rma").iterdir()
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert (summary["node"], summary["gpu"], summary["gpu_serial"]) == (node, "gpu5", serial)
+    history = [json.loads(line)["event"] for line in (bundle / "history.jsonl").read_text().splitlines()]
+    assert history == ["drain", "reset", "reboot", "rma"]
+    # The node kept the failing diag's JSON and nvidia-smi -q with the same serial, after each step.
+    kept = sorted((h.tmp / node / "validation").iterdir())
+    assert [d.name.rsplit("-", 1)[1] for d in kept] == ["reset", "reboot"]
+    assert re.search(rf"Serial Number\s+: {serial}\n", (kept[1] / "nvidia-smi-q.txt").read_text())
+    assert json.loads((kept[1] / "dcgmi-diag.json").read_text())["DCGM Diagnostic"]
+    for _ in range(2):  # later runs, the ladder's, the node's and the health run's, leave it as it is
+        assert remediate(h)[node]["action"] == "skip:rma"
+        node_check(h, node)
+        h.health_json("--drain", "--resume", "--nodes", node)
+    assert h.slurm()[node].reason == reason and events(h, node)[-1] == "rma"
+
+
+def nvidia_smi_serial(h, node, gpu):
+    """The GPU's serial as the node's nvidia-smi says it."""
+    nvidia_smi = yaml.safe_load((h.lab.lab_dir / "nodes" / node / "node-check.yaml").read_text())["gpu"]["nvidia_smi"]
+    proc = subprocess.run([nvidia_smi, "--query-gpu=serial", "--format=csv,noheader", "-i", str(gpu)],
+                          capture_output=True, text=True, timeout=30, env={**os.environ, **h.lab.env}, check=True)
+    return proc.stdout.strip()
+
+
+def test_xid_79_on_20_of_64_nodes_at_once_trips_the_breaker_and_nothing_is_reset_or_rebooted(h):
+    nodes = [f"gpu{i:03d}" for i in range(33, 53)]
+    h.inject_many(nodes, "xid:79", gpu=0)
+    h.wait_statuses("gpu[033-052]", dict.fromkeys(nodes, "fail"))
+    # The health run's own breaker stops the drains; a site that raised its limits has them all drained.
+    assert h.health_json("--drain", "--nodes", "gpu[033-052]")[0] == 4
+    raw = yaml.safe_load(h.config.read_text())
+    loose = {"breaker_min_nodes": 64, "max_drains_per_run": 20, "max_drains_per_hour": 20,
+             "max_out_of_service_fraction": 1.0}
+    h.config.write_text(yaml.safe_dump({**raw, "safety": loose}))
+    h.health_json("--drain", "--nodes", "gpu[033-052]")
+    assert {h.slurm()[n].reason for n in nodes} == {"opsctl:xid-79 gpu0 xid=79 count=1"}
+    # The ladder's breaker, at the default limits: 20 reboots at once is a shared cause, not 20 GPUs.
+    h.config.write_text(yaml.safe_dump(raw))
+    decided = remediate(h, expected_rc=4)
+    assert {decided[n]["action"] for n in nodes} == {"skip:breaker"}
+    after = h.slurm()
+    drained = ("IDLE+DRAIN", "opsctl:xid-79 gpu0 xid=79 count=1")
+    assert {(after[n].state_text, after[n].reason) for n in nodes} == {drained}
+    assert {r["event"] for r in h.audit() if r.get("node") in nodes} == {"drain", "refuse"}
+
+
+def test_a_persons_drain_a_maintenance_reservation_and_a_hold_are_never_touched(h):
+    xid = "opsctl:xid-48 gpu3 xid=48 count=1"  # a reset's fault: handed back, the step is a reason, no reboot
+    person, maint, held = "gpu047", "gpu048", "gpu049"
+    h.inject_many([person, maint, held], "xid:48", gpu=3)
+    # As `opsctl health --drain` would have drained them, and a person took the first over.
+    h.scontrol("update", f"nodename={person}", "state=drain", "reason=opsctl:manual xid-48 gpu3 vendor swap")
+    h.scontrol("update", f"nodename={maint},{held}", "state=drain", f"reason={xid}")
+    h.scontrol("create", "reservation", "reservationname=opsctl-ladder-maint", "starttime=now", "duration=10",
+               f"nodes={maint}", "flags=maint", "users=root")
+    try:  # slurmctld marks the node MAINTENANCE+RESERVED within a second of the reservation (measured)
+        h.lab.wait_until(lambda: "MAINTENANCE" in h.slurm()[maint].flags, 10, "the reservation on the node")
+        assert h.opsctl("hold", held, "--reason", "vendor on site").returncode == 0
+        decided = remediate(h)
+        assert person not in decided, decided  # a person's drain is not on the ladder at all
+        assert decided[held]["action"] == "skip:held" and decided[maint]["action"] == "skip:slurm-state"
+        nodes = h.slurm()
+        assert nodes[person].reason == "opsctl:manual xid-48 gpu3 vendor swap"
+        assert nodes[maint].reason == nodes[held].reason == xid
+    finally:
+        h.scontrol("delete", "reservationname=opsctl-ladder-maint")
+    assert h.opsctl("hold", held, "--release").returncode == 0
+    assert remediate(h)[held]["action"] == "reset"  # handed back: the ladder takes it
+    assert events(h, held) == ["hold", "refuse", "release", "reset"]
