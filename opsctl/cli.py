@@ -159,9 +159,9 @@ def resume_cmd(clients, hostlist, force, config_path):
 @one_line_errors
 def remediate_cmd(clients, dry_run, as_json, watch, config_path):
     """Take each drained node one step up the ladder: reset, reboot, validate, resume or RMA."""
-    from opsctl.commands.remediate import remediate_cmd
+    from opsctl.commands.remediate import remediate_or_watch
 
-    return remediate_cmd(clients.use(config_path), dry_run, as_json, watch)
+    return remediate_or_watch(clients.use(config_path), dry_run, as_json, watch)
 
 
 @main.command("hold")

@@ -17,30 +17,28 @@ from opsctl.remediation.ladder_plan import LadderDecision
 from opsctl.remediation.remediate import RemediateResult, remediate, set_hold
 
 
-def remediate_cmd(clients: Clients, dry_run: bool, as_json: bool, watch_s: float | None) -> ExitCode:
+def remediate_or_watch(clients: Clients, dry_run: bool, as_json: bool, watch_s: float | None) -> ExitCode:
     if watch_s is None:
         return remediate_once(clients, dry_run, as_json)
-
-    def round_() -> RemediateResult:
-        return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
 
     # A round prints what it did, each line stamped with its time (a journal tells the rounds apart); a round
     # with nothing to do prints nothing, so that a node waiting for its reboot does not fill the journal.
     def show_round(result: RemediateResult) -> None:
         stamp = iso_time()
         if as_json:
-            click.echo(f"{json.dumps(result_dict(result) | {'time': stamp})}")
+            click.echo(json.dumps(result_dict(result) | {"time": stamp}))
             return
         for line in changes_lines(result):
             click.echo(f"{stamp} {line}")
         if result.plan.stop:
             click.echo(f"{stamp} safety stop: {result.plan.stop}", err=True)
 
-    return watch(round_, watch_s, show_round, lambda line: click.echo(f"{iso_time()} {line}", err=True))
+    return watch(lambda: _round(clients, dry_run), watch_s, show_round,
+                 lambda line: click.echo(f"{iso_time()} {line}", err=True))
 
 
 def remediate_once(clients: Clients, dry_run: bool, as_json: bool) -> ExitCode:
-    result = remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
+    result = _round(clients, dry_run)
     if as_json:
         click.echo(json.dumps(result_dict(result), indent=1))
     else:
@@ -48,6 +46,10 @@ def remediate_once(clients: Clients, dry_run: bool, as_json: bool) -> ExitCode:
         if result.plan.stop:
             click.echo(f"safety stop: {result.plan.stop}", err=True)
     return result.exit_code
+
+
+def _round(clients: Clients, dry_run: bool) -> RemediateResult:
+    return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
 
 
 def result_dict(result: RemediateResult) -> dict:

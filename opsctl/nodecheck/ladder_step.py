@@ -29,7 +29,7 @@ from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.fileio import write_atomic
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
 from opsctl.remediation.act import VALIDATED, Actor, Change, cap_reason
-from opsctl.remediation.ladder import REBOOT, RESET, Rung, rung_of, validated_reason
+from opsctl.remediation.ladder import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
 from opsctl.remediation.state import secure_dir
 from opsctl.slurm import Slurm, SlurmNode
 
@@ -123,7 +123,7 @@ def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) ->
     if after == REBOOT:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
     found = SERIAL.search(query.stdout)
-    return result, f"serial={found.group(1)} {detail}" if found else detail
+    return result, f"{serial_word(found.group(1))} {detail}" if found else detail
 
 
 def _bug_report(program: str, run: Run, evidence: Path) -> None:

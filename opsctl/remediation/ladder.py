@@ -33,6 +33,8 @@ _FAMILY = re.compile(r"^xid-(reset|reboot|inspect)$")
 _OWN_XID = re.compile(r"^xid-(\d+)$")
 _GPU = re.compile(r"^gpu\d+$")
 _EVIDENCE_XID = re.compile(r"\bxid=(\d+)\b")
+# The GPU's serial in a validated-fail answer and the RMA reason after it: `serial=1650924123456`.
+_SERIAL = re.compile(r"\bserial=(\S+)")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,16 @@ def rung_of(node: SlurmNode) -> Rung | None:
         after = words[3].removeprefix("after-") if len(words) > 3 else ""
         return Rung(step, fault, after=after, detail=" ".join(words[4:]))
     return Rung(step, fault, detail=" ".join(words[3:]))
+
+
+def serial_word(serial: str) -> str:
+    return f"serial={serial}"
+
+
+def serial_of(reason: str) -> str | None:
+    """The GPU serial a node's failed validation named in this reason, None when it names none."""
+    found = _SERIAL.search(reason)
+    return found.group(1) if found else None
 
 
 def step_reason(step: str, fault: Fault, detail: str = "") -> str:

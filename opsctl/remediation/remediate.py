@@ -8,7 +8,6 @@ shows the node's whole ladder. With --dry-run nothing changes and each step is a
 """
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +19,12 @@ from opsctl.fileio import write_atomic
 from opsctl.health.xid import xid_catalog
 from opsctl.remediation.act import RMA, Actor, Change
 from opsctl.remediation.audit import AuditLog, current_user
+from opsctl.remediation.ladder import serial_of
 from opsctl.remediation.ladder_plan import Budgets, LadderDecision, LadderPlan, plan_ladder
 from opsctl.remediation.state import StateDir, secure_dir
 from opsctl.slurm import Slurm
 
 RMA_DIR = "rma"
-SERIAL_WORD = re.compile(r"\bserial=(\S+)")
 # Where the node keeps its side of the evidence (opsctl/nodecheck/ladder_step.py): the head never logs in.
 NODE_EVIDENCE = ("on the node: <state_dir>/validation/<UTC time>-<step>/ (dcgmi-diag.json, nvidia-smi-q.txt, "
                  "nvidia-bug-report.log.gz)")
@@ -99,17 +98,12 @@ def write_bundle(config: Config, change: Change, records: list[dict[str, Any]], 
         summary = {"node": change.node, "gpu": change.evidence, "rule": change.checks[0] if change.checks else "",
                    "reason": change.reason, "why": change.detail, "slurm_state": change.seen.state_text,
                    "time": stamp, "by": current_user(), "xid_catalog": _catalog_entry(change),
-                   "gpu_serial": _serial(change), "node_evidence": NODE_EVIDENCE}
+                   "gpu_serial": serial_of(change.seen.reason) or serial_of(change.reason),
+                   "node_evidence": NODE_EVIDENCE}
         write_atomic(bundle / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n", mode=0o640)
     except OSError as err:
         raise ConfigError(f"RMA bundle {bundle}: {err.strerror}") from None
     return bundle
-
-
-def _serial(change: Change) -> str | None:
-    """The GPU's serial number, as the node's failed validation named it (`serial=...` in its reason)."""
-    found = SERIAL_WORD.search(change.seen.reason) or SERIAL_WORD.search(change.reason)
-    return found.group(1) if found else None
 
 
 def _catalog_entry(change: Change) -> dict[str, Any] | None:
