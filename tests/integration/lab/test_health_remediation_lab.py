@@ -148,6 +148,27 @@ def test_a_sticky_row_remap_failure_goes_from_reset_and_reboot_to_rma_with_the_g
     assert h.slurm()[node].reason == reason and events(h, node)[-1] == "rma"
 
 
+def test_the_same_xid_on_one_gpu_three_times_in_a_day_goes_to_rma_on_the_third(h):
+    node, fault = "gpu046", "opsctl:xid-48 gpu3 xid=48"
+    for count in (1, 2):  # drained, reset, validated and resumed, twice
+        assert drained_by_health(h, node, "xid:48", 3, "xid-48") == f"{fault} count={count}"
+        assert remediate(h)[node]["action"] == "reset"
+        answered, _ = node_check(h, node)
+        assert "reset of gpu3 checked: pass" in answered, answered
+        assert remediate(h)[node]["action"] == "resume"
+        h.lab.wait_until(lambda: not h.slurm()[node].out_of_service, 60, "the node back in service", interval=1)
+    # The reset ended each XID, but dcgm-exporter's window still counts it: the third reads count=3.
+    assert drained_by_health(h, node, "xid:48", 3, "xid-48") == f"{fault} count=3"
+    decided = remediate(h)[node]
+    assert decided["action"] == "rma", decided
+    rma = "opsctl:rma gpu3 xid-48 drained 3 times for xid-48 on gpu3 within 1d"
+    assert h.slurm()[node].reason == rma
+    assert events(h, node) == ["drain", "reset", "resume"] * 2 + ["drain", "rma"]
+    # Nothing automatic touches it again.
+    assert remediate(h).get(node, {}).get("action") in (None, "skip:rma")
+    assert h.slurm()[node].reason == rma and events(h, node)[-1] == "rma"
+
+
 def nvidia_smi_serial(h, node, gpu):
     """The GPU's serial as the node's nvidia-smi says it."""
     nvidia_smi = yaml.safe_load((h.lab.lab_dir / "nodes" / node / "node-check.yaml").read_text())["gpu"]["nvidia_smi"]
@@ -157,16 +178,19 @@ def nvidia_smi_serial(h, node, gpu):
 
 
 def test_xid_79_on_20_of_64_nodes_at_once_trips_the_breaker_and_nothing_is_reset_or_rebooted(h):
-    nodes = [f"gpu{i:03d}" for i in range(33, 53)]
+    # Not gpu036: the health table's DBE there stays a new DBE for its 10 m hold (the counter keeps its
+    # value after the fault ends, as a GPU's does until its driver reloads), so it would name two rules.
+    scope = "gpu[033-035,037-053]"
+    nodes = [f"gpu{i:03d}" for i in [*range(33, 36), *range(37, 54)]]
     h.inject_many(nodes, "xid:79", gpu=0)
-    h.wait_statuses("gpu[033-052]", dict.fromkeys(nodes, "fail"))
+    h.wait_statuses(scope, dict.fromkeys(nodes, "fail"))
     # The health run's own breaker stops the drains; a site that raised its limits has them all drained.
-    assert h.health_json("--drain", "--nodes", "gpu[033-052]")[0] == 4
+    assert h.health_json("--drain", "--nodes", scope)[0] == 4
     raw = yaml.safe_load(h.config.read_text())
     loose = {"breaker_min_nodes": 64, "max_drains_per_run": 20, "max_drains_per_hour": 20,
              "max_out_of_service_fraction": 1.0}
     h.config.write_text(yaml.safe_dump({**raw, "safety": loose}))
-    h.health_json("--drain", "--nodes", "gpu[033-052]")
+    h.health_json("--drain", "--nodes", scope)
     assert {h.slurm()[n].reason for n in nodes} == {"opsctl:xid-79 gpu0 xid=79 count=1"}
     # The ladder's breaker, at the default limits: 20 reboots at once is a shared cause, not 20 GPUs.
     h.config.write_text(yaml.safe_dump(raw))

@@ -5,7 +5,7 @@ and the numbers in the names say that order, because later modules find the mach
 earlier ones left: test_provision_1_runs.py checks the two provisioning runs first (the second one, after a
 restart of the machines, must change nothing) before any other test drains, injects or re-provisions.
 Then the services (2), Slurm and its jobs (3), the GPU node roles (4), alerts and the observability stack
-(5), the InfiniBand precheck and fabric test (6), and storage (7, 8).
+(5), the InfiniBand precheck and fabric test (6), storage (7, 8), and the remediation ladder (9).
 """
 
 import sys
