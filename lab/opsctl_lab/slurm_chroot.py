@@ -169,6 +169,7 @@ SlurmdLogFile={state}/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SlurmdParameters=config_overrides
+# 2, unlike the lab's 1: tests/component/test_slurm_chroots.py proves that opsctl refuses to reboot here.
 ReturnToService=2
 SchedulerType=sched/backfill
 SelectType=select/cons_tres

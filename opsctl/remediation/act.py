@@ -10,7 +10,8 @@ The Actor is entered once per run and holds the run lock for it. For each batch 
 scontrol call, in this order:
 
 1. compare and set: Slurm is read again, and a change whose node no longer shows what the decision rested
-   on (its flags and reason, and whether its base state is in service) is dropped and audited;
+   on (its flags and reason, and whether its base state is in service) is dropped and audited, and so is
+   every reboot where slurm.conf sets ReturnToService=2;
 2. intent: the handled-event records and the budget (drains and resumes per hour) are written to the
    state directory before scontrol runs, so a crash, SIGKILL or a full audit disk after it still counts
    the change: the next run can never drain past the budget or re-drain what a person repaired;
@@ -37,6 +38,10 @@ DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 # The remediation ladder's steps that re-word opsctl's own drain (opsctl/remediation/ladder.py): ask the
 # node for a GPU reset, record its checks' result, hand the node to the vendor (RMA) or to a person.
 RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
+# At ReturnToService=2 slurmctld returns a node that registers after a reboot to service, whatever nextstate
+# said, before its checks ran (docs/remediation.md): no reboot then, neither the ladder's nor a rollout's.
+REBOOT_REFUSED = ("refused: slurm.conf sets ReturnToService=2, which returns a rebooted node to service before "
+                  "its checks; set it to 1")
 # The budget each event spends (a re-wording takes no node out of service; a reset request and a
 # reboot spend the ladder's own). A planned rollout's reboot spends none (Change.budget).
 BUDGET = {DRAIN: "drains", RESUME: "resumes", RESET: "resets", REBOOT: "reboots"}
@@ -142,10 +147,11 @@ class Actor:
                 kept.append(change)
                 continue
             state = now_seen.state_text if now_seen else "gone"
-            why = f"changed: Slurm changed since the plan (now {state})"
-            acted.dropped.append((change, why))
-            self.audit.write("refuse", node=change.node, detail=why, now=self.now, state=state,
-                             reason=now_seen.reason if now_seen else "", checks=change.checks)
+            self._drop(change, f"changed: Slurm changed since the plan (now {state})", acted, now_seen)
+        if kept and kept[0].event == REBOOT and self.slurm.return_to_service() == 2:
+            for change in kept:
+                self._drop(change, REBOOT_REFUSED, acted, change.seen)
+            return
         if not kept:
             return
         self._intend(kept)
@@ -164,6 +170,12 @@ class Actor:
             self._settle_after_failure(kept, acted)
             raise
         self._made(kept, acted)
+
+    def _drop(self, change: Change, why: str, acted: Acted, seen: SlurmNode | None) -> None:
+        acted.dropped.append((change, why))
+        self.audit.write("refuse", node=change.node, detail=why, now=self.now,
+                         state=seen.state_text if seen else "gone", reason=seen.reason if seen else "",
+                         checks=change.checks)
 
     def _intend(self, batch: list[Change]) -> None:
         """Handled records and the budget, on disk before scontrol runs."""

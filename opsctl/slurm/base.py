@@ -161,4 +161,9 @@ class Slurm(Protocol):
         registration do it before any check)."""
         ...
 
+    def return_to_service(self) -> int:
+        """slurm.conf's ReturnToService as slurmctld runs it. At 2 a node that registers after a reboot goes
+        back to service whatever `nextstate` said, before its checks ran: the actor refuses reboots then."""
+        ...
+
     def expand(self, hostlist: str) -> list[str]: ...

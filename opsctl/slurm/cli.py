@@ -92,6 +92,17 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def parse_return_to_service(text: str) -> int:
+    """The `ReturnToService         = 1` line of `scontrol show config` (a `Key = value` line in every release)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "ReturnToService":
+            if value.strip().isdigit():
+                return int(value.strip())
+            break
+    raise SourceUnavailable("Slurm: `scontrol show config` gives no ReturnToService number")
+
+
 # Where Debian's Slurm reads its config when SLURM_CONF is not set.
 DEFAULT_CONF = "/etc/slurm/slurm.conf"
 
@@ -178,6 +189,9 @@ class SlurmCliImpl:
         # scontrol(1): reboot [ASAP] [nextstate={RESUME|DOWN}] [reason=<reason>] {ALL|<NodeList>}; slurmd runs
         # slurm.conf's RebootProgram, and slurmctld waits for the node to register with a later boot time.
         self._call([self.scontrol, "reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", ",".join(names)])
+
+    def return_to_service(self) -> int:
+        return parse_return_to_service(self._call([self.scontrol, "show", "config"]))
 
     def expand(self, hostlist: str) -> list[str]:
         return self._call([self.scontrol, "show", "hostnames", hostlist]).split()

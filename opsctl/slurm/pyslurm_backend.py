@@ -51,6 +51,9 @@ class PySlurmImpl:
     def reboot(self, names: list[str], reason: str) -> None:
         SlurmCliImpl().reboot(names, reason)  # pyslurm has no reboot request; scontrol is installed with it
 
+    def return_to_service(self) -> int:
+        return SlurmCliImpl().return_to_service()  # the same text wherever scontrol runs
+
     def expand(self, hostlist: str) -> list[str]:
         # Hostlist syntax is Slurm's own; scontrol is installed wherever pyslurm can work.
         return SlurmCliImpl().expand(hostlist)

@@ -1,6 +1,7 @@
 """The newer Slurm releases, real, from their debootstrap chroots: each runs a cluster of its own
 (munged, slurmctld, slurmd per node) that takes a drain and a resume through the host-side wrappers, and
-reboots a node as the lab does (opsctl_lab.slurm_reboot)."""
+reboots a node as the lab does (opsctl_lab.slurm_reboot); opsctl's actor refuses the reboot at their
+ReturnToService=2."""
 
 import os
 import shutil
@@ -17,6 +18,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("debootstrap")
 
 @pytest.mark.parametrize("index,suite", list(enumerate(SUITES)))
 def test_a_chroot_cluster_of_that_release_drains_and_resumes(tmp_path, index, suite):
+    """A drain and a resume; and, as the chroot's slurm.conf sets ReturnToService=2, opsctl's actor refuses to
+    reboot a node there: the release's own `scontrol show config` says so, and the node is not asked to."""
+    from opsctl.config import parse_config
+    from opsctl.remediation.act import REBOOT_REFUSED, Actor, Change
+    from opsctl.slurm import SlurmCliImpl
+
     chroot = SlurmChroot.ensure(suite)
     assert chroot.version.startswith(SUITES[suite] + ".")
     # Ports apart from every other lab slot's clusters (index = 10 * slot + n).
@@ -28,6 +35,13 @@ def test_a_chroot_cluster_of_that_release_drains_and_resumes(tmp_path, index, su
         states = subprocess.run([cluster.sinfo, "-h", "-N", "-o", "%N %t %E"], capture_output=True, text=True,
                                 check=True).stdout.splitlines()
         assert states == ["gpu1 idle none", "gpu2 drain bad dimm"]
+        slurm = SlurmCliImpl(cluster.sinfo, cluster.scontrol)
+        assert slurm.return_to_service() == 2
+        config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+        reboot = Change(node="gpu2", event="reboot", seen=slurm.nodes()["gpu2"], reason="opsctl:reboot gpu3 xid-79")
+        with Actor(config, slurm, 0.0) as actor:
+            assert actor.apply([reboot]).dropped == [(reboot, REBOOT_REFUSED)]
+        assert not slurm.nodes()["gpu2"].down_for_reboot
         subprocess.run([cluster.scontrol, "update", "nodename=gpu2", "state=resume"], check=True)
     finally:
         cluster.down()

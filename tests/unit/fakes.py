@@ -163,6 +163,7 @@ class FakeSlurm:
         self.fail_change: int | None = None
         self.raise_on_change: Exception | None = None
         self.sigterm_on_read: int | None = None
+        self.return_to_service_value = 1  # slurm.conf's ReturnToService (the slurm_common role's)
 
     def nodes(self):
         self.reads += 1
@@ -193,6 +194,9 @@ class FakeSlurm:
     def reboot(self, names, reason):
         self._change(("reboot", tuple(names), reason), names,
                      fields=lambda n: {"flags": tuple(dict.fromkeys((*n.flags, "REBOOT_REQUESTED"))), "reason": reason})
+
+    def return_to_service(self):
+        return self.return_to_service_value
 
     def expand(self, hostlist):
         return expand(hostlist)

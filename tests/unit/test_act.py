@@ -15,7 +15,7 @@ from opsctl.cli import main
 from opsctl.commands.context import Clients
 from opsctl.config import parse_config
 from opsctl.errors import ExitCode
-from opsctl.remediation.act import Actor, Change
+from opsctl.remediation.act import REBOOT_REFUSED, Actor, Change
 from opsctl.remediation.findings import drain_findings, failing_check
 from opsctl.remediation.state import StateDir
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
@@ -122,6 +122,26 @@ def test_compare_and_set_still_leaves_a_node_whose_reason_changed(tmp_path):
     with Actor(config, slurm, NOW) as actor:
         acted = actor.apply([Change(node="gpu001", event="drain", seen=seen, reason="opsctl:xid-79 gpu3")])
     assert acted.made == [] and [c.node for c, _ in acted.dropped] == ["gpu001"] and slurm.calls == []
+
+
+@pytest.mark.parametrize("return_to_service,rebooted", [(0, True), (1, True), (2, False)])
+def test_a_reboot_is_refused_where_slurm_would_return_the_node_before_its_checks(tmp_path, return_to_service,
+                                                                                   rebooted):
+    config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+    slurm = FakeSlurm(gpu_nodes(8))
+    slurm.state["gpu001"] = replace(slurm.state["gpu001"], flags=("DRAIN",), reason="opsctl:xid-79 gpu3")
+    slurm.return_to_service_value = return_to_service
+    reboot = Change(node="gpu001", event="reboot", seen=slurm.nodes()["gpu001"], reason="opsctl:reboot gpu3 xid-79")
+    with Actor(config, slurm, NOW) as actor:
+        acted = actor.apply([reboot])
+    audit = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    if rebooted:
+        assert acted.made == [reboot] and slurm.calls == [("reboot", ("gpu001",), reboot.reason)]
+        assert [r["event"] for r in audit] == ["reboot"]
+    else:
+        assert acted.dropped == [(reboot, REBOOT_REFUSED)] and slurm.calls == []
+        assert [(r["event"], r["detail"]) for r in audit] == [("refuse", REBOOT_REFUSED)]
+        assert not StateDir(config.state_dir).recent("reboots", NOW)  # no budget spent on it
 
 
 def test_resume_alone_honours_the_too_many_unknown_stop(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.slurm import SlurmCliImpl, SlurmNode, parse_nodes, parse_sinfo
 from opsctl.slurm.base import IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS
-from opsctl.slurm.cli import parse_version
+from opsctl.slurm.cli import parse_return_to_service, parse_version
 from opsctl.slurm.partitions import select_partitions
 from opsctl.slurm.pyslurm_backend import PySlurmImpl
 from tests.conftest import FIXTURES
@@ -314,3 +314,15 @@ def test_pyslurm_backend_without_pyslurm_names_the_key():
                                           ("scontrol-show-nodes-26.05.5-reboot-complete.json", "26.05.5")])
 def test_the_captures_are_of_the_release_their_name_says(name, release):
     assert json.loads((SLURM / name).read_text())["meta"]["slurm"]["release"] == release
+
+
+def test_return_to_service_is_read_from_scontrol_show_config():
+    text = (SLURM / "scontrol-show-config-22.05.8.txt").read_text()
+    assert parse_return_to_service(text) == 2
+    assert parse_return_to_service(text.replace("ReturnToService         = 2", "ReturnToService         = 1")) == 1
+
+
+@pytest.mark.parametrize("text", ["", "Configuration data as of 2026-12-04T12:24:56\nReturnToService = (null)\n"])
+def test_a_show_config_without_return_to_service_is_an_error_not_a_guess(text):
+    with pytest.raises(SourceUnavailable, match="ReturnToService"):
+        parse_return_to_service(text)
