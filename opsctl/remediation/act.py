@@ -40,8 +40,9 @@ DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
 # At ReturnToService=2 slurmctld returns a node that registers after a reboot to service, whatever nextstate
 # said, before its checks ran (docs/remediation.md): no reboot then, neither the ladder's nor a rollout's.
-REBOOT_REFUSED = ("refused: slurm.conf sets ReturnToService=2, which returns a rebooted node to service before "
-                  "its checks; set it to 1")
+RETURN_TO_SERVICE_2 = ("slurm.conf sets ReturnToService=2, which returns a rebooted node to service before its "
+                       "checks; set it to 1")
+REBOOT_REFUSED = f"refused: {RETURN_TO_SERVICE_2}"
 # The budget each event spends (a re-wording takes no node out of service; a reset request and a
 # reboot spend the ladder's own). A planned rollout's reboot spends none (Change.budget).
 BUDGET = {DRAIN: "drains", RESUME: "resumes", RESET: "resets", REBOOT: "reboots"}

@@ -20,7 +20,7 @@ from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.health.xid import XidCatalog
-from opsctl.remediation.act import RESUME, cap_reason
+from opsctl.remediation.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
 from opsctl.remediation.ladder import (
     REBOOT,
     RESET,
@@ -216,3 +216,12 @@ def _apply_limits(wanted: list[LadderDecision], in_flight: int, cluster: dict[st
             else:
                 left[decision.action] -= 1
         plan.decisions.append(decision)
+
+
+def refuse_reboots(plan: LadderPlan) -> None:
+    """The plan's reboots where slurm.conf sets ReturnToService=2: skipped, so that a dry run says so too (the
+    actor would refuse each of them anyway)."""
+    plan.stop = plan.stop or RETURN_TO_SERVICE_2
+    plan.decisions = [LadderDecision(d.node, "skip:return-to-service", d.fault, seen=d.seen,
+                                     detail=RETURN_TO_SERVICE_2) if d.action == REBOOT else d
+                      for d in plan.decisions]

@@ -17,10 +17,10 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.fileio import write_atomic
 from opsctl.health.xid import xid_catalog
-from opsctl.remediation.act import RMA, Actor, Change
+from opsctl.remediation.act import REBOOT, RMA, Actor, Change
 from opsctl.remediation.audit import AuditLog, current_user
 from opsctl.remediation.ladder import serial_of
-from opsctl.remediation.ladder_plan import Budgets, LadderDecision, LadderPlan, plan_ladder
+from opsctl.remediation.ladder_plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
 from opsctl.remediation.state import StateDir, secure_dir
 from opsctl.slurm import Slurm
 
@@ -52,6 +52,8 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
         budgets = Budgets(resets=len(state.recent("resets", now)), reboots=len(state.recent("reboots", now)),
                           resumes=len(state.recent("resumes", now)))
         plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds()), budgets, config, now)
+        if any(d.action == REBOOT for d in plan.decisions) and slurm.return_to_service() == 2:  # one call, if needed
+            refuse_reboots(plan)
         result = RemediateResult(plan, dry_run=dry_run)
         changes = [_change(d) for d in plan.changing()]
         for decision in plan.decisions:

@@ -141,6 +141,20 @@ def test_dry_run_says_what_it_would_do_and_changes_nothing(tmp_path):
     assert w.slurm.calls == [] and [r["event"] for r in w.audit()] == ["would-reset"]
 
 
+def test_at_return_to_service_2_nothing_is_rebooted_and_a_dry_run_says_so(tmp_path):
+    w = World(tmp_path, gpu040=node("gpu040", flags=("DRAIN",), reason="opsctl:xid-79 gpu3 xid=79 count=1"),
+              gpu007=node("gpu007", flags=("DRAIN",), reason="opsctl:row-remap-pending gpu2 pending=1"))
+    w.slurm.return_to_service_value = 2
+    for dry_run in (["--dry-run"], []):
+        assert w.run("remediate", "--json", *dry_run) == 4
+        actions = {n["node"]: n["action"] for n in json.loads(w.stdout)["nodes"]}
+        assert actions == {"gpu040": "skip:return-to-service",  # the reset needs no reboot: it goes on
+                           "gpu007": "would-reset" if dry_run else "reset"}
+    assert [c[0] for c in w.slurm.calls] == ["reason"] and w.slurm.state["gpu040"].reason.startswith("opsctl:xid-79")
+    refusals = [r["detail"] for r in w.audit() if r["event"] == "refuse"]
+    assert len(refusals) == 2 and all("ReturnToService=2" in d for d in refusals)
+
+
 def test_no_validation_after_a_reset_leads_to_a_reboot_and_after_a_reboot_to_a_person(tmp_path):
     w = World(tmp_path, gpu030=node("gpu030", flags=("DRAIN",), reason="opsctl:reset gpu1 xid-62"),
               gpu031=node("gpu031", state="down", reason="opsctl:reboot gpu1 xid-79"))
