@@ -433,7 +433,9 @@ def test_counters_that_start_above_zero_or_change_labels_are_no_increase_on_eith
     texts.dcgm["gpu001"].body = dcgm_body(1, driver="560.35.03")  # a new series, the same value
     never_drains_for(texts, config, 9)
     texts.dcgm["gpu001"].body = dcgm_body(2, driver="560.35.03")  # a new DBE
-    time.sleep(2.5)
+    # Both engines have scraped it (a fixed wait of two scrapes was at times too short on a busy machine).
+    wait(lambda: all(tsdb.query("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL == 2") for tsdb in texts.tsdbs.values()), 10,
+         "the new DBE in both databases")
     report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
     assert [(c.id, c.device, c.status) for c in report.nodes["gpu001"].checks] == [("ecc-dbe-new", "gpu0", "fail")]
 
