@@ -97,6 +97,7 @@ class Actor:
         self.done = [] if done is None else done
         self._lock: contextlib.AbstractContextManager[object] = (
             RunLock(config.state_dir) if lock else contextlib.nullcontext())
+        self._return_to_service: int | None = None
 
     def __enter__(self) -> "Actor":
         self._lock.__enter__()
@@ -108,6 +109,12 @@ class Actor:
 
     def nodes(self) -> dict[str, SlurmNode]:
         return self.slurm.nodes()
+
+    def refuses_reboots(self) -> bool:
+        """slurm.conf sets ReturnToService=2 (REBOOT_REFUSED); read from Slurm once per run, when first asked."""
+        if self._return_to_service is None:
+            self._return_to_service = self.slurm.return_to_service()
+        return self._return_to_service == 2
 
     def refuse(self, node: str, detail: str, checks: tuple[str, ...] | list[str] = (), seen: SlurmNode | None = None,
                dry_run: bool = False, evidence: str = "") -> None:
@@ -149,7 +156,7 @@ class Actor:
                 continue
             state = now_seen.state_text if now_seen else "gone"
             self._drop(change, f"changed: Slurm changed since the plan (now {state})", acted, now_seen)
-        if kept and kept[0].event == REBOOT and self.slurm.return_to_service() == 2:
+        if kept and kept[0].event == REBOOT and self.refuses_reboots():
             for change in kept:
                 self._drop(change, REBOOT_REFUSED, acted, change.seen)
             return

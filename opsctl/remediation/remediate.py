@@ -52,7 +52,7 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
         budgets = Budgets(resets=len(state.recent("resets", now)), reboots=len(state.recent("reboots", now)),
                           resumes=len(state.recent("resumes", now)))
         plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds()), budgets, config, now)
-        if any(d.action == REBOOT for d in plan.decisions) and slurm.return_to_service() == 2:  # one call, if needed
+        if any(d.action == REBOOT for d in plan.decisions) and actor.refuses_reboots():  # asked only if needed
             refuse_reboots(plan)
         result = RemediateResult(plan, dry_run=dry_run)
         changes = [_change(d) for d in plan.changing()]

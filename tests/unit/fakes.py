@@ -164,6 +164,7 @@ class FakeSlurm:
         self.raise_on_change: Exception | None = None
         self.sigterm_on_read: int | None = None
         self.return_to_service_value = 1  # slurm.conf's ReturnToService (the slurm_common role's)
+        self.config_reads = 0
 
     def nodes(self):
         self.reads += 1
@@ -196,6 +197,7 @@ class FakeSlurm:
                      fields=lambda n: {"flags": tuple(dict.fromkeys((*n.flags, "REBOOT_REQUESTED"))), "reason": reason})
 
     def return_to_service(self):
+        self.config_reads += 1
         return self.return_to_service_value
 
     def expand(self, hostlist):

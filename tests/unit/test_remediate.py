@@ -36,6 +36,7 @@ def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(tmp_pat
     assert w.slurm.state["gpu040"].reason == "opsctl:xid-79 gpu3 xid=79 count=1"
     assert w.run("remediate") == 0
     assert w.slurm.calls[-1] == ("reboot", ("gpu040",), "opsctl:reboot gpu3 xid-79 xid=79 count=1")
+    assert w.slurm.config_reads == 1  # ReturnToService asked once: by the plan, and the actor kept the answer
     assert w.run("remediate") == 0 and len(w.slurm.calls) == 2  # rebooting: nothing to do
     back_from_reboot(w, "gpu040")
     assert w.run("remediate") == 0 and len(w.slurm.calls) == 2  # back, waiting for its own checks
