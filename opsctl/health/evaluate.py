@@ -66,6 +66,7 @@ class Report:
     queries: int = 0
     query_seconds: float = 0.0
     time: float = 0.0
+    query_time: float | None = None  # the moment (Unix seconds, the source's clock) whose data every rule read
     warnings: list[str] = field(default_factory=list)  # the source said its answers may be partial
     identities: Identities | None = None
     rule_results: str = "direct"  # precomputed, mixed or direct: where the rules' answers came from
@@ -86,7 +87,13 @@ def presence_queries(config: Config) -> tuple[str, str]:
 def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
              memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
     """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists.
-    Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all."""
+    Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all.
+
+    The rules read the data as it stood when the first `up` answer was computed (`Report.query_time`),
+    however long the run takes. A scrape that began before that moment can still land during the run: a
+    failed one (a hung node's timeout) marks its series stale, so a rule read after it would find nothing
+    and call the node ok. `up` is read again, at the same moment, after the rules, and a target counts as
+    up only where both reads say so (the second read reaches back as far as the recorded results used)."""
     started = time.monotonic()
     up_q, age_q = presence_queries(config)
     recorded = config.prometheus.recording_rules == "auto"
@@ -98,18 +105,39 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
             raise SourceUnavailable(f"presence query: an `up` series without job and instance labels: "
                                     f"{sample.labels!r}")
     _check_jobs(client, config, up)
+    moment = up[0].at or None  # a source that gives no time (a test's fake) is read at its present
     found = precomputed.read(results[3], rules, config) if recorded else precomputed.everything_direct(rules)
     # A rule without fresh recorded results runs as the exported alert's expression: Prometheus filters by
     # the threshold, so answers carry only breaching (or non-finite) series, small at any cluster size.
-    direct = client.query_many([rule.alert_expr() for rule in found.direct])
+    direct = client.query_many([rule.alert_expr() for rule in found.direct], at=moment)
+    up = up_in_both(up, client.query(up_since(up_q, found, config), at=moment))
     answers = {**found.answers, **{rule.id: samples for rule, samples in zip(found.direct, direct, strict=True)}}
     report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,
                    time.time() if now is None else now, set(ignore))
-    report.queries = len(first) + len(found.direct)
+    report.queries = len(first) + len(found.direct) + 1
+    report.query_time = moment
     report.rule_results, report.rule_results_note = found.path, found.note()
     report.query_seconds = time.monotonic() - started
     report.warnings = list(client.warnings)
     return report
+
+
+def up_since(up_q: str, found: precomputed.Precomputed, config: Config) -> str:
+    """`up` for its second read. Recorded results are as old as the evaluation that wrote them, and a
+    target whose scrape had failed then is missing from them: it counts as down until every recorded
+    result used is younger than that scrape (a scrape interval more, for the scrape the evaluation saw)."""
+    if not found.answers:
+        return up_q
+    window = math.ceil(found.oldest + float(duration_seconds(config.prometheus.scrape_interval)))
+    return f"min_over_time({up_q}[{window}s])"
+
+
+def up_in_both(before: list[Sample], after: list[Sample]) -> list[Sample]:
+    """The first read's `up` series, each down unless the second read says up too (a target gone from
+    the second read is down)."""
+    later = {(s.labels.get("job"), s.labels.get("instance")): s.value for s in after}
+    return [Sample(s.labels, min(s.value, later.get((s.labels.get("job"), s.labels.get("instance")), 0.0)), s.at)
+            for s in before]
 
 
 def _check_jobs(client: PromQuery, config: Config, up: list[Sample]) -> None:

@@ -94,7 +94,7 @@ def read_evidence(client: PromQuery, rules: list[Rule], wanted: dict[str, set[st
     asked = [rule for rule in rules if wanted.get(rule.id)]
     if not asked or report.identities is None:
         return {}
-    answers = client.query_many([rule.expr for rule in asked])
+    answers = client.query_many([rule.expr for rule in asked], at=report.query_time)
     report.queries += len(asked)
     named = {node: named_devices(reason, asked) for node, reason in (reasons or {}).items()}
     found: dict[tuple[str, str], Evidence] = {}

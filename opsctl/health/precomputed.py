@@ -62,6 +62,7 @@ class Precomputed:
     answers: dict[str, list[Sample]] = field(default_factory=dict)
     direct: list[Rule] = field(default_factory=list)
     why: dict[str, list[str]] = field(default_factory=dict)  # reason -> rule ids read directly for it
+    oldest: float = 0.0  # the age in seconds of the oldest recorded results used
 
     @property
     def path(self) -> str:
@@ -107,6 +108,7 @@ def read(samples: list[Sample], rules: list[Rule], config: Config) -> Precompute
         ages = beats.get(rule.id)
         if ages and max(ages) <= fresh_for:
             out.answers[rule.id] = results.get(rule.id, [])
+            out.oldest = max(out.oldest, max(ages))
             continue
         if ages:
             why = f"older than {fresh_for:g}s (2 x prometheus.recording_interval)"

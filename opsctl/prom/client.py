@@ -35,15 +35,16 @@ class Sample:
 
 
 class PromQuery(Protocol):
-    """Runs instant queries; raises SourceUnavailable on any failure. Answers that the server marks as
-    possibly partial add a line to `warnings`."""
+    """Runs instant queries, at the server's present or, with `at`, at that Unix time; raises
+    SourceUnavailable on any failure. Answers that the server marks as possibly partial add a line to
+    `warnings`."""
 
     queries: int
     warnings: list[str]
 
-    def query(self, expr: str) -> list[Sample]: ...
+    def query(self, expr: str, at: float | None = None) -> list[Sample]: ...
 
-    def query_many(self, exprs: list[str]) -> list[list[Sample]]: ...
+    def query_many(self, exprs: list[str], at: float | None = None) -> list[list[Sample]]: ...
 
 
 def _short(expr: str) -> str:
@@ -141,19 +142,20 @@ class PromClientImpl:
                    prom.basic_auth.password_file, prom.ca_bundle, prom.connect_timeout_seconds, prom.timeout_seconds,
                    prom.parallel_queries)
 
-    def query_many(self, exprs: list[str]) -> list[list[Sample]]:
+    def query_many(self, exprs: list[str], at: float | None = None) -> list[list[Sample]]:
         """All answers in order, a few at a time; the first failure is raised and nothing is returned."""
         if self.parallel == 1 or len(exprs) < 2:
-            return [self.query(expr) for expr in exprs]
+            return [self.query(expr, at) for expr in exprs]
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-            return list(pool.map(self.query, exprs))
+            return list(pool.map(lambda expr: self.query(expr, at), exprs))
 
-    def query(self, expr: str) -> list[Sample]:
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
         with self._count:
             self.queries += 1
         where = f"Prometheus at {self.shown_url}"
         try:
-            resp = self.session.post(f"{self.url}{QUERY_PATH}", data={"query": expr}, timeout=self.timeout)
+            form = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+            resp = self.session.post(f"{self.url}{QUERY_PATH}", data=form, timeout=self.timeout)
         except requests.exceptions.SSLError as err:
             raise SourceUnavailable(redact(tls_failure(self.shown_url, err))) from None
         except requests.exceptions.Timeout:

@@ -120,8 +120,8 @@ class Tsdb:
                     "-loggerLevel=ERROR"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def query(self, expr: str) -> list:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr, **({"time": at} if at else {})})
         try:
             with urllib.request.urlopen(url, timeout=5) as resp:
                 return json.load(resp)["data"]["result"]
@@ -201,8 +201,8 @@ class Stack(Running):
             self.stop()
             raise
 
-    def query(self, expr: str) -> list:
-        return self.tsdbs["prometheus"].query(expr)
+    def query(self, expr: str, at: float | None = None) -> list:
+        return self.tsdbs["prometheus"].query(expr, at)
 
     def wait(self, predicate, timeout: float = 30.0, what: str = "condition") -> None:
         wait(predicate, timeout, what)

@@ -151,6 +151,14 @@ def test_query_many_keeps_order_and_fails_as_a_whole(prom):
         client.query_many(["a", "b", "c"])
 
 
+def test_a_query_at_a_moment_sends_it_as_the_time_parameter(prom):
+    client = PromClientImpl(prom.url, parallel=2)
+    client.query_many(["a", "b"], at=1750000123.25)
+    client.query("c")
+    assert sorted(body for _, _, body in prom.requests) == ["query=a&time=1750000123.250",
+                                                             "query=b&time=1750000123.250", "query=c"]
+
+
 def test_warnings_of_a_partial_answer_are_collected(prom):
     answer(prom, {**GOOD, "warnings": ["store 10.0.0.7:10901 is down: partial data"]})
     client = PromClientImpl(prom.url)

@@ -55,6 +55,7 @@ class FakeProm:
         self.queries = 0
         self.warnings: list[str] = []
         self.asked: list[str] = []
+        self.asked_at: list[float | None] = []  # the `at` of each query in `asked`
         # Rule results that Prometheus recorded (opsctl.health.precomputed): rule id -> heartbeat age, or
         # "other" for a heartbeat of another expression. All rules fresh, as the Prometheus role installs them;
         # {}: no recording rules loaded.
@@ -89,17 +90,18 @@ class FakeProm:
             extra["window_size_in_ms"] = "300000"
         return Sample(self._labels(node, rule.source, extra), value)
 
-    def query_many(self, exprs):
-        return [self.query(e) for e in exprs]
+    def query_many(self, exprs, at=None):
+        return [self.query(e, at) for e in exprs]
 
-    def query(self, expr):
+    def query(self, expr, at=None):
         self.queries += 1
         self.asked.append(expr)
+        self.asked_at.append(at)
         if self.fail_with is not None:
             raise self.fail_with
         self.warnings.extend(f"{expr[:20]!r}: {w}" for w in self.partial)
-        if expr.startswith("up{"):
-            return [Sample(self._labels(n, s), v) for (n, s), v in self.up.items()]
+        if expr.startswith(("up{", "min_over_time(up{")):
+            return [Sample(self._labels(n, s), v, at if at is not None else self.now) for (n, s), v in self.up.items()]
         if expr.startswith("time() - timestamp("):
             return [Sample(self._labels(n, s), self.age.get((n, s), 3.0)) for (n, s) in self.up]
         if expr.startswith("group by (job, instance"):

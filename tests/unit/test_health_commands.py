@@ -20,8 +20,9 @@ def world(tmp_path):
 
 def test_a_healthy_cluster_exits_0(world):
     code, nodes, summary = world.json()
-    # Presence, scrape age, identity and the recorded rule results: every rule was recorded and fresh.
-    assert code == 0 and summary["ok"] == 64 and summary["queries"] == 4
+    # Presence, scrape age, identity, the recorded rule results and presence again: every rule was recorded
+    # and fresh.
+    assert code == 0 and summary["ok"] == 64 and summary["queries"] == 5
     assert summary["rule_results"] == "precomputed" and summary["rule_results_note"] is None
 
 
@@ -220,11 +221,11 @@ def test_resume_queries_grow_with_rules_not_nodes(tmp_path):
     raw = {"safety": {"resume_after": "0s", "max_resumes_per_run": 20, "max_resumes_per_hour": 20}}
     w = World(tmp_path, raw=raw, **drained)
     code, _, summary = w.json("--resume")
-    assert summary["resumed"] == 10 and summary["queries"] == 4 + 1  # and one for the resume evidence
+    assert summary["resumed"] == 10 and summary["queries"] == 5 + 1  # and one for the resume evidence
     direct = World(tmp_path / "direct", raw=raw, **drained)
     direct.prom.recorded = {}  # no recording rules: every rule is queried directly
     _, _, summary = direct.json("--resume")
-    assert summary["resumed"] == 10 and summary["queries"] == 4 + len(w.prom.rules) + 1
+    assert summary["resumed"] == 10 and summary["queries"] == 5 + len(w.prom.rules) + 1
 
 
 def test_the_resume_budget_exits_4(tmp_path):
@@ -294,11 +295,11 @@ def test_watch_goes_on_after_a_failed_round_and_ends_with_exit_0_on_sigterm(worl
     failures = iter([SourceUnavailable("Prometheus at x: cannot connect"), None, None])
     original = world.prom.query
 
-    def query(expr):
+    def query(expr, at=None):
         failure = next(failures, None) if expr.startswith("up{") else None
         if failure:
             raise failure
-        return original(expr)
+        return original(expr, at)
 
     world.prom.query = query
     assert world.run("health", "--watch", "1", "--json") == 0

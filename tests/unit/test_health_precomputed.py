@@ -35,7 +35,7 @@ def test_recorded_and_direct_results_decide_the_same(tmp_path, seed):
     assert (code, nodes) == (code_d, nodes_d)
     assert any(v[0] == "fail" for v in nodes.values())  # the case has failing nodes to decide on
     assert (summary["rule_results"], summary_d["rule_results"]) == ("precomputed", "direct")
-    assert summary["queries"] == 4 and summary_d["queries"] == 4 + len(direct.prom.rules)
+    assert summary["queries"] == 5 and summary_d["queries"] == 5 + len(direct.prom.rules)
     assert not any(q == rule.alert_expr() for q in recorded.prom.asked for rule in recorded.prom.rules)
 
 
@@ -60,7 +60,7 @@ def test_a_stale_heartbeat_sends_that_rule_to_the_direct_path_only(tmp_path):
     world.prom.breach("xid-79", "gpu040", "3")
     code, nodes, summary = decisions(world)
     assert code == 1 and nodes["gpu040"][0] == "fail"
-    assert summary["rule_results"] == "mixed" and summary["queries"] == 5
+    assert summary["rule_results"] == "mixed" and summary["queries"] == 6
     assert summary["rule_results_note"] == (f"recorded rule results not used for 1 of {len(world.prom.rules)} "
                                             "rules, queried directly (older than 60s (2 x "
                                             "prometheus.recording_interval): xid-79)")
@@ -91,7 +91,7 @@ def test_recording_rules_off_never_reads_them_and_says_nothing(tmp_path):
     code, _, summary = decisions(world)
     assert precomputed.QUERY not in world.prom.asked
     assert summary["rule_results"] == "direct" and summary["rule_results_note"] is None
-    assert summary["queries"] == 3 + len(world.prom.rules)
+    assert summary["queries"] == 4 + len(world.prom.rules)
 
 
 def test_the_export_records_each_rule_in_a_group_of_its_own_with_its_heartbeat(tmp_path):

@@ -61,4 +61,4 @@ def test_the_heads_prometheus_records_the_catalog_and_opsctl_reads_the_recorded_
     assert len(groups) == len(listed)
     run = json.loads(machines.on_head("/opt/opsctl/bin/opsctl health --json || true"))
     assert run["summary"]["rule_results"] == "precomputed", run["summary"]["rule_results_note"]
-    assert run["summary"]["queries"] <= 5  # presence, age, identity, recorded (and resume evidence)
+    assert run["summary"]["queries"] <= 6  # presence, age, identity, recorded, presence again (and resume evidence)
