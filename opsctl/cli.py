@@ -384,6 +384,44 @@ def node_check_cmd(clients, as_json, textfile, drain, remediate, node, window, s
     return node_check(clients.use(config_path), as_json, textfile, drain, node, window, sysfs_root, remediate)
 
 
+@node_group.command("validate")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--textfile", default=None, metavar="PATH",
+              help="Write opsctl_node_validate metrics here for node_exporter's textfile collector (*.prom).")
+@config_option
+@click.pass_obj
+@one_line_errors
+def node_validate_cmd(clients, as_json, textfile, config_path):
+    """Run this node's active checks: dcgmi diag and an NCCL all-reduce over its GPUs against a floor
+    (what `opsctl validate` runs as a Slurm job on an idle node).
+
+    Exit codes: 0 all pass, 1 a test failed, 2 usage/config error, 3 a test could not run (not checked).
+    """
+    from opsctl.commands.node_validate import node_validate
+
+    return node_validate(clients.use(config_path), as_json, textfile)
+
+
+@main.command("validate")
+@click.option("--idle", is_flag=True, help="Validate the idle GPU nodes, one exclusive low-priority job each.")
+@click.option("--nodes", "scope", default=None, metavar="HOSTLIST", help="Only these nodes (a Slurm hostlist).")
+@click.option("--dry-run", is_flag=True, help="Show which nodes a sweep would validate; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the sweep and the health run as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def validate_cmd(clients, idle, scope, dry_run, as_json, config_path):
+    """Run active checks (dcgmi diag, an NCCL all-reduce) as Slurm jobs on idle nodes, then drain the
+    failures through `opsctl health --drain` (docs/validate.md).
+
+    Exit codes: 0 all pass, 1 a node failed or was not checked, 2 usage/config error, 3 Slurm or Prometheus
+    unreadable, 4 safety stop.
+    """
+    from opsctl.commands.validate import validate
+
+    return validate(clients.use(config_path), idle, scope, dry_run, as_json)
+
+
 @main.group("rules")
 def rules_group():
     """The health rule catalog."""

@@ -123,6 +123,7 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
     config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s",
                              "recording_rules": "off"},
               "slurm": {"backend": "cli"}, "metrics": {"listen_address": lp.opsctl_metrics_listen()},
+              "validate": {"job_command": prometheus_lab.validate_job_command(paths)},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)

@@ -132,6 +132,9 @@ FAULTS = {
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
                   rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE),
         FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE),
+        # Links that train and count no error, yet carry half: found only by moving data (all_reduce_perf).
+        FaultSpec("nvlink-slow", "gpu", "the GPU's NVLinks move half the data: all_reduce_perf's bus bandwidth "
+                  "halves, no counter shows it"),
         FaultSpec("ib-down", "hca", "the port is down (state DOWN, phys Polling)",
                   rates={}, steps={"link_downed": 1}),
         FaultSpec("sm-down", "node", "the subnet manager is gone: every InfiniBand port sits in INIT "

@@ -55,8 +55,9 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
     opsctl config that points `opsctl node check` at its sysfs tree, its mounts, those tools and its kernel log."""
     bin_dir = paths.storage(name) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    env = " ".join(f"{k}={v}" for k, v in {**_python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
-    tools = {"lctl": "lctl", "lfs": "lfs", "lnetctl": "lnetctl", "nvidia-smi": "nvidia_smi", "dcgmi": "dcgmi"}
+    env = " ".join(f"{k}={v}" for k, v in {**python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
+    tools = {"lctl": "lctl", "lfs": "lfs", "lnetctl": "lnetctl", "nvidia-smi": "nvidia_smi", "dcgmi": "dcgmi",
+             "all_reduce_perf": "all_reduce_perf"}
     for tool, module in tools.items():
         (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{module} \"$@\"\n")
         (bin_dir / tool).chmod(0o755)
@@ -71,7 +72,8 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
                           "mountstats_path": str(storage / "mountstats")},
               # The node's own kernel log, where its xid-kernel faults write, never the host's /dev/kmsg.
               "gpu": {"kernel_log_path": str(paths.kernel_log(name)), "nvidia_smi": str(bin_dir / "nvidia-smi"),
-                      "dcgmi": str(bin_dir / "dcgmi")}}
+                      "dcgmi": str(bin_dir / "dcgmi")},
+              "validate": {"all_reduce_perf": str(bin_dir / "all_reduce_perf")}}
     text = yaml.safe_dump(config, sort_keys=False)
     if not paths.node_check_config(name).exists() or paths.node_check_config(name).read_text() != text:
         paths.node_check_config(name).write_text(text)
@@ -85,10 +87,19 @@ def start_dcgm_emulator(paths: lp.LabPaths, nodes: int) -> None:
     nodes_file = paths.root / "dcgm-emulator-nodes.json"
     nodes_file.write_text(json.dumps(spec, indent=1))
     processes.start("dcgm-emulator", [sys.executable, "-m", "opsctl_lab.dcgm_emulator", "--nodes-file",
-                                      str(nodes_file)], paths.run, paths.logs, env=_python_env())
+                                      str(nodes_file)], paths.run, paths.logs, env=python_env())
 
 
-def _python_env() -> dict:
+def validate_job_command(paths: lp.LabPaths) -> str:
+    """What a validation job runs on its lab node (slurmd sets SLURMD_NODENAME): `opsctl node validate` with
+    the node's own config (its emulated dcgmi and all_reduce_perf), writing to its textfile directory."""
+    node = "$SLURMD_NODENAME"
+    env = " ".join(f"{k}={v}" for k, v in python_env().items())
+    return (f"env {env} {sys.executable} -m opsctl node validate --config {paths.node_check_config(node)} "
+            f"--textfile {paths.textfile(node) / 'opsctl-validate.prom'}")
+
+
+def python_env() -> dict:
     """The emulator runs from these very packages, with the interpreter that runs opsctl."""
     parents = dict.fromkeys(os.path.dirname(os.path.dirname(os.path.abspath(p.__file__))) for p in (opsctl, opsctl_lab))
     return {"PYTHONPATH": os.pathsep.join(parents)}
@@ -119,7 +130,7 @@ def write_prometheus_config(paths: lp.LabPaths, nodes: int, scrape_interval: int
 
 def start_opsctl_watch(paths: lp.LabPaths, interval: int) -> None:
     """A read-only `opsctl health --watch`, as a head node may run it: its metrics feed the dashboards."""
-    env = {**_python_env(), "OPSCTL_CONFIG": str(paths.opsctl_config), "SLURM_CONF": str(paths.slurm_conf),
+    env = {**python_env(), "OPSCTL_CONFIG": str(paths.opsctl_config), "SLURM_CONF": str(paths.slurm_conf),
            "OPSCTL_STATE_DIR": str(paths.opsctl_state)}
     processes.start("opsctl-watch", [sys.executable, "-m", "opsctl", "health", "--watch", str(interval)],
                     paths.run, paths.logs, env=env)

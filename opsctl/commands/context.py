@@ -7,14 +7,17 @@ import os
 from opsctl.config import Config, load_config
 from opsctl.errors import ConfigError
 from opsctl.prom.client import PromClientImpl, PromQuery
-from opsctl.slurm import Slurm, make_slurm
+from opsctl.slurm import Slurm, SlurmCliImpl, make_slurm
+from opsctl.slurm.base import SlurmJobs
 
 
 class Clients:
-    def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None):
+    def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
+                 jobs: SlurmJobs | None = None):
         self._config = config
         self._prom = prom
         self._slurm = slurm
+        self._jobs = jobs
         self._loaded_here = False
         self.config_path: str | None = None
         self.prometheus_url: str | None = None
@@ -44,6 +47,14 @@ class Clients:
         if self._slurm is None:
             self._slurm = make_slurm(self.config())
         return self._slurm
+
+    def jobs(self) -> SlurmJobs:
+        """opsctl's own jobs go through sbatch, squeue and scancel, whichever backend reads the nodes."""
+        if self._jobs is None:
+            slurm = self.slurm()
+            self._jobs = slurm if isinstance(slurm, SlurmCliImpl) else SlurmCliImpl(
+                self.config().slurm.sinfo, self.config().slurm.scontrol, self.config().slurm.timeout_seconds)
+        return self._jobs
 
     def fresh_prom(self) -> PromQuery:
         """A new client per --watch round: its query count and warnings are that round's."""

@@ -320,6 +320,32 @@ class RemediationConfig:
 
 
 @dataclass(frozen=True)
+class ValidateConfig:
+    """`opsctl validate` and `opsctl node validate`: active checks that run as Slurm jobs on idle nodes
+    (docs/validate.md). The floor's default is Azure's for its 8-H200 VMs (Azure/azurehpc-health-checks
+    conf/nd96isr_h200_v5.conf: `check_nccl_allreduce 431.0 1 16G`)."""
+
+    # the partition of the validation jobs: the slurm_common role makes it low priority, hidden, root only
+    partition: str = key("validate", check=bool, hint="must not be empty")
+    # a node is validated again once its last validation is this old (and it is idle)
+    interval: Duration = key(duration("7d"), check=_positive, hint="must be above 0")
+    max_nodes_per_sweep: int = key(16, check=lambda v: v >= 1, hint="must be >= 1")
+    # a job not started (the node became busy) or not ended this long after its submission is cancelled
+    job_timeout: Duration = key(duration("20m"), check=_positive, hint="must be above 0")
+    # what a job runs on its node; it must write the results where node_exporter reads them
+    job_command: str = key("/opt/opsctl/bin/opsctl node validate --textfile "
+                           "/var/lib/prometheus/node-exporter/opsctl-validate.prom", check=bool,
+                           hint="must not be empty")
+    # dcgmi diag -r <level> (2: software, memory and pcie, minutes)
+    diag_level: int = key(2, check=_between(1, 4), hint="must be 1-4")
+    # nccl-tests' all_reduce_perf over the node's GPUs at one message size, against a bus-bandwidth floor
+    all_reduce_perf: str = key("/opt/nccl-tests/build/all_reduce_perf", check=bool, hint="must not be empty")
+    nccl_bytes: str = key("16G", check=lambda v: re.fullmatch(r"[1-9][0-9]*[KMG]?", str(v)) is not None,
+                          hint="must be a size as all_reduce_perf takes it: 16G, 512M")
+    nccl_busbw_floor_gbps: float = key(431.0, check=_positive, hint="must be above 0 (GB/s)")
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = key(factory=PrometheusConfig)
     slurm: SlurmConfig = key(factory=SlurmConfig)
@@ -333,6 +359,7 @@ class Config:
     storage: StorageConfig = key(factory=StorageConfig)
     gpu: GpuConfig = key(factory=GpuConfig)
     remediation: RemediationConfig = key(factory=RemediationConfig)
+    validate: ValidateConfig = key(factory=ValidateConfig)
     state_dir: Path = key(DEFAULT_STATE_DIR)
     audit_log: Path = key(DEFAULT_AUDIT_LOG)
     # Where it came from, for messages: not a key of the file, and no part of what a config is.

@@ -100,17 +100,17 @@ def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[s
     """`nvidia-smi -r -i GPU`, persistence mode off around it: the persistence daemon holds the device, and
     nvidia-smi refuses the reset ("In use by another client", exit 255) while it does (NVIDIA/NVSentinel
     issue 1690). Persistence mode is turned back on whatever the reset did."""
-    _run(run, [nvidia_smi, "-pm", "0", "-i", str(gpu)], RESET_TIMEOUT_S)
+    run_tool(run, [nvidia_smi, "-pm", "0", "-i", str(gpu)], RESET_TIMEOUT_S)
     try:
-        return _run(run, [nvidia_smi, "-r", "-i", str(gpu)], RESET_TIMEOUT_S)
+        return run_tool(run, [nvidia_smi, "-r", "-i", str(gpu)], RESET_TIMEOUT_S)
     finally:
-        _run(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
+        run_tool(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
 
 
 def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) -> tuple[str, str]:
     """The diag's result and its words; on anything but a pass, the evidence kept and the serial named."""
     level = config.remediation.validate_level
-    diag = _run(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
+    diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
     try:
         verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), [gpu], level)
         result, detail = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked"), verdict.describe()
@@ -118,7 +118,7 @@ def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) ->
         result, detail = "unchecked", str(err)
     if result == "pass":
         return result, detail
-    query = _run(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
+    query = run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
     _keep(evidence, {"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
     if after == REBOOT:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
@@ -131,10 +131,10 @@ def _bug_report(program: str, run: Run, evidence: Path) -> None:
     gzipped, `.log.gz`), which NVIDIA's support asks for with an RMA. Not installed (exit 127) or failing:
     the rest of the evidence stands alone."""
     if evidence.is_dir():
-        _run(run, [program, "--output-file", str(evidence / "nvidia-bug-report.log")], BUG_REPORT_TIMEOUT_S)
+        run_tool(run, [program, "--output-file", str(evidence / "nvidia-bug-report.log")], BUG_REPORT_TIMEOUT_S)
 
 
-def _run(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def run_tool(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     try:
         return run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -121,6 +121,15 @@ class StateDir:
     def save_healthy_since(self, data: dict[str, float]) -> None:
         self._save("healthy_since.json", data)
 
+    # ---- validations: when `opsctl validate` last validated each node ----------------------------
+    def validated(self) -> dict[str, float]:
+        """node -> the time its last validation job ended (whatever its result)."""
+        data = self._load("validated.json", {})
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def save_validated(self, data: dict[str, float]) -> None:
+        self._save("validated.json", data)
+
     # ---- the verdicts of the last complete run of each kind, for `health --changes-only` --------
     def last_run(self, kind: str) -> dict[str, Any] | None:
         """The record saved by save_last_run for this kind of run; None before the first."""

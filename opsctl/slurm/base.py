@@ -167,3 +167,37 @@ class Slurm(Protocol):
         ...
 
     def expand(self, hostlist: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One of opsctl's own jobs: a command on one whole node, in a partition of its own."""
+
+    name: str
+    node: str
+    partition: str
+    command: str  # run by sbatch --wrap, through /bin/sh on the node
+    minutes: int  # the job's time limit
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    state: str  # squeue's %T: PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    reason: str = ""  # squeue's %r: why it pends (Resources, Priority, ...), or None
+
+
+ENDED_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                    "DEADLINE", "OUT_OF_MEMORY"}
+
+
+class SlurmJobs(Protocol):
+    """Submits, reads and cancels opsctl's own jobs. Errors: SourceUnavailable."""
+
+    def submit(self, spec: JobSpec) -> str: ...
+
+    def queued(self, ids: list[str]) -> dict[str, Job]:
+        """The jobs of `ids` that slurmctld still knows (an ended job stays MinJobAge seconds)."""
+        ...
+
+    def cancel(self, ids: list[str]) -> None: ...

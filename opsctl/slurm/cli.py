@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opsctl.errors import SourceUnavailable
-from opsctl.slurm.base import SlurmNode
+from opsctl.slurm.base import Job, JobSpec, SlurmNode
 
 # The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
 SCONTROL_JSON_SINCE = (23, 2)
@@ -105,6 +105,19 @@ def parse_return_to_service(text: str) -> int:
 
 # Where Debian's Slurm reads its config when SLURM_CONF is not set.
 DEFAULT_CONF = "/etc/slurm/slurm.conf"
+
+
+def parse_squeue(text: str) -> dict[str, Job]:
+    """`squeue --noheader --format=%i|%T|%r` -> job id -> Job."""
+    jobs = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[0].isdigit():
+            if line.strip():
+                raise SourceUnavailable(f"Slurm: squeue printed {line.strip()[:80]!r}, not id|state|reason")
+            continue
+        jobs[parts[0]] = Job(parts[0], parts[1], "" if parts[2] == "None" else parts[2])
+    return jobs
 
 
 def _first_line(text: str | bytes | None) -> str:
@@ -195,3 +208,35 @@ class SlurmCliImpl:
 
     def expand(self, hostlist: str) -> list[str]:
         return self._call([self.scontrol, "show", "hostnames", hostlist]).split()
+
+    # ---- jobs: opsctl's own validation jobs (SlurmJobs) ----------------------------------------------
+    def _tool(self, name: str) -> str:
+        """sbatch, squeue, scancel: next to the configured scontrol, else on the PATH."""
+        where = os.path.dirname(self.scontrol)
+        return os.path.join(where, name) if where else name
+
+    def submit(self, spec: JobSpec) -> str:
+        # --parsable prints "<id>" or "<id>;<cluster>" (sbatch(1)), the same from 22.05 to 26.05.
+        out = self._call([self._tool("sbatch"), "--parsable", f"--job-name={spec.name}",
+                          f"--partition={spec.partition}", f"--nodelist={spec.node}", "--nodes=1", "--exclusive",
+                          f"--time={spec.minutes}", "--chdir=/", "--output=/dev/null", f"--wrap={spec.command}"])
+        job = out.strip().split(";", 1)[0]
+        if not job.isdigit():
+            raise SourceUnavailable(f"Slurm: sbatch answered {out.strip()[:80]!r}, not a job id")
+        return job
+
+    def queued(self, ids: list[str]) -> dict[str, Job]:
+        if not ids:
+            return {}
+        try:
+            out = self._call([self._tool("squeue"), "--noheader", "--states=all", f"--jobs={','.join(ids)}",
+                              "--format=%i|%T|%r"])
+        except SourceUnavailable as err:
+            if "Invalid job id" in str(err):  # every one of them ended and left slurmctld's memory
+                return {}
+            raise
+        return parse_squeue(out)
+
+    def cancel(self, ids: list[str]) -> None:
+        if ids:
+            self._call([self._tool("scancel"), *ids])

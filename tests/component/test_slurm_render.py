@@ -113,11 +113,12 @@ def lab_inventory(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    """production-<release> for each release (one ansible-playbook run), lab (22.05), and lab with gpu1 short
-    of a GPU."""
+    """production-<release> for each release and production-no-validate-partition (one ansible-playbook run),
+    lab (22.05), and lab with gpu1 short of a GPU."""
     tmp = tmp_path_factory.mktemp("render")
     proc = run_render(REPO / "inventory" / "example", tmp,
-                      {f"production-{release}": release_vars(release) for release in RELEASES}, H200_FACTS)
+                      {**{f"production-{release}": release_vars(release) for release in RELEASES},
+                       "production-no-validate-partition": {"slurm_validate_partition": ""}}, H200_FACTS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lab = lab_inventory(tmp)
     proc = run_render(lab, tmp, {"lab": {}}, LAB_FACTS, {"gpu2": LAB_FACTS_REVERSED})
@@ -195,6 +196,36 @@ def test_a_node_that_lost_a_gpu_has_a_line_of_its_own_and_the_others_keep_theirs
     assert partitions(directory / "slurm.conf") == partitions(rendered["lab"] / "slurm.conf")
     gres = [line.split()[0] for line in (directory / "gres.conf").read_text().splitlines() if line.startswith("Node")]
     assert gres == ["NodeName=gpu[2-3]"] * 8 + ["NodeName=gpu1"] * 7
+
+
+def partition_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.startswith("PartitionName=")]
+
+
+def test_validation_partition_holds_the_gpu_nodes_below_users_jobs(rendered):
+    """opsctl validate --idle's partition (slurm_validate_partition): the GPU partition's nodes, PriorityTier 0
+    (users' jobs, tier 1 by default, are scheduled first), hidden, root only, a whole node per job, never the
+    default; the gpu partition stays the default one."""
+    lines = partition_lines(rendered["production-22.05"] / "slurm.conf")
+    assert lines == [
+        "PartitionName=gpu Nodes=gpu[001-064] Default=YES DefMemPerCPU=8749 MaxTime=INFINITE OverSubscribe=NO "
+        "State=UP",
+        "PartitionName=validate Nodes=gpu[001-064] AllowGroups=root DefMemPerCPU=8749 Hidden=YES MaxTime=01:00:00 "
+        "OverSubscribe=EXCLUSIVE PriorityTier=0 Default=NO State=UP"]
+    gpu, validate = (dict(word.split("=", 1) for word in line.split()) for line in lines)
+    assert validate["Nodes"] == gpu["Nodes"]
+    assert [line.split()[0] for line in lines if " Default=YES " in line] == ["PartitionName=gpu"]
+    lab = [line.split()[:2] for line in partition_lines(rendered["lab"] / "slurm.conf")]
+    assert lab == [["PartitionName=gpu", "Nodes=gpu[1-3]"], ["PartitionName=validate", "Nodes=gpu[1-3]"]]
+
+
+def test_an_empty_validation_partition_name_renders_none(rendered):
+    """slurm_validate_partition: "" leaves the gpu partition alone, the default one."""
+    conf = rendered["production-no-validate-partition"] / "slurm.conf"
+    assert partition_lines(conf) == partition_lines(rendered["production-22.05"] / "slurm.conf")[:1]
+    assert partition_lines(conf)[0].startswith("PartitionName=gpu Nodes=gpu[001-064] ")
+    assert " Default=YES " in partition_lines(conf)[0]
+    assert "validate" not in conf.read_text().split("# PARTITIONS", 1)[1]
 
 
 # ---- Slurm's own parser, of each release -----------------------------------------------------------
@@ -370,6 +401,8 @@ REFUSALS = {
                                "slurm_version 24.11.5-1 is not what Debian 12 ships (22.05.8-4+deb12u3)"),
     "no-version-for-the-repository": ({"slurm_site_repository": SITE_REPOSITORY},
                                       "slurm_site_repository is set but slurm_version is empty"),
+    "validation-partition-twice": ({"slurm_validate_partition": "gpu"},
+                                   "slurm_validate_partition gpu is also in slurm_partitions"),
 }
 
 

@@ -24,7 +24,7 @@ from opsctl_lab.storage_view import MOUNTS
 
 # Real install paths: nvidia-smi from the NVIDIA driver, dcgmi from datacenter-gpu-manager, ibstat from
 # infiniband-diags, ibv_devinfo from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the
-# Lustre client.
+# Lustre client, all_reduce_perf where nccl-tests builds it (as Azure's health checks install it).
 ADMIN_TOOL = "/usr/local/sbin/opsctl-hw"
 ADMIN_ENV = f"OPSCTL_HW_MOUNT_BASE=/ {STAYS_ENV}=1 "
 TOOLS = {
@@ -33,6 +33,7 @@ TOOLS = {
     "/usr/sbin/ibstat": "opsctl_lab.hwtools.ibstat",
     "/usr/bin/ibv_devinfo": "opsctl_lab.hwtools.ibv_devinfo",
     "/usr/bin/ib_write_bw": "opsctl_lab.hwtools.ib_write_bw",
+    "/opt/nccl-tests/build/all_reduce_perf": "opsctl_lab.hwtools.all_reduce_perf",
     "/usr/sbin/lctl": "opsctl_lab.hwtools.lctl",
     "/usr/bin/lfs": "opsctl_lab.hwtools.lfs",
     "/usr/sbin/lnetctl": "opsctl_lab.hwtools.lnetctl",
