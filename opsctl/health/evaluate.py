@@ -67,6 +67,8 @@ class Report:
     query_seconds: float = 0.0
     time: float = 0.0
     query_time: float | None = None  # the moment (Unix seconds, the source's clock) whose data every rule read
+    # when the oldest rule answer was computed: query_time, less the age of the oldest recorded results used
+    data_time: float | None = None
     warnings: list[str] = field(default_factory=list)  # the source said its answers may be partial
     identities: Identities | None = None
     rule_results: str = "direct"  # precomputed, mixed or direct: where the rules' answers came from
@@ -116,6 +118,7 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
                    time.time() if now is None else now, set(ignore))
     report.queries = len(first) + len(found.direct) + 1
     report.query_time = moment
+    report.data_time = None if moment is None else moment - (found.oldest if found.answers else 0.0)
     report.rule_results, report.rule_results_note = found.path, found.note()
     report.query_seconds = time.monotonic() - started
     report.warnings = list(client.warnings)

@@ -202,6 +202,10 @@ class Actor:
         acted.made += batch
         for change in batch:
             self._audit_made(change)
+        resumed = [c.node for c in batch if c.event == RESUME]
+        if resumed:  # a later run does not drain them on data older than this (remediation/plan.py)
+            with contextlib.suppress(OpsctlError):
+                self.state.record_resumes(resumed, self.now)
         if self.memory is not None:
             self.memory.settle(c.node for c in batch)
             self.state.save_handled(self.memory)

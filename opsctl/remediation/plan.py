@@ -137,8 +137,11 @@ def breaker_detail(stop: str) -> str:
 
 
 def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
-                drains_last_hour: int, dry_run: bool, scope: set[str] | None = None) -> Plan:
-    """Drain decisions for the nodes in scope (all when None); the limits count the whole cluster."""
+                drains_last_hour: int, dry_run: bool, scope: set[str] | None = None,
+                resumed_after: dict[str, float] | None = None) -> Plan:
+    """Drain decisions for the nodes in scope (all when None); the limits count the whole cluster.
+    `resumed_after`: node -> when opsctl resumed it, for nodes whose resume is newer than this run's data
+    (less a scrape): that data may predate the repair the resume followed, so it drains none of them."""
     plan = Plan()
     needs_person = {r.id for r in rules if not r.auto_resume}
     may_resume = {r.id for r in rules if r.auto_resume}
@@ -166,6 +169,9 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                                   "not set", seen=node))
             elif node.out_of_service or node.held_by_slurm:
                 plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}", seen=node))
+            elif name in (resumed_after or {}):
+                plan.set(Decision(name, "skip:resumed-since-data", "resumed-since-data: opsctl resumed it after "
+                                  "the data this run read; the next run judges newer data", seen=node))
             else:
                 candidates.append(name)
     total = len(counted_nodes(cluster))

@@ -161,7 +161,7 @@ class Run:
         plan = Plan()
         if options.drains:
             plan = plan_drains(report, cluster, self.rules, safety, len(self.state.recent("drains", self.now)),
-                               options.dry_run, scope)
+                               options.dry_run, scope, self._resumed_after(report))
         if options.resume:
             # Too many nodes without data stops resumes too: the same monitoring failure that would hide a
             # fault from --drain would hide it from the resume evidence.
@@ -174,6 +174,14 @@ class Run:
             self.actor.refuse(decision.node, decision.detail, [c.id for c in decision.checks], decision.seen,
                               dry_run=options.dry_run)
         return plan
+
+    def _resumed_after(self, report: Report) -> dict[str, float]:
+        """The nodes opsctl resumed after the data this run read was scraped (a scrape interval before the
+        data's time): a GPU reset the resume followed may not show in it yet."""
+        if report.data_time is None:
+            return {}
+        scraped = report.data_time - duration_seconds(self.config.prometheus.scrape_interval)
+        return {n: t for n, t in self.state.resumed().items() if t > scraped}
 
     def _act(self, plan: Plan, memory: HandledMemory, cluster: dict[str, SlurmNode]) -> dict[str, SlurmNode]:
         """Carry the plan out through the actor; the judged nodes as Slurm shows them after."""

@@ -23,6 +23,7 @@ from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.remediation.memory import HandledMemory
 
 HOUR = 3600.0
+DAY = 86400.0
 LAST_RUNS = "last_runs.json"
 
 
@@ -120,6 +121,16 @@ class StateDir:
 
     def save_healthy_since(self, data: dict[str, float]) -> None:
         self._save("healthy_since.json", data)
+
+    # ---- resumes: when opsctl last put each node back in service ------------------------------------
+    def resumed(self) -> dict[str, float]:
+        """node -> the time of opsctl's last resume of it (kept for a day)."""
+        data = self._load("resumed.json", {})
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def record_resumes(self, nodes: list[str], now: float) -> None:
+        data = {n: t for n, t in self.resumed().items() if now - t < DAY}
+        self._save("resumed.json", data | dict.fromkeys(nodes, now))
 
     # ---- validations: when `opsctl validate` last validated each node ----------------------------
     def validated(self) -> dict[str, float]:

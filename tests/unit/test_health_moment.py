@@ -6,7 +6,8 @@ import pytest
 
 from opsctl.config import parse_config
 from opsctl.health.evaluate import evaluate
-from tests.unit.fakes import FakeProm, gpu_nodes
+from opsctl.remediation.state import StateDir
+from tests.unit.fakes import FakeProm, World, gpu_nodes, node
 
 NODES = gpu_nodes(4)
 
@@ -87,3 +88,28 @@ def test_with_recorded_results_the_second_up_read_reaches_back_past_their_evalua
         'min_over_time(up{job=~"dcgm|node"}[50s])']
     assert report.nodes["gpu004"].status == "unknown"
     assert {report.nodes[n].status for n in NODES if n != "gpu004"} == {"ok"}
+
+
+def test_a_node_opsctl_resumed_after_the_data_was_scraped_is_not_drained_on_it(tmp_path):
+    """`opsctl remediate` resumed gpu040 after a GPU reset; recorded results 20 s old still show the fault the
+    reset cleared. That run leaves gpu040 alone (skip:resumed-since-data); a run on data a scrape newer than
+    the resume drains as before."""
+    world = World(tmp_path)  # scrape interval 30 s; the fake Prometheus's clock is world.prom.now
+    world.prom.record_all(age=20.0)
+    world.prom.breach("row-remap-pending", "gpu040", "2")
+    world.prom.breach("row-remap-pending", "gpu041", "5")
+    StateDir(world.config.state_dir).record_resumes(["gpu040"], world.prom.now - 40.0)
+    code, nodes, _ = world.json("--drain")
+    assert (nodes["gpu040"]["action"], nodes["gpu041"]["action"]) == ("skip:resumed-since-data", "drain")
+    assert not world.slurm.state["gpu040"].drained and world.slurm.state["gpu041"].drained
+    refusal = next(r for r in world.audit() if r["event"] == "refuse" and r["node"] == "gpu040")
+    assert refusal["detail"].startswith("resumed-since-data: opsctl resumed it after the data this run read")
+    world.prom.now += 60.0  # the data is now a scrape newer than the resume
+    code, nodes, _ = world.json("--drain")
+    assert nodes["gpu040"]["action"] == "drain" and world.slurm.state["gpu040"].drained
+
+
+def test_every_resume_opsctl_makes_is_recorded_for_that_check(tmp_path):
+    world = World(tmp_path, gpu040=node("gpu040", flags=("DRAIN",), reason="opsctl:manual fan swap"))
+    assert world.run("resume", "gpu040") == 0
+    assert set(StateDir(world.config.state_dir).resumed()) == {"gpu040"}

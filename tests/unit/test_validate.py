@@ -1,7 +1,7 @@
 """Active validation: `opsctl node validate` on a node (opsctl/validate/node.py) with the real tools' outputs,
 which nodes a sweep of `opsctl validate --idle` takes and how it waits for its jobs (opsctl/validate/sweep.py),
 and the sbatch/squeue/scancel calls (opsctl/slurm/cli.py). The lab tier runs the whole sweep on real Slurm
-and Prometheus (tests/integration/lab/test_validate_lab.py)."""
+and Prometheus (tests/integration/lab/test_lab_validate.py)."""
 
 import subprocess
 from pathlib import Path
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from opsctl.config import parse_config
-from opsctl.errors import SourceUnavailable
+from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.slurm import SlurmNode
 from opsctl.slurm.base import Job, JobSpec
 from opsctl.slurm.cli import SlurmCliImpl, parse_squeue
 from opsctl.validate.node import metrics_text, validate_node
-from opsctl.validate.sweep import Clock, NodeValidation, Sweep, _await_jobs, choose
+from opsctl.validate.sweep import Clock, NodeValidation, Sweep, _await_jobs, choose, run_sweep
 from tests.unit.fakes import gpu_nodes, node
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -164,3 +164,10 @@ def test_jobs_go_through_sbatch_squeue_and_scancel_next_to_scontrol():
                         "--partition=validate", "--nodelist=gpu007", "--nodes=1", "--exclusive", "--time=20",
                         "--chdir=/", "--output=/dev/null", "--wrap=opsctl node validate"]
     assert calls[1][0] == "/usr/local/slurm/bin/squeue" and calls[2] == ["/usr/local/slurm/bin/scancel", "4242"]
+
+
+def test_a_site_without_node_exporter_is_told_validate_needs_it(tmp_path):
+    cfg = parse_config({"prometheus": {"jobs": {"dcgm": "dcgm", "node": None}}}, "t",
+                       {"OPSCTL_STATE_DIR": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"^config key prometheus.jobs.node: opsctl validate reads"):
+        run_sweep(cfg, None, None, None, None, dry_run=True)

@@ -65,7 +65,8 @@ def test_the_readme_quickstart_gives_the_outputs_it_shows(lab):
     assert reset.strip() == "the lab was clean" or reset.startswith(("cleared ", "removed ", "resumed ", "emptied ")), \
         reset
     sinfo = [line.split() for line in output("sinfo").splitlines()[1:]]
-    assert [(row[3], row[4]) for row in sinfo] == [("64", "idle")], sinfo
+    # The gpu partition, and the validation jobs' one (Hidden=YES hides it from users, not from root).
+    assert [(row[0], row[3], row[4]) for row in sinfo] == [("gpu*", "64", "idle"), ("validate", "64", "idle")], sinfo
     curl = next(command for command in out if command.startswith("curl "))
     series = json.loads(output(curl))["data"]["result"]
     assert {(s["metric"]["node"], s["metric"]["gpu"], s["metric"]["xid"]) for s in series
