@@ -58,17 +58,19 @@ deps-test:
 # systemd), not CPU:
 # - the provisioning of the lab machines, with a lab directory of their own, so that no stream sees
 #   another's processes;
-# - the simulated cluster and the machines tier (its machines live in a directory and network of their
-#   own, see test_machines.py);
-# - the linters, then the unit and component tiers (their Prometheus, exporters and Slurm chroots take
-#   addresses, ports and chroot indexes apart from the lab's: tests/component/promlab.py, paths.py).
+# - the simulated cluster (the lab tier);
+# - the linters, then the component, machines and unit tiers, in that order (the component tier's
+#   Prometheus, exporters and Slurm chroots take addresses, ports and chroot indexes apart from the lab's:
+#   tests/component/promlab.py, paths.py; the machines tier's machines live in a directory and network
+#   of their own, see test_machines.py, and find the image the provisioning stream built by then).
+# The lab and provisioning streams take about as long; the third, shorter one carries the machines tier.
 # The provisioning stream is the longest, so the others yield the CPU to it: they run in a cpu cgroup
 # of their own that weighs as much as one session (tests/low_cpu_share.sh says why nice alone does not
 # do it), and at nice 5 within it. They wait where all want the CPU, and still end first. A linter's
 # failure stops all three. The other streams' output follows the linters' stream's. PYTEST_ARGS, when
 # set, runs the linters and then one plain pytest instead.
 MACHINES_TIERS := provision
-LAB_TIERS := lab or machines
+LAB_TIERS := lab
 MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
 BACKGROUND := tests/low_cpu_share.sh nice -n 5
 # Each stream's slowest tests, after its results: where a stream's time goes.

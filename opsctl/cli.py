@@ -388,10 +388,13 @@ def node_check_cmd(clients, as_json, textfile, drain, remediate, node, window, s
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--textfile", default=None, metavar="PATH",
               help="Write opsctl_node_validate metrics here for node_exporter's textfile collector (*.prom).")
+@click.option("--record-pairs", default=None, metavar="pass|HCA[,HCA]",
+              help="Run nothing: write what opsctl validate --preflight found on this node's rails "
+                   "(beside --textfile).")
 @config_option
 @click.pass_obj
 @one_line_errors
-def node_validate_cmd(clients, as_json, textfile, config_path):
+def node_validate_cmd(clients, as_json, textfile, record_pairs, config_path):
     """Run this node's active checks: dcgmi diag and an NCCL all-reduce over its GPUs against a floor
     (what `opsctl validate` runs as a Slurm job on an idle node).
 
@@ -399,27 +402,40 @@ def node_validate_cmd(clients, as_json, textfile, config_path):
     """
     from opsctl.commands.node_validate import node_validate
 
-    return node_validate(clients.use(config_path), as_json, textfile)
+    return node_validate(clients.use(config_path), as_json, textfile, record_pairs)
 
 
 @main.command("validate")
 @click.option("--idle", is_flag=True, help="Validate the idle GPU nodes, one exclusive low-priority job each.")
+@click.option("--preflight", "wanted", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Reserve idle nodes, validate them (alone, then in pairs one rail at a time) and hand N good "
+                   "ones over in a reservation.")
+@click.option("--reservation", default=None, metavar="NAME",
+              help="--preflight: the reservation the good nodes end in [opsctl-preflight-<time>].")
+@click.option("--user", "users", multiple=True, metavar="USER",
+              help="--preflight: who may use that reservation (repeat for more) [the caller].")
+@click.option("--spares", type=click.IntRange(min=0), default=None, metavar="K",
+              help="--preflight: nodes reserved beyond N, for the ones that fail [max(2, N/4)].")
 @click.option("--nodes", "scope", default=None, metavar="HOSTLIST", help="Only these nodes (a Slurm hostlist).")
 @click.option("--dry-run", is_flag=True, help="Show which nodes a sweep would validate; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep and the health run as JSON.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def validate_cmd(clients, idle, scope, dry_run, as_json, config_path):
+def validate_cmd(clients, idle, wanted, reservation, users, spares, scope, dry_run, as_json, config_path):
     """Run active checks (dcgmi diag, an NCCL all-reduce) as Slurm jobs on idle nodes, then drain the
     failures through `opsctl health --drain` (docs/validate.md).
 
-    Exit codes: 0 all pass, 1 a node failed or was not checked, 2 usage/config error, 3 Slurm or Prometheus
-    unreadable, 4 safety stop.
+    Exit codes: 0 all pass (--preflight: N good nodes handed over), 1 a node failed or was not checked
+    (--preflight: fewer than N good nodes), 2 usage/config error, 3 Slurm or Prometheus unreadable,
+    4 safety stop.
     """
-    from opsctl.commands.validate import validate
+    from opsctl.commands.validate import PreflightRequest, validate
 
-    return validate(clients.use(config_path), idle, scope, dry_run, as_json)
+    if wanted is None and (reservation or users or spares is not None):
+        raise click.UsageError("--reservation, --user and --spares go with --preflight N")
+    request = PreflightRequest(wanted, reservation, users, spares) if wanted is not None else None
+    return validate(clients.use(config_path), idle, request, scope, dry_run, as_json)
 
 
 @main.group("rules")

@@ -123,7 +123,10 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
     config = {"prometheus": {"url": prometheus_lab.prometheus_url(), "scrape_interval": f"{scrape_interval}s",
                              "recording_rules": "off"},
               "slurm": {"backend": "cli"}, "metrics": {"listen_address": lp.opsctl_metrics_listen()},
-              "validate": {"job_command": prometheus_lab.validate_job_command(paths)},
+              # The lab's Slurm has no PMIx library: the emulated ranks need none.
+              "validate": {"job_command": prometheus_lab.validate_job_command(paths),
+                           "all_reduce_perf": str(prometheus_lab.write_step_all_reduce_perf(paths)),
+                           "srun_mpi": "none"},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)

@@ -143,7 +143,8 @@ FAULTS = {
         FaultSpec("ib-counters", "hca", "symbol and link errors rising",
                   rates={"symbol_error": 20.0, "link_error_recovery": 0.5, "port_rcv_errors": 5.0}),
         FaultSpec("exporter-down", "node", "the node's exporters stop answering"),
-        FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth", machines_only=True),
+        FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth: ib_write_bw and a "
+                  "multi-node all_reduce_perf over it"),
         FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}"),
         FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
         FaultSpec("dgx-naming", "node", "the HCAs are named as on a DGX H100/H200: rails mlx5_0,3,4,5,6,9,10,11, "

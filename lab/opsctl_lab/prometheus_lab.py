@@ -99,6 +99,18 @@ def validate_job_command(paths: lp.LabPaths) -> str:
             f"--textfile {paths.textfile(node) / 'opsctl-validate.prom'}")
 
 
+def write_step_all_reduce_perf(paths: lp.LabPaths) -> Path:
+    """One all_reduce_perf for every lab node, as a cluster installs it at one path: a multi-node step runs
+    it on each node of the step (slurmd sets SLURMD_NODENAME), and rank 0 reads the other nodes' states."""
+    tool = paths.root / "bin" / "all_reduce_perf"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    env = " ".join(f"{k}={v}" for k, v in {**python_env(), "OPSCTL_HW_STATE": paths.hardware("$SLURMD_NODENAME"),
+                                           "OPSCTL_HW_STATE_PATTERN": paths.hardware("{node}")}.items())
+    tool.write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.all_reduce_perf \"$@\"\n")
+    tool.chmod(0o755)
+    return tool
+
+
 def python_env() -> dict:
     """The emulator runs from these very packages, with the interpreter that runs opsctl."""
     parents = dict.fromkeys(os.path.dirname(os.path.dirname(os.path.abspath(p.__file__))) for p in (opsctl, opsctl_lab))

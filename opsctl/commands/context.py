@@ -8,12 +8,12 @@ from opsctl.config import Config, load_config
 from opsctl.errors import ConfigError
 from opsctl.prom.client import PromClientImpl, PromQuery
 from opsctl.slurm import Slurm, SlurmCliImpl, make_slurm
-from opsctl.slurm.base import SlurmJobs
+from opsctl.slurm.base import SlurmReservations
 
 
 class Clients:
     def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
-                 jobs: SlurmJobs | None = None):
+                 jobs: SlurmReservations | None = None):
         self._config = config
         self._prom = prom
         self._slurm = slurm
@@ -48,7 +48,7 @@ class Clients:
             self._slurm = make_slurm(self.config())
         return self._slurm
 
-    def jobs(self) -> SlurmJobs:
+    def jobs(self) -> SlurmReservations:
         """opsctl's own jobs go through sbatch, squeue and scancel, whichever backend reads the nodes."""
         if self._jobs is None:
             slurm = self.slurm()

@@ -5,20 +5,24 @@ checked, never a pass).
 """
 
 import json
+import time
 from pathlib import Path
 
 import click
 
 from opsctl.commands.context import Clients
 from opsctl.commands.render import JSON_SCHEMA
+from opsctl.config.rails import HCA_NAME
 from opsctl.errors import ExitCode
 from opsctl.nodecheck import write_textfile
-from opsctl.validate.node import metrics_text, validate_node
+from opsctl.validate.node import NCCL_PAIR, metrics_text, pairs_metrics_text, pairs_textfile, validate_node
 
 CODES = {"pass": ExitCode.OK, "fail": ExitCode.FAILING, "not_checked": ExitCode.SOURCE_DOWN}
 
 
-def node_validate(clients: Clients, as_json: bool, textfile: str | None) -> ExitCode:
+def node_validate(clients: Clients, as_json: bool, textfile: str | None, record_pairs: str | None = None) -> ExitCode:
+    if record_pairs is not None:
+        return _record_pairs(textfile, record_pairs)
     validation = validate_node(clients.config())
     if textfile:
         write_textfile(Path(textfile), metrics_text(validation))
@@ -32,3 +36,15 @@ def node_validate(clients: Clients, as_json: bool, textfile: str | None) -> Exit
             devices = ",".join(outcome.devices)
             click.echo(f"{outcome.test:10} {devices:10} {outcome.verdict.replace('_', ' '):12} {outcome.detail}")
     return CODES[validation.verdict]
+
+
+def _record_pairs(textfile: str | None, result: str) -> ExitCode:
+    """What `opsctl validate --preflight` found on this node's rails, written beside its own results."""
+    if not textfile:
+        raise click.UsageError("--record-pairs writes to the --textfile directory: give --textfile")
+    failed = [] if result == "pass" else [hca for hca in result.split(",") if hca]
+    if result != "pass" and (not failed or not all(HCA_NAME.fullmatch(hca) for hca in failed)):
+        raise click.UsageError(f"--record-pairs {result!r}: 'pass' or the failed HCAs, comma separated")
+    write_textfile(pairs_textfile(Path(textfile)), pairs_metrics_text(failed, time.time()))
+    click.echo(f"{NCCL_PAIR:10} {','.join(failed) or 'node':10} {'fail' if failed else 'pass'}")
+    return ExitCode.OK

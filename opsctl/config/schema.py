@@ -343,6 +343,14 @@ class ValidateConfig:
     nccl_bytes: str = key("16G", check=lambda v: re.fullmatch(r"[1-9][0-9]*[KMG]?", str(v)) is not None,
                           hint="must be a size as all_reduce_perf takes it: 16G, 512M")
     nccl_busbw_floor_gbps: float = key(431.0, check=_positive, hint="must be above 0 (GB/s)")
+    # opsctl validate --preflight: nccl-tests between two nodes, one rail at a time (one GPU per node, its
+    # HCA alone): the floor per NDR rail. nccl-tests' maintainers give 46-48 GB/s per NDR NIC
+    # (NVIDIA/nccl-tests issue 290); 40 leaves room for a busy fabric and names a rail at half rate.
+    nccl_rail_busbw_floor_gbps: float = key(40.0, check=_positive, hint="must be above 0 (GB/s)")
+    # srun --mpi for the multi-node steps: nccl-tests built with MPI=1 start their ranks through PMIx
+    srun_mpi: str = key("pmix", check=bool, hint="must not be empty (pmix, pmi2, none)")
+    # how long the caller's reservation holds the good nodes after a preflight
+    preflight_hold: Duration = key(duration("1h"), check=_positive, hint="must be above 0")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ tests/fixtures/slurm/ holds real outputs of each state from 22.05, 24.11 and 26.
 from dataclasses import dataclass
 from typing import Protocol
 
+from opsctl.errors import SourceUnavailable
+
 OWNED_PREFIX = "opsctl:"
 MANUAL_PREFIX = "opsctl:manual"
 # Base states in which a node is out of service whatever its flags say. "invalid" is what Slurm prints
@@ -178,6 +180,23 @@ class JobSpec:
     partition: str
     command: str  # run by sbatch --wrap, through /bin/sh on the node
     minutes: int  # the job's time limit
+    reservation: str = ""  # run inside this reservation (opsctl validate --preflight's own)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One command on several whole nodes at once, one task per node (srun), its output back to opsctl:
+    the preflight's multi-node tests. `env` is set in each task after Slurm's own (CUDA_VISIBLE_DEVICES)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    partition: str
+    reservation: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    minutes: int
+    mpi: str  # srun --mpi: pmix for nccl-tests built with MPI=1
+    gpus_per_node: int
 
 
 @dataclass(frozen=True)
@@ -185,6 +204,10 @@ class Job:
     id: str
     state: str  # squeue's %T: PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
     reason: str = ""  # squeue's %r: why it pends (Resources, Priority, ...), or None
+
+
+class NodesBusy(SourceUnavailable):
+    """A reservation asked for a node that runs a job ("Requested nodes are busy")."""
 
 
 ENDED_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
@@ -201,3 +224,23 @@ class SlurmJobs(Protocol):
         ...
 
     def cancel(self, ids: list[str]) -> None: ...
+
+
+class SlurmReservations(SlurmJobs, Protocol):
+    """opsctl validate --preflight: a maintenance reservation of its own, steps run inside it, and the
+    hand-over of the good nodes to the caller. Errors: SourceUnavailable (NodesBusy when a node of a new
+    reservation runs a job)."""
+
+    def reserve(self, name: str, nodes: list[str], minutes: int) -> None:
+        """A reservation from now on, MAINT, for root only: users' jobs cannot start on its nodes."""
+        ...
+
+    def hand_over(self, name: str, nodes: list[str], users: list[str], minutes: int) -> None:
+        """The reservation keeps only `nodes`, for `users`, no longer MAINT, `minutes` from its start."""
+        ...
+
+    def release(self, name: str) -> None: ...
+
+    def run_step(self, spec: StepSpec, timeout: float) -> tuple[int, str]:
+        """The step's exit code and the standard output of its tasks (nccl-tests: rank 0's only)."""
+        ...

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opsctl.errors import SourceUnavailable
-from opsctl.slurm.base import Job, JobSpec, SlurmNode
+from opsctl.slurm.base import Job, JobSpec, NodesBusy, SlurmNode, StepSpec
 
 # The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
 SCONTROL_JSON_SINCE = (23, 2)
@@ -219,7 +219,9 @@ class SlurmCliImpl:
         # --parsable prints "<id>" or "<id>;<cluster>" (sbatch(1)), the same from 22.05 to 26.05.
         out = self._call([self._tool("sbatch"), "--parsable", f"--job-name={spec.name}",
                           f"--partition={spec.partition}", f"--nodelist={spec.node}", "--nodes=1", "--exclusive",
-                          f"--time={spec.minutes}", "--chdir=/", "--output=/dev/null", f"--wrap={spec.command}"])
+                          f"--time={spec.minutes}", "--chdir=/", "--output=/dev/null",
+                          *([f"--reservation={spec.reservation}"] if spec.reservation else []),
+                          f"--wrap={spec.command}"])
         job = out.strip().split(";", 1)[0]
         if not job.isdigit():
             raise SourceUnavailable(f"Slurm: sbatch answered {out.strip()[:80]!r}, not a job id")
@@ -240,3 +242,39 @@ class SlurmCliImpl:
     def cancel(self, ids: list[str]) -> None:
         if ids:
             self._call([self._tool("scancel"), *ids])
+
+    # ---- reservations and steps: opsctl validate --preflight (SlurmReservations) ----------------------
+    def reserve(self, name: str, nodes: list[str], minutes: int) -> None:
+        # scontrol(1) "RESERVATIONS": MAINT lets it overlap other reservations; Users=root keeps users' jobs
+        # off its nodes. A node that runs a job refuses it: "Requested nodes are busy".
+        try:
+            self._call([self.scontrol, "create", "reservation", f"ReservationName={name}", "StartTime=now",
+                        f"Duration={minutes}", f"Nodes={','.join(nodes)}", "Users=root", "Flags=MAINT"])
+        except SourceUnavailable as err:
+            if "busy" in str(err).lower():
+                raise NodesBusy(str(err)) from None
+            raise
+
+    def hand_over(self, name: str, nodes: list[str], users: list[str], minutes: int) -> None:
+        # One update, so no node is free between the validation and the caller's use; Flags-= since 20.11.
+        self._call([self.scontrol, "update", f"ReservationName={name}", f"Nodes={','.join(nodes)}",
+                    f"Users={','.join(users)}", f"Duration={minutes}", "Flags-=MAINT"])
+
+    def release(self, name: str) -> None:
+        self._call([self.scontrol, "delete", f"ReservationName={name}"])
+
+    def run_step(self, spec: StepSpec, timeout: float) -> tuple[int, str]:
+        # env(1) after srun: Slurm sets CUDA_VISIBLE_DEVICES in each task, the step picks its own GPU.
+        env = [f"{k}={v}" for k, v in spec.env]
+        argv = [self._tool("srun"), f"--job-name={spec.name}", f"--partition={spec.partition}",
+                f"--reservation={spec.reservation}", f"--nodelist={','.join(spec.nodes)}",
+                f"--nodes={len(spec.nodes)}", "--ntasks-per-node=1", "--exclusive",
+                f"--gres=gpu:{spec.gpus_per_node}", f"--time={spec.minutes}", f"--mpi={spec.mpi}",
+                "--chdir=/", "--quiet", "env", *env, *spec.argv]
+        try:
+            proc = self._run(argv, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise SourceUnavailable("Slurm: srun not found (install slurm-client)") from None
+        except subprocess.TimeoutExpired:
+            return 124, f"srun timed out after {timeout:g}s"
+        return proc.returncode, str(proc.stdout) + ("" if proc.returncode == 0 else str(proc.stderr))

@@ -21,6 +21,7 @@ new event. A test not checked has no series.
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from opsctl.config.schema import Config
 from opsctl.errors import SourceUnavailable
@@ -30,6 +31,7 @@ from opsctl.nodecheck.ladder_step import DIAG_TIMEOUT_S, Run, run_tool
 
 NODE = "node"
 NCCL, DIAG = "nccl", "dcgm-diag"
+NCCL_PAIR = "nccl-pair"  # opsctl validate --preflight: two nodes, one rail at a time
 # all_reduce_perf at 16 GiB on 8 H200 takes seconds; starting NCCL and the CUDA contexts, up to a minute.
 NCCL_TIMEOUT_S = 300
 
@@ -98,10 +100,26 @@ def validate_node(config: Config, run: Run = subprocess.run, now: float | None =
     return Validation([diag, nccl], busbw, time.time() if now is None else now)
 
 
+RESULT_HEADER = ["# HELP opsctl_node_validate Result of an active check of opsctl node validate, per test and device: "
+                 "0 passed, else the time it failed.",
+                 "# TYPE opsctl_node_validate gauge"]
+
+
+def pairs_textfile(textfile: Path) -> Path:
+    """Where a preflight's multi-node result goes: beside the node's own results (node_exporter merges the
+    two files), so that neither run erases the other's."""
+    return textfile.with_name(f"{textfile.stem}-pairs{textfile.suffix}")
+
+
+def pairs_metrics_text(failed_hcas: list[str], now: float) -> str:
+    """The preflight's verdict on this node's rails: each rail it named, failed at `now`; else a pass."""
+    lines = [f'opsctl_node_validate{{test="{NCCL_PAIR}",device="{hca}"}} {now:.3f}' for hca in failed_hcas] or [
+        f'opsctl_node_validate{{test="{NCCL_PAIR}",device="{NODE}"}} 0']
+    return "\n".join(RESULT_HEADER + lines) + "\n"
+
+
 def metrics_text(validation: Validation) -> str:
-    lines = ["# HELP opsctl_node_validate Result of an active check of opsctl node validate, per test and device: "
-             "0 passed, else the time it failed.",
-             "# TYPE opsctl_node_validate gauge"]
+    lines = list(RESULT_HEADER)
     for outcome in validation.outcomes:
         if outcome.verdict == "not_checked":
             continue

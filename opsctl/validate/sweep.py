@@ -74,8 +74,9 @@ def _why_not(node: SlurmNode, last: float | None, now: float, config: Config) ->
 
 
 def choose(cluster: dict[str, SlurmNode], last: dict[str, float], scope: set[str] | None, now: float,
-           config: Config) -> Sweep:
-    """Which nodes this sweep validates, and why it leaves each other node of the scope alone."""
+           config: Config, limit: int | None = None) -> Sweep:
+    """Which nodes this sweep validates (at most `limit`, else validate.max_nodes_per_sweep), and why it
+    leaves each other node of the scope alone."""
     sweep = Sweep()
     ready = []
     for name, node in sorted(cluster.items()):
@@ -86,21 +87,21 @@ def choose(cluster: dict[str, SlurmNode], last: dict[str, float], scope: set[str
         if not why:
             ready.append(name)
     ready.sort(key=lambda n: last.get(n, 0.0))
-    for name in ready[config.validate.max_nodes_per_sweep:]:
+    for name in ready[config.validate.max_nodes_per_sweep if limit is None else limit:]:
         sweep.nodes[name].result = "skip:sweep-full"
     return sweep
 
 
-def _submit(config: Config, jobs: SlurmJobs, sweep: Sweep) -> None:
+def submit(config: Config, jobs: SlurmJobs, sweep: Sweep, reservation: str = "") -> None:
     minutes = max(1, int(duration_seconds(config.validate.job_timeout) // 60))
     for name, entry in sweep.nodes.items():
         if not entry.result:
             entry.job = jobs.submit(JobSpec(JOB_NAME, name, config.validate.partition, config.validate.job_command,
-                                            minutes))
+                                            minutes, reservation))
             entry.result = "submitted"
 
 
-def _await_jobs(config: Config, jobs: SlurmJobs, sweep: Sweep, clock: Clock) -> None:
+def await_jobs(config: Config, jobs: SlurmJobs, sweep: Sweep, clock: Clock) -> None:
     """Until every job has ended or job_timeout has passed; what has not ended then is cancelled."""
     deadline = clock.now() + duration_seconds(config.validate.job_timeout)
     waiting = {v.job: v for v in sweep.nodes.values() if v.job}
@@ -142,9 +143,10 @@ def _results(prom: PromQuery, config: Config, report: Report) -> tuple[dict[str,
     return when, found
 
 
-def _await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, clock: Clock) -> None:
-    """Until Prometheus has each ended node's results (newer than `since`) and the rule has judged every
-    failure; a node whose results never come is not checked."""
+def await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, clock: Clock,
+                  needed: tuple[str, ...] = ()) -> None:
+    """Until Prometheus has each ended node's results (newer than `since`, with every test of `needed`) and
+    the rule has judged every failure; a node whose results never come is not checked."""
     rules = [r for r in load_catalog(config) if r.id == RULE]
     ended = [v for v in sweep.nodes.values() if v.result == "ended"]
     scrape = duration_seconds(config.prometheus.scrape_interval)
@@ -160,13 +162,13 @@ def _await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, 
                 if entry.node in report.nodes else set()
             failed = sorted(k for k, v in mine.items() if v > 0)
             # With the rule disabled (catalog.disable) nothing judges: the results alone say.
-            if when.get(entry.node, 0.0) < since or (rules and not set(failed) <= judged):
+            tests = {k.split(" ", 1)[0] for k in mine}
+            if when.get(entry.node, 0.0) < since or not set(needed) <= tests or (rules and not set(failed) <= judged):
                 waiting.append(entry)
                 continue
-            tests = {k.split(" ", 1)[0] for k in mine}
-            entry.result = "fail" if failed else "pass" if tests >= set(TESTS) else "not-checked"
+            entry.result = "fail" if failed else "pass" if tests >= set(TESTS + needed) else "not-checked"
             entry.detail = ", ".join(failed) if failed else ", ".join(
-                f"{t} not checked" for t in TESTS if t not in tests)
+                f"{t} not checked" for t in TESTS + needed if t not in tests)
         ended = waiting
         if not ended or clock.now() > deadline:
             break
@@ -190,10 +192,10 @@ def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, sc
             entry.result = entry.result or "would-validate"
         return sweep
     since = time.time() - CLOCK_SKEW_S
-    _submit(config, jobs, sweep)
-    _await_jobs(config, jobs, sweep, clock)
+    submit(config, jobs, sweep)
+    await_jobs(config, jobs, sweep, clock)
     if any(v.result == "ended" for v in sweep.nodes.values()):
-        _await_results(config, prom, sweep, since, clock)
+        await_results(config, prom, sweep, since, clock)
     done = state.validated()
     done.update({name: time.time() for name in sweep.validated})
     state.save_validated(done)

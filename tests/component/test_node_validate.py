@@ -82,3 +82,23 @@ def test_a_lost_gpu_leaves_nccl_not_checked_and_exits_3(node):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert 'test="nccl"' not in textfile.read_text()
     assert "nccl exit 1: gpu9: Test CUDA failure common.cu:892 'unknown error'" in proc.stdout
+
+
+def test_a_preflights_rail_verdict_is_written_beside_the_nodes_own_results_and_keeps_them(node):
+    _, env, config, textfile = node
+    assert validate(env, config, textfile).returncode == 0
+    own = textfile.read_text()
+
+    def record(result):
+        return subprocess.run([sys.executable, "-m", "opsctl", "node", "validate", "--config", str(config),
+                               "--textfile", str(textfile), "--record-pairs", result], env=env,
+                              capture_output=True, text=True, timeout=60)
+    failed = record("mlx5_3")
+    assert failed.returncode == 0, failed.stderr
+    pairs = textfile.with_name("opsctl-validate-pairs.prom").read_text()
+    assert 'opsctl_node_validate{test="nccl-pair",device="mlx5_3"} ' in pairs and textfile.read_text() == own
+    assert record("pass").returncode == 0  # a later preflight that passes replaces the failure
+    assert textfile.with_name("opsctl-validate-pairs.prom").read_text().endswith(
+        'opsctl_node_validate{test="nccl-pair",device="node"} 0\n')
+    bad = record("mlx5_3;reboot")
+    assert bad.returncode == 2 and "--record-pairs 'mlx5_3;reboot'" in bad.stderr

@@ -72,8 +72,16 @@ def test_the_emulators_row_is_the_real_tools_format():
 
 
 def _run(hw: NodeHardware) -> str:
-    args = argparse.Namespace(stepfactor=2, warmup_iters=5, iters=20, check=1)
-    return emulated.report(hw, list(range(8)), [128 << 20 << i for i in range(8)], args)
+    args = argparse.Namespace(stepfactor=2, warmup_iters=5, iters=20, check=1, ngpus=8)
+    ranks = [emulated.Rank(hw, gpu) for gpu in range(8)]
+    return emulated.report(ranks, hw.hca_layout().rails, [128 << 20 << i for i in range(8)], args)
+
+
+def _one_rail(a: NodeHardware, b: NodeHardware, rail: int) -> str:
+    """A preflight's step: one GPU per node, NCCL_IB_HCA on that GPU's rail alone, at 16 GiB."""
+    args = argparse.Namespace(stepfactor=2, warmup_iters=5, iters=20, check=1, ngpus=1)
+    return emulated.report([emulated.Rank(a, rail), emulated.Rank(b, rail)], [a.hca_layout().rails[rail]],
+                           [16 << 30], args)
 
 
 def test_the_emulated_run_of_a_healthy_node_passes_and_nvlink_slow_halves_it():
@@ -90,3 +98,17 @@ def test_the_emulated_run_of_a_healthy_node_passes_and_nvlink_slow_halves_it():
     assert degraded.last.busbw == pytest.approx(result.last.busbw / 2, rel=0.02)
     verdict, why = all_reduce_verdict(degraded, AZURE_H200_FLOOR, gpus=8)
     assert verdict == "fail" and why.endswith("at 16G floor=431GB/s"), why
+
+
+def test_one_rail_between_two_nodes_reaches_an_ndr_nics_share_and_ib_slow_halves_that_rail_only():
+    a, b = NodeHardware(node="gpu001"), NodeHardware(node="gpu002")
+    b.inject("ib-slow", hca="mlx5_3")
+    healthy, slow = parse_all_reduce(_one_rail(a, b, 2)), parse_all_reduce(_one_rail(a, b, 3))
+    assert (healthy.ranks, healthy.hosts) == (2, ("gpu001", "gpu002"))
+    assert 46 <= healthy.last.busbw <= 48  # nccl-tests' maintainers: 46-48 GB/s per NDR NIC
+    assert slow.last.busbw == pytest.approx(healthy.last.busbw / 2, rel=0.03)
+
+
+def test_a_hostlist_expands_as_slurm_writes_it():
+    assert emulated.expand_hostlist("gpu[038,040-041],head") == ["gpu038", "gpu040", "gpu041", "head"]
+    assert emulated.expand_hostlist("gpu007") == ["gpu007"]

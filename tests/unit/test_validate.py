@@ -14,7 +14,7 @@ from opsctl.slurm import SlurmNode
 from opsctl.slurm.base import Job, JobSpec
 from opsctl.slurm.cli import SlurmCliImpl, parse_squeue
 from opsctl.validate.node import metrics_text, validate_node
-from opsctl.validate.sweep import Clock, NodeValidation, Sweep, _await_jobs, choose, run_sweep
+from opsctl.validate.sweep import Clock, NodeValidation, Sweep, await_jobs, choose, run_sweep
 from tests.unit.fakes import gpu_nodes, node
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -126,7 +126,7 @@ def test_jobs_that_ran_are_waited_for_and_one_that_never_started_is_cancelled_at
              {"11": Job("11", "COMPLETED"), "12": Job("12", "PENDING", "Priority")},
              {"12": Job("12", "PENDING", "Priority")}]
     jobs = FakeJobs(polls)
-    _await_jobs(config(job_timeout="1m"), jobs, sweep, JumpingClock())
+    await_jobs(config(job_timeout="1m"), jobs, sweep, JumpingClock())
     assert (sweep.nodes["gpu001"].result, sweep.nodes["gpu002"].result) == ("ended", "skip:never-started")
     assert jobs.cancelled == ["12"]
     assert sweep.nodes["gpu002"].detail == "job 12 cancelled after validate.job_timeout (the node was busy)"
@@ -135,7 +135,7 @@ def test_jobs_that_ran_are_waited_for_and_one_that_never_started_is_cancelled_at
 def test_a_job_that_ran_past_the_timeout_is_cancelled_and_its_node_not_checked():
     sweep = sweep_of(gpu001="21")
     jobs = FakeJobs([{"21": Job("21", "RUNNING")}])
-    _await_jobs(config(job_timeout="1m"), jobs, sweep, JumpingClock())
+    await_jobs(config(job_timeout="1m"), jobs, sweep, JumpingClock())
     assert (sweep.nodes["gpu001"].result, jobs.cancelled) == ("not-checked", ["21"])
 
 

@@ -10,21 +10,35 @@ that capture; Azure's H200 health check asks 431 GB/s at 16 GiB). `nvlink-slow` 
 halves the plateau: a ring moves at its slowest link. A GPU that fell off the bus (`gpu-missing`) ends the
 run as CUDA does, with rc 1 (the message is nccl-tests' CUDACHECK format; the lab's judgement of the
 CUDA error a lost GPU gives).
+
+Across nodes (an srun step of one task per node, nccl-tests built with MPI=1): rank 0 prints the table for
+every rank, the others print nothing, as nccl-tests does. The data crosses the fabric on the HCAs
+NCCL_IB_HCA names (all the rails when unset), a ring moving at its slowest rail: per rail, the lab fabric
+model's RDMA rate between the two ends (opsctl_lab.hwtools.fabric_model, so `ib-slow` halves it) times
+the share nccl-tests reaches, 47 GB/s on a healthy NDR rail (nccl-tests' maintainers: 46-48 GB/s per NDR
+NIC, NVIDIA/nccl-tests issue 290). The step's nodes come from SLURM_STEP_NODELIST and each node's state
+from OPSCTL_HW_STATE_PATTERN (a path with {node}), which the lab's shared wrapper sets.
 """
 
 import argparse
 import os
 import re
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hca_layout import GPU_BUSES
 from opsctl_lab.hwtools.common import load, main_guard
+from opsctl_lab.hwtools.fabric_model import PortView, bandwidth_gbps
 
 PLATEAU_GBPS = 482.0
 HALF_SIZE = 32 << 20  # bytes at which the model reaches half the plateau
 FLOAT_BYTES = 4
+NDR_NCCL_GBPS = 47.0  # GB/s nccl-tests reaches over one healthy NDR rail
+NDR_WRITE_GBITS = 392.34  # Gb/s the fabric model gives that rail (a real CX-7 ib_write_bw)
+_HOSTLIST = re.compile(r"([^,\[]+)(?:\[([^\]]+)\])?")
 _SIZE = re.compile(r"^(\d+)([KMG]?)$", re.IGNORECASE)
 
 
@@ -36,9 +50,42 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[match.group(2).upper()]
 
 
-def busbw_gbps(hw: NodeHardware, gpus: list[int], size: int) -> float:
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's gpu[001-002,005],head -> every name (what the lab's node names use of the notation)."""
+    names = []
+    for match in _HOSTLIST.finditer(text.strip()):
+        prefix, ranges = match.group(1).lstrip(","), match.group(2)
+        if ranges is None:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            names += [f"{prefix}{n:0{len(first)}d}" for n in range(int(first), int(last or first) + 1)]
+    return [n for n in names if n]
+
+
+@dataclass(frozen=True)
+class Rank:
+    hw: NodeHardware
+    gpu: int
+
+
+def nvlink_gbps(hw: NodeHardware, gpus: list[int], size: int) -> float:
     plateau = PLATEAU_GBPS / (2 if any(hw.has("nvlink-slow", gpu=g) for g in gpus) else 1)
     return plateau * size / (size + HALF_SIZE)
+
+
+def fabric_gbps(nodes: list[NodeHardware], hcas: list[str], size: int) -> float:
+    """A ring over the nodes on each HCA, at the slowest rail of the slowest hop, summed over the HCAs."""
+    hops = list(zip(nodes, nodes[1:] + nodes[:1], strict=True))[: len(nodes) if len(nodes) > 2 else 1]
+    slowest = min(bandwidth_gbps(PortView.of(a, hca), PortView.of(b, hca))[1] for a, b in hops for hca in hcas)
+    return len(hcas) * slowest / NDR_WRITE_GBITS * NDR_NCCL_GBPS * size / (size + HALF_SIZE)
+
+
+def busbw_gbps(ranks: list[Rank], hcas: list[str], size: int) -> float:
+    nodes = list({r.hw.node: r.hw for r in ranks}.values())
+    within = min(nvlink_gbps(hw, [r.gpu for r in ranks if r.hw is hw], size) for hw in nodes)
+    return within if len(nodes) == 1 else min(within, fabric_gbps(nodes, hcas, size))
 
 
 def _time(usec: float) -> str:
@@ -55,20 +102,22 @@ def row(size: int, out: tuple[float, float, float], inplace: tuple[float, float,
     return cols
 
 
-def _measure(hw: NodeHardware, gpus: list[int], size: int, place: str) -> tuple[float, float, float]:
-    n = len(gpus)
-    jitter = 1.0 - hwm.stable_int(hw.node, size, place, modulo=150) / 10000.0  # within 1.5 %, stable
-    busbw = busbw_gbps(hw, gpus, size) * jitter
+def _measure(ranks: list[Rank], hcas: list[str], size: int, place: str) -> tuple[float, float, float]:
+    n = len(ranks)
+    jitter = 1.0 - hwm.stable_int(ranks[0].hw.node, size, place, modulo=150) / 10000.0  # within 1.5 %, stable
+    busbw = busbw_gbps(ranks, hcas, size) * jitter
     algbw = busbw * n / (2 * (n - 1)) if n > 1 else busbw
     return size / (algbw * 1e3), algbw, busbw
 
 
-def report(hw: NodeHardware, gpus: list[int], sizes: list[int], args: argparse.Namespace) -> str:
-    lines = [f"# nThread 1 nGpus {len(gpus)} minBytes {sizes[0]} maxBytes {sizes[-1]} step: {args.stepfactor}(factor) "
+def report(ranks: list[Rank], hcas: list[str], sizes: list[int], args: argparse.Namespace) -> str:
+    lines = [f"# nThread 1 nGpus {args.ngpus} minBytes {sizes[0]} maxBytes {sizes[-1]} step: {args.stepfactor}(factor) "
              f"warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0",
              "#", "# Using devices"]
-    lines += [f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {hw.node:>10} device {gpu:2d} "
-              f"[0x{GPU_BUSES[gpu]}] {hwm.GPU_MODEL}" for rank, gpu in enumerate(gpus)]
+    # device: the CUDA index within the process (CUDA_VISIBLE_DEVICES renumbers), the bus id its GPU's
+    local = [sum(1 for other in ranks[:i] if other.hw is r.hw) % args.ngpus for i, r in enumerate(ranks)]
+    lines += [f"#  Rank {rank:2d} Group  0 Pid {os.getpid() + rank // args.ngpus:6d} on {r.hw.node:>10} device "
+              f"{local[rank]:2d} [0x{GPU_BUSES[r.gpu]}] {hwm.GPU_MODEL}" for rank, r in enumerate(ranks)]
     lines += ["#",
               "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
               "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   "
@@ -78,7 +127,7 @@ def report(hw: NodeHardware, gpus: list[int], sizes: list[int], args: argparse.N
     wrong = "0" if args.check else "N/A"
     total = 0.0
     for size in sizes:
-        out, inplace = _measure(hw, gpus, size, "out"), _measure(hw, gpus, size, "in")
+        out, inplace = _measure(ranks, hcas, size, "out"), _measure(ranks, hcas, size, "in")
         lines.append(row(size, out, inplace, wrong))
         total += out[2] + inplace[2]
     lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {total / (2 * len(sizes)):g}", "#"]
@@ -98,22 +147,56 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _visible_gpus(count: int) -> list[int]:
+    """The process's GPUs: the first `count` of CUDA_VISIBLE_DEVICES (Slurm's, or the caller's own)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    listed = [int(g) for g in visible.split(",") if g.strip().isdigit()] if visible else list(range(hwm.GPUS_PER_NODE))
+    return listed[:count]
+
+
+def _hcas(hw: NodeHardware) -> list[str]:
+    """NCCL_IB_HCA: "=mlx5_3" (exactly), "^mlx5_0" (all but), "mlx5_3:1"; unset: every rail."""
+    rails = hw.hca_layout().rails
+    spec = os.environ.get("NCCL_IB_HCA", "").strip()
+    if not spec:
+        return rails
+    exclude = spec.startswith("^")
+    named = [part.split(":", 1)[0] for part in spec.lstrip("^=").split(",") if part]
+    return [h for h in rails if h not in named] if exclude else [h for h in named if h in rails]
+
+
+def _nodes(own: NodeHardware) -> list[NodeHardware]:
+    names = expand_hostlist(os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "")))
+    pattern = os.environ.get("OPSCTL_HW_STATE_PATTERN")
+    if len(names) < 2 or not pattern:
+        return [own]
+    return [own if name == own.node else NodeHardware.load(Path(pattern.format(node=name)), name) for name in names]
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     hw = load()
     if not 1 <= args.ngpus <= hwm.GPUS_PER_NODE or args.stepfactor < 2 or args.minbytes > args.maxbytes:
         sys.stderr.write("Invalid arguments\n")
         return 1
-    gpus = list(range(args.ngpus))
+    gpus = _visible_gpus(args.ngpus)
     lost = [g for g in gpus if not hw.gpu_present(g)]
-    if lost:
+    if lost or len(gpus) < args.ngpus:
         sys.stdout.write(f"{hw.node}: Test CUDA failure common.cu:892 'unknown error'\n"
                          f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n")
         return 1
+    if os.environ.get("SLURM_PROCID", "0") != "0":
+        return 0  # nccl-tests: only rank 0 prints
+    nodes = _nodes(hw)
+    hcas = _hcas(hw)
+    if len(nodes) > 1 and not hcas:
+        sys.stdout.write(f"{hw.node}: NCCL WARN NET/IB : No device found.\n")
+        return 1
+    ranks = [Rank(node, gpu) for node in nodes for gpu in gpus]
     sizes = [args.minbytes]
     while sizes[-1] * args.stepfactor <= args.maxbytes:
         sizes.append(sizes[-1] * args.stepfactor)
-    sys.stdout.write(report(hw, gpus, sizes, args))
+    sys.stdout.write(report(ranks, hcas, sizes, args))
     return 0
 
 

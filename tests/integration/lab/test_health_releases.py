@@ -164,3 +164,28 @@ def test_fail_down_and_maint_are_left_alone(h, release):
     after = release.nodes()
     assert all(after[n].same_as(before[n]) for n in ("gpu035", "gpu036", "gpu037"))
     assert not after["gpu037"].drained
+
+
+def test_a_preflights_reservation_is_made_handed_over_and_deleted_alike(release):
+    """opsctl validate --preflight's three scontrol calls (opsctl.slurm.cli) on each release's slurmctld."""
+    name = "opsctl-preflight-releases"
+
+    def shown():
+        out = release.scontrol("-o", "show", "reservation", name).stdout
+        return dict(field.split("=", 1) for field in out.split() if "=" in field)
+    release.reader.reserve(name, NODES[:3], 60)
+    try:
+        first = shown()
+        assert "MAINT" in first["Flags"].split(",") and first["Users"] == "root"
+        # slurmctld flags the nodes at its next reservation pass, within a few seconds
+        release.wait(lambda nodes: all("MAINTENANCE" in nodes[n].held_by_slurm for n in NODES[:3]),
+                     "the reserved nodes in maintenance", timeout=15)
+        release.reader.hand_over(name, NODES[:2], ["slurm"], 30)  # an account every chroot has
+        release.wait(lambda nodes: not nodes[NODES[2]].held_by_slurm, "the node left out free again", timeout=15)
+        after = shown()
+        assert release.reader.expand(after["Nodes"]) == NODES[:2] and after["Users"] == "slurm"
+        assert "MAINT" not in after["Flags"].split(",") and after["Duration"] == "00:30:00"
+    finally:
+        release.reader.release(name)
+    assert release.scontrol("show", "reservation", name, check=False).returncode != 0 or \
+        "not found" in release.scontrol("show", "reservation", name, check=False).stdout

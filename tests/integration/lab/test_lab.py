@@ -156,7 +156,7 @@ def test_storage_port_fault_shows_on_ethernet_port(lab):
     (["gpu001", "xid:abc"], "bad XID code"),
     (["gpu001", "ib-down", "--hca", "12"], "unknown HCA"),
     (["gpu001", "dbe", "--hca", "1"], "takes --gpu"),
-    (["gpu001", "ib-slow", "--hca", "1"], "lab machines"),
+    (["gpu001", "gpu-hang", "--gpu", "1"], "lab machines"),
 ])
 def test_inject_rejects_bad_input_with_one_line(lab, args, message):
     proc = opsctl("lab", "inject", *args, env=lab.env, check=False)

@@ -1,7 +1,8 @@
-"""`opsctl validate --idle` on the lab: real Slurm runs one exclusive job per idle node in the `validate`
-partition, each runs `opsctl node validate` with the node's emulated dcgmi and all_reduce_perf, the real
-node_exporter and Prometheus carry the results, and `opsctl health --drain` drains the failure. Nodes
-gpu038..gpu042; each test removes the validation results it left."""
+"""`opsctl validate --idle` and `--preflight` on the lab: real Slurm runs one exclusive job per idle node in
+the `validate` partition, each runs `opsctl node validate` with the node's emulated dcgmi and all_reduce_perf,
+a preflight's reservation and its multi-node srun steps are Slurm's own, the real node_exporter and
+Prometheus carry the results, and `opsctl health --drain` drains the failure. Nodes gpu038..gpu058; each
+test removes the validation results and the reservation it left."""
 
 import json
 
@@ -23,7 +24,8 @@ def h(lab, tmp_path):
     helper.config.write_text(yaml.safe_dump(raw))
     yield helper
     for node in helper.touched:
-        (lab.lab_dir / "nodes" / node / "textfile" / "opsctl-validate.prom").unlink(missing_ok=True)
+        for name in ("opsctl-validate.prom", "opsctl-validate-pairs.prom"):
+            (lab.lab_dir / "nodes" / node / "textfile" / name).unlink(missing_ok=True)
     helper.cleanup()
 
 
@@ -74,3 +76,32 @@ def test_a_busy_node_is_left_until_it_is_idle_then_validated(h):
     code, validated, health = sweep(h, "gpu042")
     assert (code, validated["gpu042"]["result"]) == (0, "pass"), validated
     assert health["gpu042"]["action"] == "none"
+
+
+def test_a_preflight_hands_over_8_good_nodes_of_16_and_names_the_slow_node_and_rail(h):
+    nodes = [f"gpu{i:03d}" for i in range(43, 59)]
+    h.touched.update(nodes)
+    h.inject("gpu047", "ib-slow", hca=3)
+    name = "opsctl-test-preflight"
+    try:
+        proc = h.opsctl("validate", "--preflight", "8", "--nodes", "gpu[043-058]", "--spares", "8",
+                        "--reservation", name, "--user", "nobody", "--json", timeout=400)
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        found = doc["preflight"]
+        assert [(r["node"], r["hca"], r["verdict"]) for r in found["rails"]] == [("gpu047", "mlx5_3", "slow")]
+        assert len({e["peer"] for e in found["rails"][0]["evidence"]}) >= 2
+        results = {n["node"]: n["result"] for n in doc["nodes"]}
+        assert results == {n: "fail" if n == "gpu047" else "pass" for n in nodes}
+        assert len(found["handed_over"]) == 8 and "gpu047" not in found["handed_over"]
+        # Slurm's reservation holds exactly those 8, for the caller, and no longer as maintenance
+        shown = h.lab.run("scontrol", "-o", "show", "reservation", name).stdout
+        fields = dict(f.split("=", 1) for f in shown.split() if "=" in f)
+        assert h.lab.run("scontrol", "show", "hostnames", fields["Nodes"]).stdout.split() == found["handed_over"]
+        assert fields["Users"] == "nobody" and "MAINT" not in fields["Flags"]
+        # the rail's result went through the node's textfile and the catalog rule to its drain
+        slurm = h.slurm()
+        assert slurm["gpu047"].drained and slurm["gpu047"].reason == "opsctl:validate nccl-pair mlx5_3 failed"
+        assert not any(slurm[n].drained for n in nodes if n != "gpu047")
+    finally:
+        h.lab.run("scontrol", "delete", f"ReservationName={name}", check=False)

@@ -1,0 +1,207 @@
+"""`opsctl validate --preflight N` (opsctl/validate/preflight.py): the reservation, the multi-node stage over
+the fabric test's pairing with nccl-tests' real output format, the hand-over, and the srun/scontrol calls
+(opsctl/slurm/cli.py). The lab tier runs it whole on real Slurm and Prometheus
+(tests/integration/lab/test_lab_validate.py)."""
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opsctl.config import parse_config
+from opsctl.errors import SourceUnavailable
+from opsctl.slurm.base import NodesBusy, StepSpec
+from opsctl.slurm.cli import SlurmCliImpl
+from opsctl.validate import preflight as pf
+from opsctl.validate.node import pairs_metrics_text, pairs_textfile
+from opsctl.validate.sweep import NodeValidation, Sweep
+from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hwtools import all_reduce_perf as emulated
+from tests.unit.fakes import gpu_nodes, node
+
+
+def config(tmp_path=None):
+    env = {"OPSCTL_STATE_DIR": str(tmp_path / "state")} if tmp_path else {}
+    return parse_config({"validate": {"nccl_bytes": "1G"}}, "t", env)
+
+
+class FakeSlurm:
+    def __init__(self, *reads):
+        self.reads = list(reads)
+
+    def nodes(self):
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+
+class FakeReservations:
+    """scontrol's reservations and srun's steps; each step answers with the lab emulator's rendering of the
+    two nodes' hardware (nccl-tests' format), or `fail` for every step."""
+
+    def __init__(self, hardware=None, busy=0, fail=None):
+        self.hardware = hardware or {}
+        self.busy = busy
+        self.fail = fail
+        self.calls = []
+        self.steps: list[StepSpec] = []
+
+    def reserve(self, name, nodes, minutes):
+        self.calls.append(("reserve", name, list(nodes)))
+        if self.busy:
+            self.busy -= 1
+            raise NodesBusy("Slurm: scontrol create failed: Error creating the reservation: Requested nodes are busy")
+
+    def hand_over(self, name, nodes, users, minutes):
+        self.calls.append(("hand_over", name, list(nodes), list(users)))
+
+    def release(self, name):
+        self.calls.append(("release", name))
+
+    def run_step(self, spec, timeout):
+        self.steps.append(spec)
+        if self.fail:
+            return self.fail
+        env = dict(spec.env)
+        rail = int(env["CUDA_VISIBLE_DEVICES"])
+        hw = [self.hardware.get(n) or NodeHardware(node=n) for n in spec.nodes]
+        args = argparse.Namespace(stepfactor=2, warmup_iters=5, iters=20, check=1, ngpus=1)
+        return 0, emulated.report([emulated.Rank(h, rail) for h in hw], [env["NCCL_IB_HCA"].lstrip("=")],
+                                  [1 << 30], args)
+
+
+def passed(*names) -> pf.Preflight:
+    found = pf.Preflight("pf", 8, Sweep())
+    for name in names:
+        found.sweep.nodes[name] = NodeValidation(name, job="1", result="pass")
+    return found
+
+
+def test_a_slow_rail_is_named_by_node_and_rail_with_its_partners_numbers_and_the_others_pass():
+    names = [f"gpu{i:03d}" for i in range(1, 17)]
+    slow = NodeHardware(node="gpu005")
+    slow.inject("ib-slow", hca="mlx5_3")
+    jobs = FakeReservations({"gpu005": slow})
+    found = passed(*names)
+    pf._pairs(config(), jobs, found, warn=None)
+    results = {n: v.result for n, v in found.sweep.nodes.items()}
+    assert [n for n, r in results.items() if r != "pass"] == ["gpu005"]
+    assert [(f.node, f.hca, f.verdict) for f in found.rails] == [("gpu005", "mlx5_3", "slow")]
+    evidence = found.rails[0].evidence
+    assert len({peer for peer, _ in evidence}) >= 2 and all(20 < gbps < 25 for _, gbps in evidence)
+    assert found.sweep.nodes["gpu005"].detail.startswith("nccl-pair mlx5_3 slow: ")
+    # one GPU per node on that rail, its HCA alone, two ranks in the reservation
+    step = next(s for s in jobs.steps if dict(s.env)["NCCL_IB_HCA"] == "=mlx5_3")
+    assert dict(step.env)["CUDA_VISIBLE_DEVICES"] == "3" and len(step.nodes) == 2
+    assert step.argv[1:] == ("-b", "1G", "-e", "1G", "-f", "2", "-g", "1", "-c", "1") and step.reservation == "pf"
+    assert found.rounds >= 2  # a round to suspect, a round to name
+
+
+def test_a_rail_no_step_could_measure_is_not_checked_and_each_failure_is_told_in_one_line():
+    jobs = FakeReservations(fail=(1, "srun: error: Unable to allocate resources: Invalid reservation\n"))
+    told = []
+    found = passed("gpu001", "gpu002", "gpu003", "gpu004")
+    pf._pairs(config(), jobs, found, warn=told.append)
+    assert {v.result for v in found.sweep.nodes.values()} == {"not-checked"}
+    assert "fail" not in {v.result for v in found.sweep.nodes.values()}  # a broken step names no node bad
+    assert told and all(line.count("\n") == 0 and "srun: error: Unable to allocate" in line for line in told)
+
+
+def test_a_lone_node_that_passed_has_no_partner_and_is_not_checked():
+    found = passed("gpu001")
+    pf._pairs(config(), FakeReservations(), found, warn=None)
+    assert (found.sweep.nodes["gpu001"].result, found.sweep.nodes["gpu001"].detail) == (
+        "not-checked", "no partner for the multi-node test")
+
+
+def test_a_node_that_took_a_job_is_left_out_and_the_reservation_asked_again():
+    first = gpu_nodes(6)
+    second = gpu_nodes(6, gpu002=node("gpu002", "allocated"))
+    jobs = FakeReservations(busy=1)
+    sweep = pf._reserve(config(), FakeSlurm(first, second), jobs, "pf", 4, None, 60)
+    assert [c[2] for c in jobs.calls] == [["gpu001", "gpu002", "gpu003", "gpu004"],
+                                          ["gpu001", "gpu003", "gpu004", "gpu005"]]
+    assert sweep.nodes["gpu002"].result == "skip:busy" and sweep.nodes["gpu006"].result == "skip:sweep-full"
+
+
+def _stages(monkeypatch, results: dict[str, str], fail_at=None):
+    """run_preflight with the job and Prometheus stages replaced by what they would leave."""
+    def submit(config, jobs, sweep, reservation=""):
+        for entry in sweep.nodes.values():
+            if not entry.result:
+                entry.result = "ended"
+
+    def await_jobs(*_):
+        if fail_at == "jobs":
+            raise SourceUnavailable("Slurm: squeue failed: slurm_load_jobs error: Unable to contact slurm controller")
+
+    def await_results(config, prom, sweep, since, clock, needed=()):
+        for name, entry in sweep.nodes.items():
+            if entry.result == "ended":
+                entry.result = results.get(name, "pass")
+    monkeypatch.setattr(pf, "submit", submit)
+    monkeypatch.setattr(pf, "await_jobs", await_jobs)
+    monkeypatch.setattr(pf, "await_results", await_results)
+    monkeypatch.setattr(pf, "_record", lambda *_: None)
+
+
+def test_the_first_n_good_nodes_are_handed_over_in_one_update_and_the_failures_left_out(monkeypatch, tmp_path):
+    _stages(monkeypatch, {"gpu002": "fail"})
+    jobs = FakeReservations()
+    found = pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(8)), jobs, None, 4, None, "big-run",
+                             ["alice"], spares=2)
+    assert jobs.calls[0] == ("reserve", "big-run", ["gpu001", "gpu002", "gpu003", "gpu004", "gpu005", "gpu006"])
+    assert jobs.calls[-1] == ("hand_over", "big-run", ["gpu001", "gpu003", "gpu004", "gpu005"], ["alice"])
+    assert found.handed_over == ["gpu001", "gpu003", "gpu004", "gpu005"]
+
+
+def test_with_no_good_node_the_reservation_is_deleted(monkeypatch, tmp_path):
+    _stages(monkeypatch, {f"gpu{i:03d}": "fail" for i in range(1, 9)})
+    jobs = FakeReservations()
+    found = pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(3)), jobs, None, 2, None, "big-run", ["a"], 1)
+    assert jobs.calls[-1] == ("release", "big-run") and found.handed_over == []
+
+
+def test_an_error_midway_deletes_the_reservation_and_is_raised(monkeypatch, tmp_path):
+    _stages(monkeypatch, {}, fail_at="jobs")
+    jobs = FakeReservations()
+    with pytest.raises(SourceUnavailable, match="Unable to contact"):
+        pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["a"], 1)
+    assert jobs.calls[-1] == ("release", "big-run")
+
+
+def test_reservations_and_steps_go_through_scontrol_and_srun_next_to_it():
+    calls = []
+
+    def run(argv, **_):
+        calls.append(argv)
+        if argv[1:3] == ["create", "reservation"] and "Nodes=gpu002" in argv:
+            busy = "Error creating the reservation: Requested nodes are busy\n"
+            return subprocess.CompletedProcess(argv, 1, "", busy)
+        return subprocess.CompletedProcess(argv, 0, "rank 0 says\n", "")
+    slurm = SlurmCliImpl(scontrol="/opt/slurm/bin/scontrol", run=run, environ={"SLURM_CONF": "/dev/null"})
+    slurm.reserve("pf", ["gpu001", "gpu003"], 90)
+    with pytest.raises(NodesBusy):
+        slurm.reserve("pf", ["gpu002"], 90)
+    slurm.hand_over("pf", ["gpu001"], ["alice", "bob"], 75)
+    slurm.release("pf")
+    step = StepSpec("opsctl-preflight", ("gpu001", "gpu003"), "validate", "pf", ("all_reduce_perf", "-g", "1"),
+                    (("CUDA_VISIBLE_DEVICES", "3"), ("NCCL_IB_HCA", "=mlx5_3")), 5, "pmix", 8)
+    assert slurm.run_step(step, 60) == (0, "rank 0 says\n")
+    assert calls[0] == ["/opt/slurm/bin/scontrol", "create", "reservation", "ReservationName=pf", "StartTime=now",
+                        "Duration=90", "Nodes=gpu001,gpu003", "Users=root", "Flags=MAINT"]
+    assert calls[2] == ["/opt/slurm/bin/scontrol", "update", "ReservationName=pf", "Nodes=gpu001",
+                        "Users=alice,bob", "Duration=75", "Flags-=MAINT"]
+    assert calls[3] == ["/opt/slurm/bin/scontrol", "delete", "ReservationName=pf"]
+    assert calls[4] == ["/opt/slurm/bin/srun", "--job-name=opsctl-preflight", "--partition=validate",
+                        "--reservation=pf", "--nodelist=gpu001,gpu003", "--nodes=2", "--ntasks-per-node=1",
+                        "--exclusive", "--gres=gpu:8", "--time=5", "--mpi=pmix", "--chdir=/", "--quiet", "env",
+                        "CUDA_VISIBLE_DEVICES=3", "NCCL_IB_HCA==mlx5_3", "all_reduce_perf", "-g", "1"]
+
+
+def test_a_rails_verdict_is_written_beside_the_nodes_own_results():
+    assert pairs_textfile(Path("/tf/opsctl-validate.prom")) == Path("/tf/opsctl-validate-pairs.prom")
+    failed = pairs_metrics_text(["mlx5_3"], 1_800_000_000.0)
+    assert failed.endswith('opsctl_node_validate{test="nccl-pair",device="mlx5_3"} 1800000000.000\n')
+    assert pairs_metrics_text([], 1.0).endswith('opsctl_node_validate{test="nccl-pair",device="node"} 0\n')
+    # the same HELP and TYPE as the node's own file: node_exporter merges one family from both files
+    assert failed.splitlines()[:2] == [line for line in failed.splitlines() if line.startswith("#")]
