@@ -202,6 +202,18 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
             preflight.sweep.nodes[node].detail = detail  # the rail with its numbers, not only its name
 
 
+def _abandon(jobs: SlurmReservations, preflight: Preflight) -> None:
+    """A preflight that stops on an error or Ctrl-C cancels its jobs and deletes its reservation: never
+    nodes reserved for no one, nor jobs left pending in a reservation that is gone."""
+    preflight.handed_over = []
+    for undo in (lambda: jobs.cancel(sorted(v.job for v in preflight.sweep.nodes.values() if v.job)),
+                 lambda: jobs.release(preflight.reservation)):
+        try:
+            undo()
+        except SourceUnavailable:
+            pass  # the error that stopped the preflight is the one to report
+
+
 def _await_out_of_maintenance(slurm: Slurm, nodes: list[str], clock: Clock) -> None:
     """slurmctld drops a node's MAINTENANCE flag at its next reservation pass, seconds after the node left
     the reservation; until then the health run would leave a failed node alone (Slurm's, not opsctl's)."""
@@ -245,16 +257,16 @@ def run_preflight(config: Config, slurm: Slurm, jobs: SlurmReservations, prom: P
             await_results(config, prom, preflight.sweep, since, clock)
         _pairs(config, jobs, preflight, warn)
         _record(config, jobs, prom, preflight, since, clock)
+        good = sorted(n for n, v in preflight.sweep.nodes.items() if v.result == "pass")
+        preflight.handed_over = good[:wanted]
+        if preflight.handed_over:
+            elapsed = math.ceil((clock.now() - began) / 60)
+            jobs.hand_over(reservation, preflight.handed_over, users, elapsed + hold_minutes)
+        else:
+            jobs.release(reservation)
     except BaseException:
-        jobs.release(reservation)  # never leave nodes reserved for no one
+        _abandon(jobs, preflight)
         raise
-    good = sorted(n for n, v in preflight.sweep.nodes.items() if v.result == "pass")
-    preflight.handed_over = good[:wanted]
-    if preflight.handed_over:
-        elapsed = math.ceil((clock.now() - began) / 60)
-        jobs.hand_over(reservation, preflight.handed_over, users, elapsed + hold_minutes)
-    else:
-        jobs.release(reservation)
     left = [n for n, v in preflight.sweep.nodes.items() if v.job and n not in preflight.handed_over]
     _await_out_of_maintenance(slurm, left, clock)
     state = StateDir(config.state_dir)

@@ -57,6 +57,9 @@ class FakeReservations:
     def release(self, name):
         self.calls.append(("release", name))
 
+    def cancel(self, ids):
+        self.calls.append(("cancel", list(ids)))
+
     def run_step(self, spec, timeout):
         self.steps.append(spec)
         if self.fail:
@@ -126,9 +129,9 @@ def test_a_node_that_took_a_job_is_left_out_and_the_reservation_asked_again():
 def _stages(monkeypatch, results: dict[str, str], fail_at=None):
     """run_preflight with the job and Prometheus stages replaced by what they would leave."""
     def submit(config, jobs, sweep, reservation=""):
-        for entry in sweep.nodes.values():
+        for number, entry in enumerate(sweep.nodes.values()):
             if not entry.result:
-                entry.result = "ended"
+                entry.result, entry.job = "ended", str(100 + number)
 
     def await_jobs(*_):
         if fail_at == "jobs":
@@ -166,6 +169,18 @@ def test_an_error_midway_deletes_the_reservation_and_is_raised(monkeypatch, tmp_
     jobs = FakeReservations()
     with pytest.raises(SourceUnavailable, match="Unable to contact"):
         pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["a"], 1)
+    assert jobs.calls[-2:] == [("cancel", ["100", "101", "102"]), ("release", "big-run")]
+
+
+def test_a_hand_over_slurm_refuses_frees_every_node(monkeypatch, tmp_path):
+    _stages(monkeypatch, {})
+    jobs = FakeReservations()
+
+    def refuse(*_):
+        raise SourceUnavailable("Slurm: scontrol update failed: slurm_update error: Invalid user id")
+    jobs.hand_over = refuse
+    with pytest.raises(SourceUnavailable, match="Invalid user id"):
+        pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["ghost"], 1)
     assert jobs.calls[-1] == ("release", "big-run")
 
 

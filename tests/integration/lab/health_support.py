@@ -52,6 +52,19 @@ class HealthLab:
         data = json.loads(proc.stdout)
         return proc.returncode, {n["node"]: n for n in data["nodes"]} | {"_summary": data["summary"]}
 
+    def wait_calm(self, timeout: float = 330.0) -> None:
+        """Until a planning run over the whole lab (--drain --dry-run: the breaker counts the nodes that newly
+        fail anywhere, not only in a run's --nodes) stops on no safety rail: an earlier module's fault on many
+        nodes at once (a windowed XID count lasts the lab's 5 min window) would trip the breaker of a test
+        that means to act on one node."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.opsctl("health", "--drain", "--dry-run", "--json")
+            if proc.returncode in (0, 1) or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+        assert proc.returncode in (0, 1), f"the lab is not calm: exit {proc.returncode}: {proc.stderr[-2000:]}"
+
     def inject(self, node: str, fault: str, gpu=None, hca=None) -> None:
         self.inject_many([node], fault, gpu, hca)
 

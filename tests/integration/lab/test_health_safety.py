@@ -20,6 +20,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture
 def h(lab, tmp_path):
     helper = HealthLab(lab, tmp_path, safety={"resume_after": "6s"})
+    helper.wait_calm()
     yield helper
     helper.cleanup()
 
@@ -30,7 +31,7 @@ def test_a_node_drained_by_hand_is_never_resumed_or_re_reasoned(h):
     h.inject("gpu053", "xid:79", gpu=2)
     h.wait_statuses("gpu053", {"gpu053": "fail"})
     code, nodes = h.health_json("--drain", "--resume", "--nodes", "gpu053")
-    assert code == 1 and nodes["gpu053"]["action"] == "skip:not-owned"
+    assert code == 1 and nodes["gpu053"]["action"] == "skip:not-owned", nodes["_summary"]
     h.opsctl("lab", "clear", "gpu053")
     h.wait_statuses("gpu053", {"gpu053": "ok"})
     for _ in range(2):

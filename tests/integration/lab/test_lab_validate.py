@@ -17,6 +17,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture
 def h(lab, tmp_path):
     helper = HealthLab(lab, tmp_path)
+    helper.wait_calm()  # a sweep's health run acts: an earlier module's fault on every node would stop it
     # The lab's own validation job: `opsctl node validate` with each node's config and textfile directory.
     lab_config = yaml.safe_load(open(lab.env["OPSCTL_CONFIG"]).read())
     raw = yaml.safe_load(helper.config.read_text())
