@@ -4,6 +4,7 @@ the fabric test's pairing with nccl-tests' real output format, the hand-over, an
 (tests/integration/lab/test_lab_validate.py)."""
 
 import argparse
+import json
 import subprocess
 from pathlib import Path
 
@@ -220,3 +221,46 @@ def test_a_rails_verdict_is_written_beside_the_nodes_own_results():
     assert pairs_metrics_text([], 1.0).endswith('opsctl_node_validate{test="nccl-pair",device="node"} 0\n')
     # the same HELP and TYPE as the node's own file: node_exporter merges one family from both files
     assert failed.splitlines()[:2] == [line for line in failed.splitlines() if line.startswith("#")]
+
+
+def _command(monkeypatch, tmp_path, handed_over: list[str], health_code, wanted=4):
+    """`opsctl validate --preflight` with the preflight and the health run replaced by their outcomes."""
+    from click.testing import CliRunner
+
+    from opsctl.cli import main
+    from opsctl.commands import validate as command
+    from opsctl.commands.context import Clients
+    from opsctl.errors import ExitCode
+
+    def preflight(config, slurm, jobs, prom, n, scope, reservation, users, spares, dry_run, warn=None):
+        found = pf.Preflight(reservation, n, Sweep(), handed_over=handed_over)
+        for name in ["gpu001", "gpu002", "gpu003", "gpu004", "gpu005", "gpu006"]:
+            found.sweep.nodes[name] = NodeValidation(name, "1", "pass" if name in handed_over else "fail")
+        found.calls = (n, reservation, users, spares)
+        preflight.found = found
+        return found
+
+    class Health:
+        exit_code = ExitCode(health_code)
+    monkeypatch.setattr(command, "run_preflight", preflight)
+    monkeypatch.setattr(command, "run_health", lambda *_: Health())
+    monkeypatch.setattr(command, "render_json", lambda _: "{}")
+    monkeypatch.setattr(command, "render_table", lambda *_: "")
+    monkeypatch.setenv("SUDO_USER", "alice")
+    result = CliRunner().invoke(main, ["validate", "--preflight", str(wanted), "--json"],
+                                obj=Clients(config(tmp_path), object(), object(), object()))
+    return result, preflight.found
+
+
+def test_n_good_nodes_handed_over_exit_0_though_others_failed_and_were_drained(monkeypatch, tmp_path):
+    result, found = _command(monkeypatch, tmp_path, ["gpu001", "gpu002", "gpu003", "gpu004"], health_code=1)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["preflight"]["handed_over"] == ["gpu001", "gpu002", "gpu003", "gpu004"]
+    assert found.calls[0] == 4 and found.calls[1].startswith("opsctl-preflight-")
+    assert found.calls[2:] == (["alice"], 2)  # the caller behind sudo; max(2, N/4) spares
+
+
+def test_fewer_than_n_is_exit_1_and_a_safety_stop_is_exit_4(monkeypatch, tmp_path):
+    assert _command(monkeypatch, tmp_path, ["gpu001", "gpu002", "gpu003"], health_code=0)[0].exit_code == 1
+    assert _command(monkeypatch, tmp_path, ["gpu001", "gpu002", "gpu003", "gpu004"], health_code=4)[0].exit_code == 4
