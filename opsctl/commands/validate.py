@@ -85,6 +85,8 @@ def _rows(sweep: Sweep) -> list[dict]:
 
 
 def _handed_over_line(found: Preflight) -> str:
+    if not any(v.job for v in found.sweep.nodes.values()):
+        return "preflight: no idle GPU node to reserve, nothing validated"
     if not found.handed_over:
         return f"preflight: no good node, reservation {found.reservation} deleted"
     return (f"preflight: reservation {found.reservation}: {','.join(hostlist_expression(found.handed_over))} "

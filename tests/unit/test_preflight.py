@@ -264,3 +264,14 @@ def test_n_good_nodes_handed_over_exit_0_though_others_failed_and_were_drained(m
 def test_fewer_than_n_is_exit_1_and_a_safety_stop_is_exit_4(monkeypatch, tmp_path):
     assert _command(monkeypatch, tmp_path, ["gpu001", "gpu002", "gpu003"], health_code=0)[0].exit_code == 1
     assert _command(monkeypatch, tmp_path, ["gpu001", "gpu002", "gpu003", "gpu004"], health_code=4)[0].exit_code == 4
+
+
+def test_the_last_line_says_what_the_caller_got():
+    from opsctl.commands.validate import _handed_over_line
+
+    assert _handed_over_line(pf.Preflight("big-run", 2)) == "preflight: no idle GPU node to reserve, nothing validated"
+    found = passed("gpu001", "gpu002", "gpu004")
+    found.handed_over = ["gpu001", "gpu002", "gpu004"]
+    assert _handed_over_line(found) == "preflight: reservation pf: gpu[001-002,004] (3 of 8 asked)"
+    found.handed_over = []
+    assert _handed_over_line(found) == "preflight: no good node, reservation pf deleted"
