@@ -57,9 +57,17 @@ class HealthLab:
         fail anywhere, not only in a run's --nodes) stops on no safety rail: an earlier module's fault on many
         nodes at once (a windowed XID count lasts the lab's 5 min window) would trip the breaker of a test
         that means to act on one node."""
+        # A state directory and audit log of their own: a dry run's refusals are not the test's to read.
+        calm = self.tmp / "calm"
+        raw = yaml.safe_load(self.config.read_text())
+        raw.update(state_dir=str(calm), audit_log=str(calm / "audit.jsonl"))
+        config = self.tmp / "calm.yaml"
+        config.write_text(yaml.safe_dump(raw))
+        env = {**self.env(), "OPSCTL_CONFIG": str(config), "OPSCTL_STATE_DIR": str(calm)}
         deadline = time.monotonic() + timeout
         while True:
-            proc = self.opsctl("health", "--drain", "--dry-run", "--json")
+            proc = subprocess.run([sys.executable, "-m", "opsctl", "health", "--drain", "--dry-run", "--json"],
+                                  capture_output=True, text=True, timeout=120, env=env)
             if proc.returncode in (0, 1) or time.monotonic() > deadline:
                 break
             time.sleep(5)
