@@ -25,22 +25,32 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ConfigError, SourceUnavailable
+from opsctl.errors import SourceUnavailable
 from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, Isolator, Measurement, Test, Thresholds
 from opsctl.gpu.nccl_tests import all_reduce_verdict, parse_all_reduce
 from opsctl.prom.client import PromQuery
-from opsctl.remediation.state import StateDir
 from opsctl.slurm import Slurm
 from opsctl.slurm.base import NodesBusy, SlurmReservations, StepSpec
 from opsctl.slurm.partitions import select_partitions
 from opsctl.validate.node import NCCL_PAIR, NCCL_TIMEOUT_S
-from opsctl.validate.sweep import CLOCK_SKEW_S, Clock, Sweep, await_jobs, await_results, choose, submit
+from opsctl.validate.sweep import (
+    CLOCK_SKEW_S,
+    Clock,
+    Sweep,
+    await_jobs,
+    await_results,
+    choose,
+    record_validated,
+    require_node_job,
+    submit,
+)
 
 STEP_NAME = "opsctl-preflight"
 RESERVE_TRIES = 3
 MAX_ROUNDS = 4
 PAIRS_AT_ONCE = 16
 MAINT_CLEAR_S = 30.0
+STEP_MINUTES = max(1, math.ceil(NCCL_TIMEOUT_S / 60))  # a step's Slurm time limit
 
 
 @dataclass
@@ -115,7 +125,7 @@ class RailSteps:
         spec = StepSpec(STEP_NAME, (test.a, test.b), v.partition, self._reservation,
                         (v.all_reduce_perf, "-b", size, "-e", size, "-f", "2", "-g", "1", "-c", "1"),
                         (("CUDA_VISIBLE_DEVICES", str(rail)), ("NCCL_IB_HCA", f"={hca}")),
-                        max(1, math.ceil(NCCL_TIMEOUT_S / 60)), v.srun_mpi, self._config.hardware.gpus_per_node)
+                        STEP_MINUTES, v.srun_mpi, self._config.hardware.gpus_per_node)
         code, out = self._jobs.run_step(spec, NCCL_TIMEOUT_S + 30)
         try:
             result = parse_all_reduce(out)
@@ -174,12 +184,11 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
     # a rail the pairing could not decide leaves its node not checked: no result to record
     decided = sorted(n for n in preflight.paired if preflight.sweep.nodes[n].result in ("pass", "fail"))
     v = config.validate
-    minutes = max(1, math.ceil(NCCL_TIMEOUT_S / 60))
 
     def record(node: str) -> tuple[str, int, str]:
         arg = ",".join(failed.get(node, [])) or "pass"
         spec = StepSpec(STEP_NAME, (node,), v.partition, preflight.reservation,
-                        ("sh", "-c", f"{v.job_command} --record-pairs {arg}"), (), minutes, "none",
+                        ("sh", "-c", f"{v.job_command} --record-pairs {arg}"), (), STEP_MINUTES, "none",
                         config.hardware.gpus_per_node)
         code, out = jobs.run_step(spec, NCCL_TIMEOUT_S)
         return node, code, out
@@ -230,9 +239,7 @@ def run_preflight(config: Config, slurm: Slurm, jobs: SlurmReservations, prom: P
                   dry_run: bool = False, clock: Clock | None = None,
                   warn: Callable[[str], None] | None = None) -> Preflight:
     clock = clock or Clock()
-    if not config.prometheus.jobs.get("node"):
-        raise ConfigError("config key prometheus.jobs.node: opsctl validate reads the nodes' results from "
-                          "node_exporter's textfile collector; name its job")
+    require_node_job(config)
     preflight = Preflight(reservation, wanted)
     job_minutes = math.ceil(duration_seconds(config.validate.job_timeout) / 60)
     hold_minutes = math.ceil(duration_seconds(config.validate.preflight_hold) / 60)
@@ -269,8 +276,5 @@ def run_preflight(config: Config, slurm: Slurm, jobs: SlurmReservations, prom: P
         raise
     left = [n for n, v in preflight.sweep.nodes.items() if v.job and n not in preflight.handed_over]
     _await_out_of_maintenance(slurm, left, clock)
-    state = StateDir(config.state_dir)
-    done = state.validated()
-    done.update({name: time.time() for name in preflight.sweep.validated})
-    state.save_validated(done)
+    record_validated(config, preflight.sweep)
     return preflight

@@ -177,16 +177,28 @@ def await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, c
         entry.result, entry.detail = "not-checked", "no new results in Prometheus (see the job's node)"
 
 
+def require_node_job(config: Config) -> None:
+    if not config.prometheus.jobs.get("node"):
+        raise ConfigError("config key prometheus.jobs.node: opsctl validate reads the nodes' results from "
+                          "node_exporter's textfile collector; name its job")
+
+
+def record_validated(config: Config, sweep: Sweep) -> None:
+    """The nodes this run validated, now, in the state directory's validated.json (validate.interval)."""
+    state = StateDir(config.state_dir)
+    done = state.validated()
+    done.update({name: time.time() for name in sweep.validated})
+    state.save_validated(done)
+
+
 def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, scope: list[str] | None,
               dry_run: bool, now: float | None = None, clock: "Clock | None" = None) -> Sweep:
     now = time.time() if now is None else now
     clock = clock or Clock()
-    if not config.prometheus.jobs.get("node"):
-        raise ConfigError("config key prometheus.jobs.node: opsctl validate reads the nodes' results from "
-                          "node_exporter's textfile collector; name its job")
-    state = StateDir(config.state_dir)
+    require_node_job(config)
     cluster = select_partitions(slurm.nodes(), config.slurm.partitions)
-    sweep = choose(cluster, state.validated(), set(scope) if scope is not None else None, now, config)
+    scope_set = set(scope) if scope is not None else None
+    sweep = choose(cluster, StateDir(config.state_dir).validated(), scope_set, now, config)
     if dry_run:
         for entry in sweep.nodes.values():
             entry.result = entry.result or "would-validate"
@@ -196,7 +208,5 @@ def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, sc
     await_jobs(config, jobs, sweep, clock)
     if any(v.result == "ended" for v in sweep.nodes.values()):
         await_results(config, prom, sweep, since, clock)
-    done = state.validated()
-    done.update({name: time.time() for name in sweep.validated})
-    state.save_validated(done)
+    record_validated(config, sweep)
     return sweep
