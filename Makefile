@@ -9,8 +9,9 @@ INVENTORY ?=
 PYTEST_ARGS ?=
 PLAYBOOK_ARGS ?=
 
-# Debian packages per purpose. The lab runs Debian's real Slurm, munge, Prometheus and node_exporter.
-LAB_DEBS := slurmctld slurmd slurm-client munge prometheus prometheus-node-exporter
+# Debian packages per purpose. The lab runs Debian's real Slurm (with slurmdbd and MariaDB for its
+# accounting), munge, Prometheus and node_exporter.
+LAB_DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge prometheus prometheus-node-exporter
 MACHINES_DEBS := debootstrap systemd-container apt-cacher-ng iproute2 openssh-client bridge-utils
 # The health tests read metrics from VictoriaMetrics too, started by the tests themselves; amtool and
 # the real Alertmanager serve the alertmanager role's tests.
@@ -43,14 +44,17 @@ endef
 
 deps-lab:
 	$(call apt_ensure,$(LAB_DEBS))
+	@# The packages enable MariaDB (on :3306) and slurmdbd as services; the lab runs its own.
+	@systemctl disable --now mariadb slurmdbd >/dev/null 2>&1 || true
 
 deps-machines:
 	$(call apt_ensure,$(MACHINES_DEBS))
 
 deps-test:
 	$(call apt_ensure,$(TEST_DEBS))
-	@# The package enables a service on :8428 that nothing here uses; the tests run their own.
-	@systemctl disable --now victoria-metrics >/dev/null 2>&1 || true
+	@# The packages enable services (victoria-metrics on :8428, MariaDB on :3306, slurmdbd) that nothing
+	@# here uses; the lab and the tests run their own.
+	@systemctl disable --now victoria-metrics mariadb slurmdbd >/dev/null 2>&1 || true
 
 # Every tier (README, "Tests") and the linters; pytest prints each tier's wall time at the end, the
 # linters' time included.

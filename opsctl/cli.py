@@ -438,6 +438,46 @@ def validate_cmd(clients, idle, wanted, reservation, users, spares, scope, dry_r
     return validate(clients.use(config_path), idle, request, scope, dry_run, as_json)
 
 
+@main.command("why")
+@click.argument("job_id", metavar="JOB")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer and every event as JSON.")
+@click.option("--record", is_flag=True,
+              help="Write the answer to the audit log, one record per node of the job (its history); only for "
+                   "a job that failed (EpilogSlurmctld).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True, metavar="SECONDS",
+              help="Wait up to this long for accounting to show the job ended and for its last scrapes.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def why_cmd(clients, job_id, as_json, record, wait_s, config_path):
+    """Say which node most likely ended a failed job, and why: what opsctl knows about the job's nodes
+    over its time (docs/why.md).
+
+    Exit codes: 0 answered (a likely culprit, or no evidence), 2 usage/config error or a job that has not
+    ended, 3 Slurm's accounting or Prometheus unreadable.
+    """
+    from opsctl.commands.why import why
+
+    return why(clients.use(config_path), job_id, as_json, record, wait_s)
+
+
+@main.command("suspects")
+@click.option("--queue", is_flag=True, help="Queue the suspects for the next `opsctl validate --idle`.")
+@click.option("--json", "as_json", is_flag=True, help="Print every node's score as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def suspects_cmd(clients, queue, as_json, config_path):
+    """List the nodes that keep turning up in failed jobs that no evidence explains (why.suspect_*);
+    a suspect is validated, never drained, on its score (docs/why.md).
+
+    Exit codes: 0 done (suspects or none), 2 usage/config error, 3 accounting or Prometheus unreadable.
+    """
+    from opsctl.commands.why import suspects
+
+    return suspects(clients.use(config_path), queue, as_json)
+
+
 @main.group("rules")
 def rules_group():
     """The health rule catalog."""

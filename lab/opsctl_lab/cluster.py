@@ -1,8 +1,8 @@
 """`opsctl lab up|down|status|env|inject|clear`: the simulated cluster on this host.
 
-up: munged, slurmctld and one slurmd per node (real Debian Slurm), the dcgm-exporter emulator,
-one real node_exporter per node, a real Prometheus and a read-only `opsctl health --watch` whose
-metrics Prometheus scrapes; then waits until every node is idle in sinfo and every target is up.
+up: munged, MariaDB and slurmdbd (the accounting), slurmctld and one slurmd per node (real Debian Slurm),
+the dcgm-exporter emulator, one real node_exporter per node, a real Prometheus and a read-only
+`opsctl health --watch` whose metrics Prometheus scrapes; then waits until every node is idle in sinfo and every target is up.
 Running it again with the lab up changes nothing.
 """
 
@@ -15,8 +15,8 @@ import click
 import yaml
 
 from opsctl.errors import ExitCode
+from opsctl_lab import accounting, processes, prometheus_lab, slurm_lab
 from opsctl_lab import paths as lp
-from opsctl_lab import processes, prometheus_lab, slurm_lab
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault, write_kernel_log
 from opsctl_lab.hardware import fault_label as _fault_label
@@ -24,8 +24,9 @@ from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import write_storage
 
 REQUIRED_PROGRAMS = {
-    "munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "sinfo": "slurm-client",
-    "scontrol": "slurm-client", "prometheus": "prometheus", prometheus_lab.NODE_EXPORTER: "prometheus-node-exporter",
+    "munged": "munge", "mariadbd": "mariadb-server", "slurmdbd": "slurmdbd", "slurmctld": "slurmctld",
+    "slurmd": "slurmd", "sinfo": "slurm-client", "scontrol": "slurm-client", "sacct": "slurm-client",
+    "prometheus": "prometheus", prometheus_lab.NODE_EXPORTER: "prometheus-node-exporter",
 }
 READY_TIMEOUT_S = 120
 
@@ -44,7 +45,7 @@ def _lab_state(paths: lp.LabPaths) -> dict | None:
 
 
 def _expected_daemons(nodes: int, paths: lp.LabPaths) -> list[str]:
-    names = ["munged", "slurmctld", "dcgm-emulator", "prometheus", "opsctl-watch"]
+    names = ["munged", "mariadb", "slurmdbd", "slurmctld", "dcgm-emulator", "prometheus", "opsctl-watch"]
     for index in range(nodes):
         name = lp.node_name(index)
         names.append(f"slurmd.{name}")
@@ -80,7 +81,10 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
         phases.append((name, time.monotonic() - t0))
 
     phase("slurm config", slurm_lab.render_configs, paths, nodes)
+    # A training job's rank that dies when its GPU fails (opsctl_lab.hwtools.train), for `opsctl why`.
+    prometheus_lab.write_node_tool(paths, "train")
     phase("munge", slurm_lab.start_munge, paths)
+    phase("accounting", accounting.start, paths)
     phase("slurm", slurm_lab.start_slurm, paths, nodes)
     phase("emulated hardware", prometheus_lab.prepare_nodes, paths, nodes)
     phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)

@@ -7,6 +7,8 @@ own directory) run side by side on one host:
     slot  Prometheus        slurmctld  slurmd ports   node N's exporters   opsctl --watch metrics
     0     127.0.0.1:19090   16817      17001-18000    127.10.0.N:9400, :9100  127.0.0.1:19190
     k     127.0.0.1:19090+k 16817+k    17001+1000k..  127.(10+k).0.N          127.0.0.1:19190+k
+
+and the accounting (opsctl_lab.accounting) on 127.0.0.1: slurmdbd on 16830+k, MariaDB on 16840+k.
 """
 
 import os
@@ -19,6 +21,8 @@ DEFAULT_LAB_DIR = "/var/lib/opsctl-lab"
 PROMETHEUS_PORT = 19090
 SLURMCTLD_PORT = 16817
 SLURMD_FIRST_PORT = 17001
+SLURMDBD_PORT = 16830
+MARIADB_PORT = 16840
 DCGM_PORT = 9400
 NODE_EXPORTER_PORT = 9100
 OPSCTL_METRICS_PORT = 19190
@@ -47,6 +51,14 @@ def opsctl_metrics_listen() -> str:
 
 def slurmctld_port() -> int:
     return SLURMCTLD_PORT + slot()
+
+
+def slurmdbd_port() -> int:
+    return SLURMDBD_PORT + slot()
+
+
+def mariadb_port() -> int:
+    return MARIADB_PORT + slot()
 
 
 def slurmd_first_port() -> int:
@@ -90,6 +102,11 @@ class LabPaths:
     @property
     def slurm_conf(self) -> Path:
         return self.slurm / "slurm.conf"
+
+    @property
+    def accounting(self) -> Path:
+        """MariaDB's data directory and socket, the database password, slurmdbd's PID file."""
+        return self.root / "accounting"
 
     @property
     def dev(self) -> Path:

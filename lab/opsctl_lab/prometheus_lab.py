@@ -102,11 +102,17 @@ def validate_job_command(paths: lp.LabPaths) -> str:
 def write_step_all_reduce_perf(paths: lp.LabPaths) -> Path:
     """One all_reduce_perf for every lab node, as a cluster installs it at one path: a multi-node step runs
     it on each node of the step (slurmd sets SLURMD_NODENAME), and rank 0 reads the other nodes' states."""
-    tool = paths.root / "bin" / "all_reduce_perf"
+    return write_node_tool(paths, "all_reduce_perf")
+
+
+def write_node_tool(paths: lp.LabPaths, name: str) -> Path:
+    """<lab>/bin/<name>: the emulated tool opsctl_lab.hwtools.<name>, run on whichever lab node a job step
+    runs it, with that node's hardware state (and every node's, through the pattern)."""
+    tool = paths.root / "bin" / name
     tool.parent.mkdir(parents=True, exist_ok=True)
     env = " ".join(f"{k}={v}" for k, v in {**python_env(), "OPSCTL_HW_STATE": paths.hardware("$SLURMD_NODENAME"),
                                            "OPSCTL_HW_STATE_PATTERN": paths.hardware("{node}")}.items())
-    tool.write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.all_reduce_perf \"$@\"\n")
+    tool.write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{name} \"$@\"\n")
     tool.chmod(0o755)
     return tool
 

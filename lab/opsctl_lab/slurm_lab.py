@@ -37,6 +37,7 @@ def is_out_of_service(state: str) -> bool:
 def render_configs(paths: lp.LabPaths, nodes: int) -> None:
     values = {
         "slurmctld_port": lp.slurmctld_port(),
+        "slurmdbd_port": lp.slurmdbd_port(),
         "munge_socket": paths.munge / "munge.socket",
         "slurm_dir": paths.slurm,
         "log_dir": paths.logs,
@@ -82,7 +83,7 @@ def start_munge(paths: lp.LabPaths) -> None:
         f"--key-file={key}", f"--pid-file={paths.munge / 'munged.pid'}",
         f"--log-file={paths.logs / 'munged.log'}", f"--seed-file={paths.munge / 'munged.seed'}",
     ], paths.run, paths.logs)
-    _wait_for(lambda: (paths.munge / "munge.socket").exists(), 10, "munged did not create its socket")
+    wait_for(lambda: (paths.munge / "munge.socket").exists(), 10, "munged did not create its socket")
 
 
 def start_slurm(paths: lp.LabPaths, nodes: int) -> None:
@@ -115,7 +116,7 @@ def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
         raise LabError(f"scontrol update state=resume: {(out.stderr or out.stdout).strip()[:200]}")
 
 
-def _wait_for(check, timeout: float, message: str) -> None:
+def wait_for(check, timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

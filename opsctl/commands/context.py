@@ -3,21 +3,23 @@ backend. The CLI passes a Clients through click's context object; tests pass one
 the PromQuery and Slurm protocols (`CliRunner().invoke(main, args, obj=Clients(...))`)."""
 
 import os
+from typing import cast
 
 from opsctl.config import Config, load_config
 from opsctl.errors import ConfigError
-from opsctl.prom.client import PromClientImpl, PromQuery
+from opsctl.prom.client import PromClientImpl, PromQuery, PromRangeQuery
 from opsctl.slurm import Slurm, SlurmCliImpl, make_slurm
-from opsctl.slurm.base import SlurmReservations
+from opsctl.slurm.base import SlurmAccounting, SlurmReservations
 
 
 class Clients:
     def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
-                 jobs: SlurmReservations | None = None):
+                 jobs: SlurmReservations | None = None, accounting: SlurmAccounting | None = None):
         self._config = config
         self._prom = prom
         self._slurm = slurm
         self._jobs = jobs
+        self._accounting = accounting
         self._loaded_here = False
         self.config_path: str | None = None
         self.prometheus_url: str | None = None
@@ -51,10 +53,25 @@ class Clients:
     def jobs(self) -> SlurmReservations:
         """opsctl's own jobs go through sbatch, squeue and scancel, whichever backend reads the nodes."""
         if self._jobs is None:
-            slurm = self.slurm()
-            self._jobs = slurm if isinstance(slurm, SlurmCliImpl) else SlurmCliImpl(
-                self.config().slurm.sinfo, self.config().slurm.scontrol, self.config().slurm.timeout_seconds)
+            self._jobs = self._slurm_commands()
         return self._jobs
+
+    def accounting(self) -> SlurmAccounting:
+        """Ended jobs come from sacct, whichever backend reads the nodes."""
+        if self._accounting is None:
+            self._accounting = self._slurm_commands()
+        return self._accounting
+
+    def _slurm_commands(self) -> SlurmCliImpl:
+        slurm = self.slurm()
+        return slurm if isinstance(slurm, SlurmCliImpl) else SlurmCliImpl(
+            self.config().slurm.sinfo, self.config().slurm.scontrol, self.config().slurm.timeout_seconds)
+
+    def prom_range(self) -> PromRangeQuery:
+        prom = self.prom()
+        if not hasattr(prom, "query_range"):
+            raise ConfigError("this Prometheus client answers no range queries")
+        return cast(PromRangeQuery, prom)
 
     def fresh_prom(self) -> PromQuery:
         """A new client per --watch round: its query count and warnings are that round's."""

@@ -354,6 +354,21 @@ class ValidateConfig:
 
 
 @dataclass(frozen=True)
+class WhyConfig:
+    """`opsctl why JOB` and `opsctl suspects` (docs/why.md)."""
+
+    # how far past a job's end its evidence is read: the scrape that sees an event lands up to one scrape
+    # interval after it, and a job often dies first (0: two prometheus.scrape_interval)
+    after_end: Duration = key(duration("0s"), check=_not_negative, hint="must be >= 0 (0: two scrape intervals)")
+    # opsctl suspects: the failed jobs of this long ago and since count
+    suspect_lookback: Duration = key(duration("7d"), check=_positive, hint="must be above 0")
+    # a node is a suspect once it was in at least this many failed jobs that no evidence explains ...
+    suspect_min_failed_jobs: int = key(5, check=lambda v: v >= 1, hint="must be >= 1")
+    # ... and they were at least this share of the jobs it ran
+    suspect_failed_fraction: float = key(0.5, check=_between(0.0, 1.0), hint="must be between 0 and 1")
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = key(factory=PrometheusConfig)
     slurm: SlurmConfig = key(factory=SlurmConfig)
@@ -368,6 +383,7 @@ class Config:
     gpu: GpuConfig = key(factory=GpuConfig)
     remediation: RemediationConfig = key(factory=RemediationConfig)
     validate: ValidateConfig = key(factory=ValidateConfig)
+    why: WhyConfig = key(factory=WhyConfig)
     state_dir: Path = key(DEFAULT_STATE_DIR)
     audit_log: Path = key(DEFAULT_AUDIT_LOG)
     # Where it came from, for messages: not a key of the file, and no part of what a config is.

@@ -88,6 +88,11 @@ class Rule:
         ok = f"({self.expr}) {_NOT_OP[self.op]} {_number(self.threshold)} > -Inf < +Inf"
         return f"({self.expr}) unless ({ok})"
 
+    def unheld_expr(self) -> str:
+        """The value without the hold wrapper, against the threshold: the series that breach at each moment
+        (`opsctl why` reads a job's window with it, where one scrape's breach is evidence)."""
+        return f"({self.plot_expr or self.expr}) {self.op} {_number(self.threshold)}"
+
     def format_evidence(self, device: str, value: float) -> str:
         # Evidence goes into a capped drain reason: words and three significant digits (opsctl.health.units).
         return f"{device} {fill(self.evidence, value, self.threshold)}".strip()

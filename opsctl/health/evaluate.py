@@ -206,7 +206,7 @@ def _data_check(source: str, state: str) -> Check:
     return Check(id=f"data-{source}", severity="fail", status="unknown", evidence=f"{source} exporter {state}")
 
 
-def _check_for(rule: Rule, sample: Sample) -> Check:
+def check_for(rule: Rule, sample: Sample) -> Check:
     device, kind = "", ""
     if rule.device_label:
         raw = sample.labels.get(rule.device_label)
@@ -265,7 +265,7 @@ def judge(rules: list[Rule], answers: dict[str, list[Sample]], identities: Ident
                                         f"${{by}} labels, in its by() clause): {sample.labels!r}")
             if name in ignore or (math.isfinite(sample.value) and not rule.breaches(sample.value)):
                 continue
-            check = _check_for(rule, sample)
+            check = check_for(rule, sample)
             if memory is not None and check.memory != "none" and check.status != "unknown" \
                     and memory.covers(name, check, now):
                 check.status = "handled"

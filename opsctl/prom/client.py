@@ -1,4 +1,4 @@
-"""Instant PromQL queries over HTTP, with every answer checked before anyone acts on it.
+"""Instant PromQL queries (and range queries) over HTTP, with every answer checked before anyone acts on it.
 
 An answer looks like (Prometheus HTTP API, /api/v1/query):
   {"status": "success", "data": {"resultType": "vector",
@@ -24,7 +24,14 @@ import requests
 
 from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable
-from opsctl.prom.failure import QUERY_PATH, connect_failure, is_server_trouble, not_the_query_api, tls_failure
+from opsctl.prom.failure import (
+    QUERY_PATH,
+    RANGE_PATH,
+    connect_failure,
+    is_server_trouble,
+    not_the_query_api,
+    tls_failure,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,14 @@ class Sample:
     labels: dict[str, str]
     value: float
     at: float = field(default=0.0, compare=False)  # the time the answer is for (Unix seconds)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a range query: its (Unix time, value) points, oldest first."""
+
+    labels: dict[str, str]
+    points: tuple[tuple[float, float], ...]
 
 
 class PromQuery(Protocol):
@@ -45,6 +60,12 @@ class PromQuery(Protocol):
     def query(self, expr: str, at: float | None = None) -> list[Sample]: ...
 
     def query_many(self, exprs: list[str], at: float | None = None) -> list[list[Sample]]: ...
+
+
+class PromRangeQuery(PromQuery, Protocol):
+    """Range queries too: `opsctl why` reads what happened over a job's time."""
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]: ...
 
 
 def _short(expr: str) -> str:
@@ -66,8 +87,8 @@ def _series(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f"{k}={json.dumps(v)}" for k, v in labels.items()) + "}"
 
 
-def parse_vector(payload: object, expr: str) -> list[Sample]:
-    """Check the shape of a query answer strictly and return its samples."""
+def _results(payload: object, expr: str, kind: str) -> list[tuple[dict[str, str], dict[str, object]]]:
+    """(labels, entry) of each result of an answer of result type `kind` (vector or matrix), checked."""
     where = f"Prometheus answer to {_short(expr)!r}"
     if not isinstance(payload, dict):
         raise SourceUnavailable(f"{where}: not a JSON object")
@@ -75,28 +96,52 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
         error = payload.get("error") or payload.get("status")
         raise SourceUnavailable(f"{where}: status {error}")
     data = payload.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-        kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-        raise SourceUnavailable(f"{where}: expected an instant vector, got {kind}")
-    samples = []
+    if not isinstance(data, dict) or data.get("resultType") != kind or not isinstance(data.get("result"), list):
+        got = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise SourceUnavailable(f"{where}: expected {'an instant vector' if kind == 'vector' else 'a range'}, "
+                                f"got {got}")
+    found = []
     for item in data["result"]:
         if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
             raise SourceUnavailable(f"{where}: a result entry has no label set")
         labels = item["metric"]
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise SourceUnavailable(f"{where}: labels must be strings in {json.dumps(labels)}")
-        value = item.get("value")
-        # The API sends [unix_time, "value as string"]; a bare number is a broken or foreign server.
-        if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str)
-                or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
-            raise SourceUnavailable(f"{where}: malformed value {json.dumps(value)} for {_series(labels)}")
-        try:
-            number = float(value[1])  # "NaN", "+Inf" and "-Inf" too: judged unknown, never ok
-        except ValueError:
-            raise SourceUnavailable(f"{where}: value {json.dumps(value[1])} is not a number for {_series(labels)}") \
-                from None
-        samples.append(Sample(labels=dict(labels), value=number, at=float(value[0])))
+        found.append((dict(labels), item))
+    return found
+
+
+def _point(value: object, labels: dict[str, str], expr: str) -> tuple[float, float]:
+    where = f"Prometheus answer to {_short(expr)!r}"
+    # The API sends [unix_time, "value as string"]; a bare number is a broken or foreign server.
+    if (not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str)
+            or isinstance(value[0], bool) or not isinstance(value[0], int | float)):
+        raise SourceUnavailable(f"{where}: malformed value {json.dumps(value)} for {_series(labels)}")
+    try:
+        return float(value[0]), float(value[1])  # "NaN", "+Inf" and "-Inf" too: judged unknown, never ok
+    except ValueError:
+        raise SourceUnavailable(f"{where}: value {json.dumps(value[1])} is not a number for {_series(labels)}") \
+            from None
+
+
+def parse_vector(payload: object, expr: str) -> list[Sample]:
+    """Check the shape of a query answer strictly and return its samples."""
+    samples = []
+    for labels, item in _results(payload, expr, "vector"):
+        at, number = _point(item.get("value"), labels, expr)
+        samples.append(Sample(labels=labels, value=number, at=at))
     return samples
+
+
+def parse_matrix(payload: object, expr: str) -> list[Series]:
+    """Check the shape of a range query's answer (/api/v1/query_range) strictly and return its series."""
+    series = []
+    for labels, item in _results(payload, expr, "matrix"):
+        values = item.get("values")
+        if not isinstance(values, list):
+            raise SourceUnavailable(f"Prometheus answer to {_short(expr)!r}: no values for {_series(labels)}")
+        series.append(Series(labels=labels, points=tuple(_point(v, labels, expr) for v in values)))
+    return series
 
 
 class PromClientImpl:
@@ -150,12 +195,21 @@ class PromClientImpl:
             return list(pool.map(lambda expr: self.query(expr, at), exprs))
 
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        form = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        return parse_vector(self._post(QUERY_PATH, form, expr), expr)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+        form = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return parse_matrix(self._post(RANGE_PATH, form, expr), expr)
+
+    def _post(self, path: str, form: dict[str, str], expr: str) -> object:
+        """The answer's JSON, whatever its result type; each failure raised as one line. An answer that the
+        server marks as possibly partial adds to `warnings`."""
         with self._count:
             self.queries += 1
         where = f"Prometheus at {self.shown_url}"
         try:
-            form = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-            resp = self.session.post(f"{self.url}{QUERY_PATH}", data=form, timeout=self.timeout)
+            resp = self.session.post(f"{self.url}{path}", data=form, timeout=self.timeout)
         except requests.exceptions.SSLError as err:
             raise SourceUnavailable(redact(tls_failure(self.shown_url, err))) from None
         except requests.exceptions.Timeout:
@@ -181,12 +235,11 @@ class PromClientImpl:
             raise SourceUnavailable(f"{where}: HTTP {resp.status_code}" + (f" ({detail})" if detail else ""))
         if payload is None:
             raise SourceUnavailable(f"{where}: answer to {_short(expr)!r} is not valid JSON")
-        samples = parse_vector(payload, expr)
         partial = answer_warnings(payload, expr)
         if partial:
             with self._count:
                 self.warnings.extend(partial)
-        return samples
+        return payload
 
 
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")

@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Iterator
 
 QUERY_PATH = "/api/v1/query"
+RANGE_PATH = "/api/v1/query_range"
 
 
 def causes(err: BaseException) -> Iterator[BaseException]:

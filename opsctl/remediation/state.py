@@ -141,6 +141,15 @@ class StateDir:
     def save_validated(self, data: dict[str, float]) -> None:
         self._save("validated.json", data)
 
+    def validate_queue(self) -> dict[str, dict[str, Any]]:
+        """node -> {"since": when it was queued, "why": in words}: the nodes that the next `opsctl validate
+        --idle` takes first, however recently they were validated (`opsctl suspects --queue`)."""
+        data = self._load("validate-queue.json", {})
+        return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+    def save_validate_queue(self, data: dict[str, dict[str, Any]]) -> None:
+        self._save("validate-queue.json", data)
+
     # ---- the verdicts of the last complete run of each kind, for `health --changes-only` --------
     def last_run(self, kind: str) -> dict[str, Any] | None:
         """The record saved by save_last_run for this kind of run; None before the first."""

@@ -9,10 +9,14 @@ JSON of every release prints them: a base state (IDLE, ALLOCATED, MIXED, DOWN, .
 tests/fixtures/slurm/ holds real outputs of each state from 22.05, 24.11 and 26.05.
 """
 
+import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opsctl.errors import SourceUnavailable
+
+if TYPE_CHECKING:
+    from opsctl.slurm.accounting import FinishedJob
 
 OWNED_PREFIX = "opsctl:"
 MANUAL_PREFIX = "opsctl:manual"
@@ -244,3 +248,32 @@ class SlurmReservations(SlurmJobs, Protocol):
     def run_step(self, spec: StepSpec, timeout: float) -> tuple[int, str]:
         """The step's exit code and the standard output of its tasks (nccl-tests: rank 0's only)."""
         ...
+
+
+class SlurmAccounting(Protocol):
+    """Ended jobs from Slurm's accounting (sacct, slurmdbd). Errors: SourceUnavailable."""
+
+    def finished_job(self, job_id: str) -> "FinishedJob | None":
+        """The job as accounting holds it (ended or not); None when accounting has no such job."""
+        ...
+
+    def finished_jobs(self, since: float, until: float) -> "list[FinishedJob]":
+        """Every user's jobs that ran at some point between `since` and `until` (Unix seconds)."""
+        ...
+
+
+def load_slurm_json(text: str, where: str, harmless: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A Slurm command's JSON object; its `errors` list, when not empty, raised as the first error's words,
+    but for the errors whose `description` is one of `harmless`."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise SourceUnavailable(f"{where}: output is not JSON") from None
+    if not isinstance(data, dict):
+        raise SourceUnavailable(f"{where}: output is not a JSON object")
+    errors = [e for e in data.get("errors") or [] if not (isinstance(e, dict) and e.get("description") in harmless)]
+    if errors:
+        first = errors[0]
+        said = first.get("error") or first.get("description") if isinstance(first, dict) else first
+        raise SourceUnavailable(f"{where}: Slurm reported an error: {said}")
+    return data

@@ -17,15 +17,14 @@ names but that is missing or unreadable makes sinfo and scontrol retry for 60 s 
 ..., retrying in 1sec up to 60sec"), so it is checked before the first call.
 """
 
-import json
 import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from opsctl.errors import SourceUnavailable
-from opsctl.slurm.base import Job, JobSpec, NodesBusy, SlurmNode, StepSpec
+from opsctl.slurm.accounting import FinishedJob, parse_sacct, sacct_time
+from opsctl.slurm.base import Job, JobSpec, NodesBusy, SlurmNode, StepSpec, load_slurm_json
 
 # The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
 SCONTROL_JSON_SINCE = (23, 2)
@@ -49,24 +48,9 @@ def _node(raw: object, where: str) -> SlurmNode:
                      gres=str(raw.get("gres") or ""))
 
 
-def _load(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise SourceUnavailable(f"{where}: output is not JSON") from None
-    if not isinstance(data, dict):
-        raise SourceUnavailable(f"{where}: output is not a JSON object")
-    errors = data.get("errors") or []
-    if errors:
-        first = errors[0]
-        said = first.get("error") or first.get("description") if isinstance(first, dict) else first
-        raise SourceUnavailable(f"{where}: Slurm reported an error: {said}")
-    return data
-
-
 def parse_nodes(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:
     """Nodes from `sinfo --json` of 22.05 or `scontrol show nodes --json` of 23.02 and later."""
-    data = _load(text, where)
+    data = load_slurm_json(text, where)
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
         if isinstance(data.get("sinfo"), list):
@@ -278,3 +262,13 @@ class SlurmCliImpl:
         except subprocess.TimeoutExpired:
             return 124, f"srun timed out after {timeout:g}s"
         return proc.returncode, str(proc.stdout) + ("" if proc.returncode == 0 else str(proc.stderr))
+
+    # ---- accounting: ended jobs, from slurmdbd (SlurmAccounting) ---------------------------------------
+    def finished_job(self, job_id: str) -> FinishedJob | None:
+        jobs = parse_sacct(self._call([self._tool("sacct"), "--json", f"--jobs={job_id}"]))
+        return next((job for job in jobs if job.id == job_id), None)
+
+    def finished_jobs(self, since: float, until: float) -> list[FinishedJob]:
+        # Every user's allocations that ran at some point between the two times (sacct(1), -S and -E).
+        return parse_sacct(self._call([self._tool("sacct"), "--json", "--allusers", "--allocations",
+                                       f"--starttime={sacct_time(since)}", f"--endtime={sacct_time(until)}"]))

@@ -43,3 +43,41 @@ def hostlist_expression(hosts: Iterable[object]) -> list[str]:
         else:
             out.append(f"{prefix}[{','.join(ranges)}]")
     return out + sorted(plain)
+
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_hostlist(expression: str) -> list[str]:
+    """Slurm's bracket notation back to names, in order: 'gpu[001-003,010],head' -> gpu001 ... gpu010, head.
+    Widths are kept as written (gpu[08-10] -> gpu08, gpu09, gpu10); several brackets in one name multiply.
+    Raises ValueError on a malformed expression."""
+    names: list[str] = []
+    for part in _split_top(expression):
+        match = _BRACKET.search(part)
+        if match is None:
+            if "[" in part or "]" in part:
+                raise ValueError(f"unbalanced brackets in {expression!r}")
+            names.append(part)
+            continue
+        head, tail = part[:match.start()], part[match.end():]
+        for item in match.group(1).split(","):
+            low, _, high = item.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
+                raise ValueError(f"bad range {item!r} in {expression!r}")
+            for number in range(int(low), int(high or low) + 1):
+                names += expand_hostlist(f"{head}{number:0{len(low)}d}{tail}")
+    return names
+
+
+def _split_top(expression: str) -> list[str]:
+    """Split at the commas outside brackets."""
+    parts, depth, current = [], 0, ""
+    for char in expression.strip():
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p for p in [*parts, current] if p]

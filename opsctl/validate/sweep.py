@@ -2,8 +2,9 @@
 
 1. Choose: GPU nodes of the judged partitions (slurm.partitions; within --nodes when given) that are IDLE
    with no flag and no reason, whose last validation is older than `validate.interval`, the longest
-   unvalidated first, at most `validate.max_nodes_per_sweep`. A node that runs a job waits for a sweep
-   that finds it idle.
+   unvalidated first, at most `validate.max_nodes_per_sweep`. A node in the validation queue (`opsctl
+   suspects --queue`) goes first, however recently it was validated, and leaves the queue once validated.
+   A node that runs a job waits for a sweep that finds it idle.
 2. Submit one exclusive job per node to `validate.partition`, which the slurm_common role makes low
    priority, hidden and root only: users' pending jobs go first. It runs `validate.job_command`,
    `opsctl node validate --textfile ...`, which writes the results for node_exporter.
@@ -74,19 +75,19 @@ def _why_not(node: SlurmNode, last: float | None, now: float, config: Config) ->
 
 
 def choose(cluster: dict[str, SlurmNode], last: dict[str, float], scope: set[str] | None, now: float,
-           config: Config, limit: int | None = None) -> Sweep:
+           config: Config, limit: int | None = None, queued: frozenset[str] = frozenset()) -> Sweep:
     """Which nodes this sweep validates (at most `limit`, else validate.max_nodes_per_sweep), and why it
-    leaves each other node of the scope alone."""
+    leaves each other node of the scope alone. The `queued` nodes go first, however recently validated."""
     sweep = Sweep()
     ready = []
     for name, node in sorted(cluster.items()):
         if scope is not None and name not in scope:
             continue
-        why = _why_not(node, last.get(name), now, config)
+        why = _why_not(node, None if name in queued else last.get(name), now, config)
         sweep.nodes[name] = NodeValidation(name, result=why)
         if not why:
             ready.append(name)
-    ready.sort(key=lambda n: last.get(n, 0.0))
+    ready.sort(key=lambda n: (n not in queued, last.get(n, 0.0)))
     for name in ready[config.validate.max_nodes_per_sweep if limit is None else limit:]:
         sweep.nodes[name].result = "skip:sweep-full"
     return sweep
@@ -184,11 +185,15 @@ def require_node_job(config: Config) -> None:
 
 
 def record_validated(config: Config, sweep: Sweep) -> None:
-    """The nodes this run validated, now, in the state directory's validated.json (validate.interval)."""
+    """The nodes this run validated, now, in the state directory's validated.json (validate.interval); they
+    leave the validation queue."""
     state = StateDir(config.state_dir)
     done = state.validated()
     done.update({name: time.time() for name in sweep.validated})
     state.save_validated(done)
+    queue = state.validate_queue()
+    if set(queue) & set(sweep.validated):
+        state.save_validate_queue({n: v for n, v in queue.items() if n not in sweep.validated})
 
 
 def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, scope: list[str] | None,
@@ -198,7 +203,8 @@ def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, sc
     require_node_job(config)
     cluster = select_partitions(slurm.nodes(), config.slurm.partitions)
     scope_set = set(scope) if scope is not None else None
-    sweep = choose(cluster, StateDir(config.state_dir).validated(), scope_set, now, config)
+    state = StateDir(config.state_dir)
+    sweep = choose(cluster, state.validated(), scope_set, now, config, queued=frozenset(state.validate_queue()))
     if dry_run:
         for entry in sweep.nodes.values():
             entry.result = entry.result or "would-validate"

@@ -163,7 +163,7 @@ def test_the_catalog_lnet_rules_name_the_nid_in_a_health_verdict():
     """`opsctl health --json` shows the NID as `nid` (not as an HCA) and the drain evidence names it."""
     from opsctl.commands.render import check_json
     from opsctl.health.catalog import load_catalog
-    from opsctl.health.evaluate import _check_for
+    from opsctl.health.evaluate import check_for
     from opsctl.prom.client import Sample
 
     rules = {r.id: r for r in load_catalog(parse_config({}, "t", {}))}
@@ -171,5 +171,5 @@ def test_the_catalog_lnet_rules_name_the_nid_in_a_health_verdict():
                                    ("lustre-mgs-unreachable", "10.10.0.10@o2ib", "MGS unreachable")):
         rule = rules[rule_id]
         assert (rule.domain, rule.action, rule.auto_resume) == ("storage", "drain", True)
-        check = _check_for(rule, Sample({"node": "gpu002", "device": nid, "nid": nid}, 1.0))
+        check = check_for(rule, Sample({"node": "gpu002", "device": nid, "nid": nid}, 1.0))
         assert check_json(check)["nid"] == nid and check.evidence == f"{nid} {evidence}"

@@ -80,4 +80,9 @@ def test_the_readme_quickstart_gives_the_outputs_it_shows(lab):
     assert reasons[1].startswith("opsctl:xid-79 gpu3") and "gpu007" in reasons[1], reasons
     assert output("opsctl lab clear gpu007").strip() == "cleared gpu007: xid:79 gpu3"
     assert "gpu007" in output("opsctl resume gpu007")
+    # A training job on 4 nodes, killed by the XID on one of them: `opsctl why` names that node and GPU.
+    why = output("opsctl why $job --wait 60")
+    assert re.search(r"^job \d+ \(wrap, user \w+\): FAILED on gpu\[010-013\]", why, re.M), why
+    assert "likely culprit: gpu012" in why and "  gpu012: xid-79 gpu3 xid=79" in why, why
+    assert output("opsctl lab clear gpu012").strip() == "cleared gpu012: xid:79 gpu3"
     output("opsctl lab down")
