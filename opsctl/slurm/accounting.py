@@ -7,6 +7,9 @@ The JSON differs by release (tests/fixtures/slurm/sacct-*.json, captured from 22
   `signal: {"signal_id": 9, "name": "KILL"}` when a signal ended it.
 - 23.02 and later (data_parser): `state.current` is a list (`["FAILED"]`), and numbers that may be unset are
   objects: `{"set": true, "infinite": false, "number": 1}` (return codes, signal ids; times stay plain).
+  24.11 and later name the node of a NODE_FAIL: `"failed_node": "gpu005"`.
+- 22.05's job-level `exit_code` says `{"status": "SUCCESS", "return_code": 0}` even for a failed job
+  (its text output says 1:0): the state, not the exit code, says how a job ended.
 
 Every release names the job's nodes as one host list (`"nodes": "gpu[001-004]"`); a job that never got
 nodes says `"None assigned"`. A requeued job appears once per run; the last one counts.
@@ -35,6 +38,7 @@ class FinishedJob:
     start: float | None  # Unix seconds; None before it started
     end: float | None  # None while it runs
     exit: str = ""  # "exit 1", "signal KILL", "" for a plain success
+    failed_node: str = ""  # the node whose failure ended it (NODE_FAIL; 24.11 and later say which)
 
     @property
     def ended(self) -> bool:
@@ -93,7 +97,8 @@ def _job(raw: Any, where: str) -> FinishedJob:
         raise SourceUnavailable(f"{where}: job {raw['job_id']}: {err}") from None
     return FinishedJob(id=str(int(_number(raw["job_id"]) or 0)), name=str(raw.get("name") or ""),
                        user=str(raw.get("user") or ""), state=_state(raw, where), nodes=nodes,
-                       start=start or None, end=end or None, exit=_exit(raw.get("exit_code")))
+                       start=start or None, end=end or None, exit=_exit(raw.get("exit_code")),
+                       failed_node=str(raw.get("failed_node") or ""))
 
 
 def parse_sacct(text: str, where: str = "sacct --json") -> list[FinishedJob]:

@@ -101,6 +101,9 @@ def gather(client: PromRangeQuery, rules: list[Rule], config: Config, job: Finis
                                 series.points[0][0], series.points[-1][0],
                                 at_start=series.points[0][0] <= span.start))
     events += drains(audit, nodes, span)
+    if job.failed_node in nodes:  # Slurm's own word (24.11 and later): this node's failure ended the job
+        events.append(Event(job.failed_node, "slurm-node-fail", "fail", "drain", "Slurm ended the job: NODE_FAIL",
+                            job.end or span.end, job.end or span.end, at_start=False))
     seen = client.query(f"count_over_time({up_q}[{math.ceil(span.until - span.start)}s])", at=span.until)
     unseen = nodes - {node_of(sample.labels) for sample in seen}
     return Found(events, span, tuple(sorted(unseen)))

@@ -142,6 +142,15 @@ def test_an_exporter_that_went_down_and_an_opsctl_drain_are_evidence(tmp_path):
     assert judge(job(), found).culprit == "gpu001"
 
 
+def test_slurms_own_node_fail_names_the_node(tmp_path):
+    cfg = config(tmp_path)
+    prom = RangeProm(cfg, ["gpu004", "gpu005"])
+    prom.event("gpu-temp-high", "gpu004", "0", [(END - 20, 91.0)])
+    failed = FinishedJob("5", "x", "u", "NODE_FAIL", ("gpu004", "gpu005"), START, END, "", failed_node="gpu005")
+    answer = judge(failed, gather(prom, prom.rules, cfg, failed, []))
+    assert (answer.culprit, answer.events[0].check) == ("gpu005", "slurm-node-fail")
+
+
 def test_a_new_event_outranks_a_condition_the_job_started_with():
     span = Window(START, END, END + 10, 1.0)
     old = Event("gpu001", "xid-79", "fail", "drain", "gpu0 xid=79", START, END, at_start=True)
