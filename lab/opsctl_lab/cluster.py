@@ -2,8 +2,8 @@
 
 up: munged, MariaDB and slurmdbd (the accounting), slurmctld and one slurmd per node (real Debian Slurm),
 the dcgm-exporter emulator, one real node_exporter per node, a real Prometheus and a read-only
-`opsctl health --watch` whose metrics Prometheus scrapes; then waits until every node is idle in sinfo and every target is up.
-Running it again with the lab up changes nothing.
+`opsctl health --watch` whose metrics Prometheus scrapes; then waits until every node is idle in sinfo
+and every target is up. Running it again with the lab up changes nothing.
 """
 
 import json

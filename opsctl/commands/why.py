@@ -129,6 +129,7 @@ def suspects(clients: Clients, queue: bool, as_json: bool) -> ExitCode:
                                                  if s.node in queued}})
     if as_json:
         click.echo(json.dumps({"suspects": [s.node for s in found], "queued": queued, "jobs": len(jobs),
+                               "since": since, "until": now,
                                "nodes": [{"node": s.node, "jobs": s.jobs, "failed_unexplained": s.failed,
                                           "failed_explained": s.explained, "fraction": round(s.fraction, 3),
                                           "suspect": s.suspect(config)} for s in scores.values()]},

@@ -29,6 +29,8 @@ from tests.unit.test_roles_static import PLAYBOOKS, REPO
 
 FACTS = REPO / "tests" / "fixtures" / "ansible-facts"
 FAKE_HOST = Path(__file__).resolve().parent / "platform_host"
+# slurmdbd's database password stand-in: it must appear nowhere in the run's output or its records.
+SLURMDBD_PASSWORD = "check-mode-slurmdbd-stand-in"
 BIN = Path(sys.executable).parent
 
 
@@ -73,7 +75,8 @@ def run_check_mode(tmp: Path, hosts: dict[str, tuple[str, str]], variables: dict
                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO, check=True)
     # The example's secrets come from a site's vault; stand-ins here (check mode sends nothing anywhere).
     secrets = {"vault_alertmanager_email_password": "check-mode-stand-in",
-               "vault_grafana_admin_password": "check-mode-stand-in"}
+               "vault_grafana_admin_password": "check-mode-stand-in",
+               "vault_slurm_dbd_storage_pass": SLURMDBD_PASSWORD}
     extra = {"ansible_become": False, "opsctl_wheel_dir": str(wheels), **secrets, **variables}
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "site.yml"),
                            "--check", "--diff", "-e", json.dumps(extra)],
@@ -170,7 +173,8 @@ def test_a_reboot_that_is_not_allowed_stops_that_node_with_one_line(run):
 
 
 def test_packages_of_each_platform(run):
-    assert run.apt_names("head01") >= {f"slurmctld={SLURM}", "munge=0.5.15-4ubuntu0.1",
+    assert run.apt_names("head01") >= {f"slurmctld={SLURM}", f"slurmdbd={SLURM}", "mariadb-server",
+                                       "munge=0.5.15-4ubuntu0.1",
                                        "prometheus=2.45.3+ds-2ubuntu0.3", "prometheus-node-exporter=1.7.0-1ubuntu0.3"}
     assert run.apt_names("gpu001") >= UBUNTU_GPU_PACKAGES | {
         "linux-headers-6.8.0-52-generic", f"slurmd={SLURM}", f"slurm-client={SLURM}", f"libpam-slurm-adopt={SLURM}",
@@ -215,6 +219,27 @@ def test_rendered_slurm_files(run):
     assert "CgroupPlugin=cgroup/v2" in run.file("head01", "/etc/slurm/cgroup.conf")
     gres = run.file("gpu001", "/etc/slurm/gres.conf")
     assert "File=/dev/nvidia0 Cores=0-55" in gres and "File=/dev/nvidia7 Cores=56-111" in gres
+
+
+def test_accounting_on_the_head_with_its_password_never_shown(run):
+    """slurm.conf sends jobs to the head's slurmdbd; the head gets MariaDB with Slurm's InnoDB settings on
+    localhost, its database and user, slurmdbd.conf and slurmdbd (the site repository's, as slurmctld;
+    test_packages_of_each_platform); the tasks that carry the database password show none of it, and it
+    is nowhere in the run's output or its records."""
+    slurm_conf = run.file("head01", "/etc/slurm/slurm.conf").splitlines()
+    assert {"AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=head01",
+            "AccountingStoragePort=6819", "AccountingStorageTRES=gres/gpu"} <= set(slurm_conf)
+    assert "AccountingStorageTRES=gres/gpu" in run.file("gpu001", "/etc/slurm/slurm.conf").splitlines()
+    drop_in = run.file("head01", "/etc/mysql/mariadb.conf.d/70-opsctl-slurmdbd.cnf").splitlines()
+    assert {"[mysqld]", "bind-address = 127.0.0.1", "innodb_buffer_pool_size = 4096M",
+            "innodb_lock_wait_timeout = 900"} <= set(drop_in)
+    for task in ("slurm_dbd : Template slurmdbd.conf", "slurm_dbd : Create slurmdbd's database and user, "
+                 "and grant it the database"):
+        ran = run.ran("head01", task)
+        assert ran and ran[0]["args"] is None and ran[0]["diff"] is None, ran  # no_log: censored
+    assert not run.ran("gpu001", "slurm_dbd : Install slurmdbd")
+    assert SLURMDBD_PASSWORD not in run.proc.stdout + run.proc.stderr
+    assert SLURMDBD_PASSWORD not in json.dumps(run.results)
 
 
 @pytest.mark.parametrize("host", UBUNTU_HOSTS)

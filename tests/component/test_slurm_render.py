@@ -93,7 +93,10 @@ def run_render(inventory: Path, tmp: Path, renders: dict[str, dict], facts: dict
     playbook = tmp / f"render-{len(list(tmp.glob('render-*.yml')))}.yml"
     playbook.write_text(render_playbook({str(tmp / name): variables for name, variables in renders.items()},
                                         facts, facts_by_host))
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), *local_args()],
+    # The production example's slurmdbd password comes from a site's vault (the preflight asks for it): a
+    # stand-in here, rendering writes no slurmdbd.conf.
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook), *local_args(),
+                           "-e", "vault_slurm_dbd_storage_pass=render-stand-in"],
                           capture_output=True, text=True, timeout=300, env=ansible_env(tmp), cwd=REPO)
 
 
@@ -118,7 +121,8 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("render")
     proc = run_render(REPO / "inventory" / "example", tmp,
                       {**{f"production-{release}": release_vars(release) for release in RELEASES},
-                       "production-no-validate-partition": {"slurm_validate_partition": ""}}, H200_FACTS)
+                       "production-no-validate-partition": {"slurm_validate_partition": ""},
+                       "production-no-accounting": {"slurm_accounting_enabled": False}}, H200_FACTS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lab = lab_inventory(tmp)
     proc = run_render(lab, tmp, {"lab": {}}, LAB_FACTS, {"gpu2": LAB_FACTS_REVERSED})
@@ -166,7 +170,8 @@ def test_lab_render_differs_only_where_the_lab_says(rendered):
     prod, lab = read_conf(rendered["production-22.05"] / "slurm.conf"), read_conf(rendered["lab"] / "slurm.conf")
     lab_vars = load_yaml(REPO / "inventory" / "lab" / "group_vars" / "all.yml")
     changed = {k for k in prod.keys() | lab.keys() if prod.get(k) != lab.get(k)}
-    assert changed - {"ClusterName", "SlurmctldHost", "NodeName", "PartitionName"} == set(lab_vars["slurm_config"])
+    assert changed - {"ClusterName", "SlurmctldHost", "AccountingStorageHost", "NodeName", "PartitionName"} == set(
+        lab_vars["slurm_config"])
     assert read_conf(rendered["lab"] / "cgroup.conf")["CgroupPlugin"] == "cgroup/v1"
 
 
@@ -228,6 +233,28 @@ def test_an_empty_validation_partition_name_renders_none(rendered):
     assert "validate" not in conf.read_text().split("# PARTITIONS", 1)[1]
 
 
+def test_accounting_goes_to_slurmdbd_on_the_controller(rendered):
+    """slurm_accounting_enabled (the default): every job to the controller's slurmdbd, GPUs accounted
+    (AccountingStorageTRES), usage gathered from the job's cgroup."""
+    conf = read_conf(rendered["production-22.05"] / "slurm.conf")
+    assert {key: conf[key] for key in conf if key.startswith(("AccountingStorage", "JobAcctGather"))} == {
+        "AccountingStorageType": "accounting_storage/slurmdbd", "AccountingStorageHost": conf["SlurmctldHost"],
+        "AccountingStoragePort": "6819", "AccountingStorageTRES": "gres/gpu",
+        "JobAcctGatherType": "jobacct_gather/cgroup"}
+    lab = read_conf(rendered["lab"] / "slurm.conf")
+    assert lab["AccountingStorageType"] == "accounting_storage/slurmdbd" and lab["AccountingStorageHost"] == "head"
+
+
+def test_accounting_off_stores_nothing_and_asks_for_no_slurmdbd(rendered):
+    """slurm_accounting_enabled: false: accounting_storage/none, and none of the keys that need slurmdbd
+    (AccountingStorageTRES=gres/gpu among them); the rest of the file is the same."""
+    on = read_conf(rendered["production-22.05"] / "slurm.conf")
+    off = read_conf(rendered["production-no-accounting"] / "slurm.conf")
+    assert off["AccountingStorageType"] == "accounting_storage/none"
+    assert {k for k in on.keys() | off.keys() if on.get(k) != off.get(k)} == {
+        "AccountingStorageType", "AccountingStorageHost", "AccountingStoragePort", "AccountingStorageTRES"}
+
+
 # ---- Slurm's own parser, of each release -----------------------------------------------------------
 def host_is_cgroup_v2_only() -> bool:
     return not Path("/sys/fs/cgroup/unified").exists() and Path("/sys/fs/cgroup/cgroup.controllers").exists()
@@ -270,6 +297,13 @@ def release_param(release: str):
 def test_production_files_pass_slurmd_of_the_release(rendered, tmp_path, release):
     directory = rendered[f"production-{release}"]
     proc = slurmd_check(directory, ["gpu001", "gpu064"], parse_cgroup_for_this_host(directory, tmp_path), release)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@needs_slurmd
+def test_files_without_accounting_pass_slurmd(rendered, tmp_path):
+    directory = rendered["production-no-accounting"]
+    proc = slurmd_check(directory, ["gpu001"], parse_cgroup_for_this_host(directory, tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -403,6 +437,13 @@ REFUSALS = {
                                       "slurm_site_repository is set but slurm_version is empty"),
     "validation-partition-twice": ({"slurm_validate_partition": "gpu"},
                                    "slurm_validate_partition gpu is also in slurm_partitions"),
+    "no-slurmdbd-password": ({"slurm_dbd_storage_pass": ""},
+                             "slurm_dbd_storage_pass is not set: slurmdbd (slurm_accounting_enabled) needs its "
+                             "database password, from a vault (there is no default)"),
+}
+# Passed the preflight: no case above may pass, and these must (refusals: '' for them).
+PASSES = {
+    "no-password-without-accounting": {"slurm_dbd_storage_pass": "", "slurm_accounting_enabled": False},
 }
 
 
@@ -420,17 +461,23 @@ def refusals(tmp_path_factory) -> dict[str, str]:
                               "ansible.builtin.include_role": {"name": "slurm_common", "tasks_from": "preflight"}}],
                    "rescue": [{"name": "Refused", "ansible.builtin.debug": {
                        "msg": f"REFUSED {case}: {{{{ ansible_failed_result.msg }}}}"}}]}
-                  for case, (variables, _message) in REFUSALS.items()]}], sort_keys=False))
+                  for case, variables in {**{case: v for case, (v, _m) in REFUSALS.items()}, **PASSES}.items()]}],
+                                       sort_keys=False))
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(lab_inventory(tmp)), str(playbook), *local_args()],
                           capture_output=True, text=True, timeout=300, env=ansible_env(tmp), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:]
     found = dict(re.findall(r'"msg": "REFUSED ([^:]+): (.*)"', proc.stdout))
-    return {case: " ".join(found.get(case, "").split()) for case in REFUSALS}
+    return {case: " ".join(found.get(case, "").split()) for case in [*REFUSALS, *PASSES]}
 
 
 @pytest.mark.parametrize("case", list(REFUSALS))
 def test_preflight_refuses_what_does_not_fit(refusals, case):
     assert REFUSALS[case][1] in refusals[case], refusals[case]
+
+
+@pytest.mark.parametrize("case", list(PASSES))
+def test_preflight_lets_through_what_fits(refusals, case):
+    assert refusals[case] == "", refusals[case]
 
 
 # ---- playbook syntax, both inventories -------------------------------------------------------------

@@ -91,19 +91,25 @@ def test_a_node_in_many_failed_jobs_without_evidence_is_queued_for_validation_no
     jobs += [submit(h, "gpu033", 1, "true") for _ in range(4)]
     for job in jobs:
         ended(h, job)
-    # Only this test's jobs count, and gpu037 was validated a minute ago: without the queue, a sweep skips it.
-    raw = yaml.safe_load(h.config.read_text())
-    raw["why"] = {"suspect_lookback": f"{int(time.time() - started) + 30}s"}
-    h.config.write_text(yaml.safe_dump(raw))
+    # slurmdbd learns a job's eligible time a moment after its end, and sacct's time window needs it.
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started - 5))
+    h.lab.wait_until(lambda: set(jobs) <= set(h.lab.run("sacct", "-n", "-X", "-a", "-S", since, "-o", "jobid")
+                                               .stdout.split()), 60, "the jobs in sacct's time window")
+    # gpu037 was validated a minute ago: without the queue, a sweep skips it.
     h.state.mkdir(parents=True, exist_ok=True)
     (h.state / "validated.json").write_text(json.dumps({"gpu037": time.time() - 60}))
     assert plan(h)["gpu037"] == "skip:validated-recently"
+    # Only this test's jobs count (a lab that ran before keeps its accounting): the lookback reaches back
+    # to a few seconds before they started.
+    raw = yaml.safe_load(h.config.read_text())
+    raw["why"] = {"suspect_lookback": f"{int(time.time() - started) + 5}s"}  # read again just below
+    h.config.write_text(yaml.safe_dump(raw))
 
     proc = h.opsctl("suspects", "--queue", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     scores = {n["node"]: n for n in found["nodes"]}
-    assert (found["suspects"], found["queued"]) == (["gpu037"], ["gpu037"])
+    assert (found["suspects"], found["queued"]) == (["gpu037"], ["gpu037"]), found
     assert (scores["gpu037"]["jobs"], scores["gpu037"]["failed_unexplained"]) == (10, 6)
     assert scores["gpu033"]["suspect"] is False
     assert not h.slurm()["gpu037"].drained  # the score alone never drains
@@ -112,6 +118,9 @@ def test_a_node_in_many_failed_jobs_without_evidence_is_queued_for_validation_no
 
 
 def plan(h) -> dict:
+    # gpu037 idle again: a job that just ended leaves its node COMPLETING for a moment.
+    h.lab.wait_until(lambda: (h.slurm()["gpu037"].state, h.slurm()["gpu037"].flags) == ("idle", ()), 60,
+                     "gpu037 idle")
     proc = h.opsctl("validate", "--idle", "--dry-run", "--nodes", "gpu037", "--json")
     assert proc.returncode == 0, proc.stderr
     return {n["node"]: n["result"] for n in json.loads(proc.stdout)["nodes"]}

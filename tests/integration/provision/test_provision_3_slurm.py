@@ -1,7 +1,8 @@
 """Slurm on the provisioned machines: jobs across the nodes, slurmd's memlock limit for jobs, the epilog
 (leftover GPU memory, a hung nvidia-smi, minor numbers in gres.conf), leftover processes of an ended job,
 pam_slurm_adopt and the provisioning account's login, and one run under a running job that changes a
-slurm.conf key (`scontrol reconfigure` applies it) and rotates the munge key, keeping Slurm working.
+slurm.conf key (`scontrol reconfigure` applies it) and rotates the munge key, keeping Slurm working; and
+accounting: a finished job in `sacct --json` on the head (slurmdbd and MariaDB, the slurm_dbd role).
 
 The lab machines track job processes through /proc (their cgroup v1 controllers are read-only inside
 systemd-nspawn, see inventory/lab/group_vars/all.yml): the leftover-process test here proves the
@@ -35,6 +36,36 @@ def test_srun_on_three_nodes(machines):
                90, "all GPU nodes idle")
     out = machines.on_head("timeout 60 srun -N3 hostname")
     assert sorted(out.split()) == machines.gpu_nodes
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_a_finished_job_is_in_slurmdbds_accounting_with_its_node_and_gpus(machines):
+    """Accounting (slurm_dbd role): a job that ran on a GPU machine is listed by `sacct -j ID --json` on the
+    head (what `opsctl why` reads), with its node, its end state, the cluster slurmctld registered by
+    itself, and its GPU (AccountingStorageTRES=gres/gpu). slurmdbd's config is readable by the Slurm user
+    only, and the head's MariaDB and its database user are reachable from localhost only."""
+    node = machines.gpu_nodes[1]
+    job = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
+                           "--gres=gpu:1 --wrap 'true'").strip()
+
+    def record():
+        out = machines.on_head(f"sacct -j {job} --json")
+        jobs = [j for j in json.loads(out)["jobs"] if j["job_id"] == int(job)]
+        return jobs[0] if jobs and jobs[0]["state"]["current"] == "COMPLETED" else None
+
+    found = wait_until(record, 60, f"job {job} COMPLETED in sacct")
+    # 22.05's JSON names the user from the job's association, and the lab adds none (no
+    # AccountingStorageEnforce): "user" is null there, so the job is known by its id, node and cluster.
+    assert found["nodes"] == node and found["cluster"] == "opsctl-lab", found
+    allocated = {f"{t['type']}/{t['name']}" if t["name"] else t["type"]: t["count"]
+                 for t in found["tres"]["allocated"]}
+    assert allocated.get("gres/gpu") == 1, found["tres"]
+    assert machines.on_head("stat -c '%U %a' /etc/slurm/slurmdbd.conf").strip() == "slurm 600"
+    listening = machines.on_head("ss -Hltn 'sport = :3306'").split()
+    assert listening[3::5] == ["127.0.0.1:3306"], listening
+    hosts = machines.on_head("mariadb -N -B -e \"SELECT Host FROM mysql.user WHERE User = 'slurm'\"").split()
+    assert hosts == ["localhost"], hosts
 
 
 @pytest.mark.provision
