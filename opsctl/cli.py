@@ -8,6 +8,7 @@ group `opsctl.commands`: the lab (`opsctl lab ...`, package opsctl-lab in lab/) 
 """
 
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import click
 
@@ -439,7 +440,10 @@ def validate_cmd(clients, idle, wanted, reservation, users, spares, scope, dry_r
 
 
 @main.command("why")
-@click.argument("job_id", metavar="JOB")
+@click.argument("job_id", metavar="JOB", required=False)
+@click.option("--spool", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Record every job that the controller's EpilogSlurmctld left in DIR (one empty file per job "
+                   "id), then remove it: the opsctl-why service's way.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer and every event as JSON.")
 @click.option("--record", is_flag=True,
               help="Write the answer to the audit log, one record per node of the job (its history); only for "
@@ -449,7 +453,7 @@ def validate_cmd(clients, idle, wanted, reservation, users, spares, scope, dry_r
 @config_option
 @click.pass_obj
 @one_line_errors
-def why_cmd(clients, job_id, as_json, record, wait_s, config_path):
+def why_cmd(clients, job_id, spool, as_json, record, wait_s, config_path):
     """Say which node most likely ended a failed job, and why: what opsctl knows about the job's nodes
     over its time (docs/why.md).
 
@@ -458,7 +462,7 @@ def why_cmd(clients, job_id, as_json, record, wait_s, config_path):
     """
     from opsctl.commands.why import why
 
-    return why(clients.use(config_path), job_id, as_json, record, wait_s)
+    return why(clients.use(config_path), job_id, spool, as_json, record, wait_s)
 
 
 @main.command("suspects")

@@ -3,17 +3,19 @@ that keep turning up in failed jobs that nothing explains (docs/why.md).
 
 Exit codes: 0 answered (a likely culprit, or "no evidence"; --queue: suspects queued or none), 2 usage or
 config error (a job that accounting does not know, or that has not ended), 3 Slurm's accounting or
-Prometheus unreadable, or the audit log or state unwritable.
+Prometheus unreadable, or the audit log or state unwritable. With --spool, the worst of its jobs' codes.
 """
 
 import json
+import os
 import time
+from pathlib import Path
 
 import click
 
 from opsctl.commands.context import Clients
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ConfigError, ExitCode
+from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
 from opsctl.health.catalog import load_catalog
 from opsctl.prom.client import PromRangeQuery
 from opsctl.remediation.audit import AuditLog
@@ -59,13 +61,56 @@ def _ended_job(accounting: SlurmAccounting, job_id: str, wait: float) -> Finishe
     return job
 
 
-def why(clients: Clients, job_id: str, as_json: bool, record: bool, wait: float) -> ExitCode:
+def why(clients: Clients, job_id: str | None, spool: Path | None, as_json: bool, record: bool,
+        wait: float) -> ExitCode:
+    if (job_id is None) == (spool is None):
+        raise click.UsageError("say which job: JOB, or --spool DIR (the jobs EpilogSlurmctld left there)")
+    if spool is not None:
+        return why_spooled(clients, spool, wait)
+    assert job_id is not None
     if not job_id.isdigit():
         raise click.UsageError(f"JOB must be a Slurm job id, not {job_id!r}")
+    return _why_one(clients, job_id, as_json, record, wait)
+
+
+def why_spooled(clients: Clients, spool: Path, wait: float) -> ExitCode:
+    """`--record` for every job that the controller's EpilogSlurmctld left in `spool`, an empty file named by
+    its id, oldest first; each entry is removed before its job is explained, so a job that cannot be
+    explained is said once and not retried forever (and the path unit that starts this run sees the
+    directory empty). Only names are read: root never opens a file that the Slurm user made. A job that
+    fails is one line on stderr; the others go on."""
+    clients.config(acting=True)
+    try:
+        entries = sorted((e.stat(follow_symlinks=False).st_mtime, e.name) for e in os.scandir(spool))
+    except OSError as err:
+        raise ConfigError(f"--spool {spool}: {err.strerror}") from None
+    code = ExitCode.OK
+    for _, name in entries:
+        try:
+            os.unlink(spool / name)
+        except FileNotFoundError:
+            continue  # another run took it
+        except OSError as err:
+            click.echo(f"opsctl: --spool {spool}: cannot remove {name!r}: {err.strerror}", err=True)
+            continue
+        if not name.isdigit():
+            click.echo(f"opsctl: --spool {spool}: removed {name!r}, not a job id", err=True)
+            continue
+        try:
+            _why_one(clients, name, False, True, wait, quiet=True)
+        except OpsctlError as err:
+            click.echo(f"opsctl: job {name}: {err}", err=True)
+            code = worst(code, err.exit_code)
+    return code
+
+
+def _why_one(clients: Clients, job_id: str, as_json: bool, record: bool, wait: float,
+             quiet: bool = False) -> ExitCode:
     config = clients.config(acting=record)
     job = _ended_job(clients.accounting(), job_id, wait)
     if record and not job.failed:
-        click.echo(f"job {job.id} {job.state}: nothing to explain")
+        if not quiet:
+            click.echo(f"job {job.id} {job.state}: nothing to explain")
         return ExitCode.OK
     if wait:  # the window ends after the job: wait for its last scrapes
         time.sleep(max(0.0, min(wait, window(job, config).until - time.time())))

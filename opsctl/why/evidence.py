@@ -104,7 +104,9 @@ def gather(client: PromRangeQuery, rules: list[Rule], config: Config, job: Finis
     if job.failed_node in nodes:  # Slurm's own word (24.11 and later): this node's failure ended the job
         events.append(Event(job.failed_node, "slurm-node-fail", "fail", "drain", "Slurm ended the job: NODE_FAIL",
                             job.end or span.end, job.end or span.end, at_start=False))
-    seen = client.query(f"count_over_time({up_q}[{math.ceil(span.until - span.start)}s])", at=span.until)
+    # Over the whole window, and never less than two scrapes: a job that lasted a second still had some.
+    reach = math.ceil(max(span.until - span.start, 2 * float(duration_seconds(config.prometheus.scrape_interval))))
+    seen = client.query(f"count_over_time({up_q}[{reach}s])", at=span.until)
     unseen = nodes - {node_of(sample.labels) for sample in seen}
     return Found(events, span, tuple(sorted(unseen)))
 

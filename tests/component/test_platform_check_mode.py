@@ -264,3 +264,15 @@ def test_every_pinned_package_is_held(run, host):
     pinned = {name.split("=", 1)[0] for name in run.apt_names(host) if "=" in name}
     held = {(r["args"] or {}).get("name") for r in run.ran(host, "common : Hold pinned packages")}
     assert pinned and pinned <= held, sorted(pinned - held)
+
+
+def test_the_controllers_epilog_hands_failed_jobs_to_opsctl_why_on_the_head(run):
+    """slurm.conf's EpilogSlurmctld is the slurm_controller role's script, which spools the id of a job
+    that did not end cleanly for the head's opsctl-why.path (opsctl role) to explain (docs/why.md)."""
+    assert "EpilogSlurmctld=/etc/slurm/opsctl-epilog-slurmctld.sh" in run.file(
+        "head01", "/etc/slurm/slurm.conf").splitlines()
+    epilog = run.file("head01", "/etc/slurm/opsctl-epilog-slurmctld.sh")
+    assert ': > "/var/spool/opsctl-why/$SLURM_JOB_ID"' in epilog and '"0:0" ]' in epilog
+    assert "DirectoryNotEmpty=/var/spool/opsctl-why" in run.file("head01", "/etc/systemd/system/opsctl-why.path")
+    assert "ExecStart=/opt/opsctl/bin/opsctl why --spool /var/spool/opsctl-why --wait 120" in run.file(
+        "head01", "/etc/systemd/system/opsctl-why.service")

@@ -263,3 +263,22 @@ def test_hostlists_expand_as_slurm_writes_them(text, names):
 
     assert expand_hostlist(text) == names
     assert sorted(expand_hostlist(",".join(hostlist_expression(names)))) == sorted(names)
+
+
+def test_spool_records_each_job_the_epilog_left_and_empties_the_directory(tmp_path):
+    cfg = config(tmp_path)
+    prom = RangeProm(cfg, ["gpu001", "gpu002", "gpu003", "gpu004"])
+    prom.event("xid-79", "gpu003", "3", [(END + 4, 1.0)])
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for name in ("17", "18", "19", "junk"):
+        (spool / name).touch()
+    accounting = Accounting([job(), job(state="COMPLETED", job_id="18")])  # 19: accounting never heard of it
+    result = invoke(["why", "--spool", str(spool)], config=cfg, prom=prom, accounting=accounting)
+    assert result.exit_code == 2, result.output  # job 19's usage error, once; the others were done
+    assert list(spool.iterdir()) == []
+    assert "job 19: job 19: Slurm's accounting (sacct) has no such job" in result.output
+    assert "removed 'junk', not a job id" in result.output and "nothing to explain" not in result.output
+    records, _ = AuditLog(cfg.audit_log).read()
+    assert {r["reason"] for r in records} == {"job 17"} and len(records) == 4  # one per node of the failed job
+    assert invoke(["why"], config=cfg, prom=prom, accounting=accounting).exit_code == 2  # JOB or --spool

@@ -70,6 +70,31 @@ def test_a_finished_job_is_in_slurmdbds_accounting_with_its_node_and_gpus(machin
 
 @pytest.mark.provision
 @NEEDS_MACHINES
+def test_a_failed_job_is_explained_into_each_nodes_history_by_the_controllers_epilog(machines):
+    """EpilogSlurmctld (slurm_controller role) leaves the id of a job that failed in the spool as the Slurm
+    user; the head's opsctl-why.path (opsctl role) runs `opsctl why --spool` as root, which records the
+    answer in the audit log, one record per node of the job, and empties the spool. A job that completed
+    gets no record."""
+    node = machines.gpu_nodes[0]
+    clean = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
+                             "--wrap 'true'").strip()
+    failed = machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null -w {node} "
+                              "--wrap 'exit 3'").strip()
+
+    def recorded():
+        out = machines.on_head(f"/opt/opsctl/bin/opsctl history {node} --json")
+        return [json.loads(line) for line in out.splitlines() if json.loads(line)["event"] == "why"
+                and json.loads(line)["reason"] in (f"job {clean}", f"job {failed}")]
+
+    found = wait_until(recorded, 120, f"the head's audit log explaining job {failed}")
+    assert [r["reason"] for r in found] == [f"job {failed}"], found
+    assert found[0]["detail"].startswith(f"job {failed} FAILED") and found[0]["user"] == "root", found
+    assert machines.on_head("ls -A /var/spool/opsctl-why").strip() == ""
+    assert machines.on_head("stat -c '%U %a' /var/spool/opsctl-why").strip() == "slurm 700"
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
 def test_jobs_get_slurmds_memlock_limit_not_the_submitters(machines):
     """RDMA needs locked memory: a job gets slurmd's memlock limit (unit LimitMEMLOCK=infinity) even when
     the submitting shell's is lower (PropagateResourceLimitsExcept=MEMLOCK). The lab machines are
