@@ -128,7 +128,7 @@ def _why_one(clients: Clients, job_id: str, as_json: bool, record: bool, wait: f
 def write_record(audit: AuditLog, answer: Answer) -> None:
     """One record per node of the job, so that each node's history (`opsctl history NODE`) shows it."""
     job = answer.job
-    said = f"likely culprit {answer.culprit}" if answer.culprit else "no evidence"
+    said = f"likely culprit {answer.culprit}" if answer.culprit else answer.verdict
     for node in job.nodes:
         mine = [e for e in answer.events if e.node == node]
         audit.write(EVENT, node=node, checks=list(dict.fromkeys(e.check for e in mine)),
@@ -136,16 +136,20 @@ def write_record(audit: AuditLog, answer: Answer) -> None:
                     detail=f"job {job.id} {job.state}{' (' + job.exit + ')' if job.exit else ''}: {said}")
 
 
-def recorded_evidence(audit: list[dict]) -> dict[str, set[str]]:
-    """failed job id -> the nodes with evidence, from the records `opsctl why --record` wrote."""
+def recorded_evidence(audit: list[dict]) -> tuple[dict[str, set[str]], set[str]]:
+    """From the records `opsctl why --record` wrote: failed job id -> the nodes with evidence, and the jobs
+    whose answer was "no data"."""
     found: dict[str, set[str]] = {}
+    unknown = set()
     for record in audit:
         reason = str(record.get("reason") or "")
         if record.get("event") == EVENT and reason.startswith("job "):
             nodes = found.setdefault(reason[4:], set())
             if record.get("checks"):
                 nodes.add(str(record.get("node")))
-    return found
+            if str(record.get("detail") or "").endswith(f": {NO_DATA}"):
+                unknown.add(reason[4:])
+    return found, unknown
 
 
 def suspects(clients: Clients, queue: bool, as_json: bool) -> ExitCode:
@@ -154,8 +158,7 @@ def suspects(clients: Clients, queue: bool, as_json: bool) -> ExitCode:
     since = now - duration_seconds(config.why.suspect_lookback)
     jobs = suspicion.counted(clients.accounting().finished_jobs(since, now))
     audit = _audit_records(config)
-    evidence = recorded_evidence(audit)
-    unknown = set()
+    evidence, unknown = recorded_evidence(audit)
     # A failed job that no `why --record` judged (no epilog, or one that failed) is judged now.
     for job in suspicion.failed_jobs(jobs):
         if job.id not in evidence:

@@ -282,3 +282,15 @@ def test_spool_records_each_job_the_epilog_left_and_empties_the_directory(tmp_pa
     records, _ = AuditLog(cfg.audit_log).read()
     assert {r["reason"] for r in records} == {"job 17"} and len(records) == 4  # one per node of the failed job
     assert invoke(["why"], config=cfg, prom=prom, accounting=accounting).exit_code == 2  # JOB or --spool
+
+
+def test_a_recorded_no_data_answer_counts_against_no_one(tmp_path):
+    cfg = config(tmp_path)
+    jobs = [job(("gpu007",), "FAILED", str(i)) for i in range(6)] + \
+        [job(("gpu007",), "COMPLETED", str(i)) for i in range(6, 10)]
+    audit = AuditLog(cfg.audit_log)
+    for i in range(6):
+        audit.write("why", node="gpu007", reason=f"job {i}", detail=f"job {i} FAILED: no data")
+    prom = RangeProm(cfg, ["gpu007"])
+    doc = json.loads(invoke(["suspects", "--json"], config=cfg, prom=prom, accounting=Accounting(jobs)).output)
+    assert (doc["suspects"], doc["nodes"][0]["failed_unexplained"], prom.queries) == ([], 0, 0)
