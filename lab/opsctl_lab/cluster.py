@@ -129,7 +129,7 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
               "slurm": {"backend": "cli"}, "metrics": {"listen_address": lp.opsctl_metrics_listen()},
               # The lab's Slurm has no PMIx library: the emulated ranks need none.
               "validate": {"job_command": prometheus_lab.validate_job_command(paths),
-                           "all_reduce_perf": str(prometheus_lab.write_step_all_reduce_perf(paths)),
+                           "all_reduce_perf": str(prometheus_lab.write_node_tool(paths, "all_reduce_perf")),
                            "srun_mpi": "none"},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))

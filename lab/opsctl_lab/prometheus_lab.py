@@ -99,15 +99,11 @@ def validate_job_command(paths: lp.LabPaths) -> str:
             f"--textfile {paths.textfile(node) / 'opsctl-validate.prom'}")
 
 
-def write_step_all_reduce_perf(paths: lp.LabPaths) -> Path:
-    """One all_reduce_perf for every lab node, as a cluster installs it at one path: a multi-node step runs
-    it on each node of the step (slurmd sets SLURMD_NODENAME), and rank 0 reads the other nodes' states."""
-    return write_node_tool(paths, "all_reduce_perf")
-
-
 def write_node_tool(paths: lp.LabPaths, name: str) -> Path:
-    """<lab>/bin/<name>: the emulated tool opsctl_lab.hwtools.<name>, run on whichever lab node a job step
-    runs it, with that node's hardware state (and every node's, through the pattern)."""
+    """<lab>/bin/<name>: the emulated tool opsctl_lab.hwtools.<name> (all_reduce_perf, train), one for every
+    lab node, as a cluster installs it at one path: a job step runs it on each node of the step (slurmd sets
+    SLURMD_NODENAME) with that node's hardware state, and every node's through the pattern (rank 0 of a
+    multi-node all_reduce_perf reads the others')."""
     tool = paths.root / "bin" / name
     tool.parent.mkdir(parents=True, exist_ok=True)
     env = " ".join(f"{k}={v}" for k, v in {**python_env(), "OPSCTL_HW_STATE": paths.hardware("$SLURMD_NODENAME"),

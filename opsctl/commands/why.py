@@ -16,7 +16,7 @@ import click
 from opsctl.commands.context import Clients
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
-from opsctl.health.catalog import load_catalog
+from opsctl.health.catalog import Rule, load_catalog
 from opsctl.prom.client import PromRangeQuery
 from opsctl.remediation.audit import AuditLog
 from opsctl.remediation.state import StateDir
@@ -37,9 +37,9 @@ def _audit_records(config: Config) -> list[dict]:
     return records
 
 
-def explain(config: Config, prom: PromRangeQuery, job: FinishedJob, audit: list[dict]) -> Answer:
+def explain(config: Config, prom: PromRangeQuery, job: FinishedJob, audit: list[dict], rules: list[Rule]) -> Answer:
     before = prom.queries
-    found = gather(prom, load_catalog(config), config, job, audit)
+    found = gather(prom, rules, config, job, audit)
     return judge(job, found, prom.queries - before)
 
 
@@ -85,6 +85,7 @@ def why_spooled(clients: Clients, spool: Path, wait: float) -> ExitCode:
     except OSError as err:
         raise ConfigError(f"--spool {spool}: {err.strerror}") from None
     code = ExitCode.OK
+    rules = load_catalog(clients.config())  # once for every job of the run
     for _, name in entries:
         try:
             os.unlink(spool / name)
@@ -97,7 +98,7 @@ def why_spooled(clients: Clients, spool: Path, wait: float) -> ExitCode:
             click.echo(f"opsctl: --spool {spool}: removed {name!r}, not a job id", err=True)
             continue
         try:
-            _why_one(clients, name, False, True, wait, quiet=True)
+            _why_one(clients, name, False, True, wait, quiet=True, rules=rules)
         except OpsctlError as err:
             click.echo(f"opsctl: job {name}: {err}", err=True)
             code = worst(code, err.exit_code)
@@ -105,7 +106,7 @@ def why_spooled(clients: Clients, spool: Path, wait: float) -> ExitCode:
 
 
 def _why_one(clients: Clients, job_id: str, as_json: bool, record: bool, wait: float,
-             quiet: bool = False) -> ExitCode:
+             quiet: bool = False, rules: list[Rule] | None = None) -> ExitCode:
     config = clients.config(acting=record)
     job = _ended_job(clients.accounting(), job_id, wait)
     if record and not job.failed:
@@ -114,7 +115,9 @@ def _why_one(clients: Clients, job_id: str, as_json: bool, record: bool, wait: f
         return ExitCode.OK
     if wait:  # the window ends after the job: wait for its last scrapes
         time.sleep(max(0.0, min(wait, window(job, config).until - time.time())))
-    answer = explain(config, clients.prom_range(), job, _audit_records(config))
+    # The audit log is read after the wait: a drain within the job's window may have just been written.
+    answer = explain(config, clients.prom_range(), job, _audit_records(config),
+                     load_catalog(config) if rules is None else rules)
     if as_json:
         click.echo(json.dumps(to_json(answer), sort_keys=True))
     else:
@@ -158,11 +161,12 @@ def suspects(clients: Clients, queue: bool, as_json: bool) -> ExitCode:
     since = now - duration_seconds(config.why.suspect_lookback)
     jobs = suspicion.counted(clients.accounting().finished_jobs(since, now))
     audit = _audit_records(config)
+    rules = load_catalog(config)
     evidence, unknown = recorded_evidence(audit)
     # A failed job that no `why --record` judged (no epilog, or one that failed) is judged now.
     for job in suspicion.failed_jobs(jobs):
         if job.id not in evidence:
-            answer = explain(config, clients.prom_range(), job, audit)
+            answer = explain(config, clients.prom_range(), job, audit, rules)
             evidence[job.id] = answer.nodes_with_evidence()
             if answer.verdict == NO_DATA:
                 unknown.add(job.id)
