@@ -77,6 +77,9 @@ def version_misfit(version: str, platform: str) -> str:
     debian = re.search(r"[+~]deb(\d+)", text)
     if debian and platform != f"debian-{debian.group(1)}":
         return f"a Debian {debian.group(1)} build (+deb{debian.group(1)}), not for {platform}"
+    # +bN: a Debian binary rebuild (binNMU), a version only Debian's archive has.
+    if re.search(r"\+b\d+$", text) and not platform.startswith("debian-"):
+        return f"a Debian binary rebuild (+b{text.rsplit('+b', 1)[1]}), not for {platform}"
     if "ubuntu" in text and not platform.startswith("ubuntu-"):
         return f"an Ubuntu build, not for {platform}"
     release = re.search(r"ubuntu\d+(?:\.\d+)?\.(\d\d\.\d\d)(?:\.\d+)?$", text)

@@ -18,6 +18,7 @@ from opsctl.cli import main
 from opsctl_lab.errors import LabError
 from opsctl_lab.machines import aptcache, lifecycle, nspawn, readiness
 from opsctl_lab.machines.settings import PROVISIONING_USER, Settings, machine_names
+from opsctl_lab.vendor_repos import serve as vendor_serve
 
 # `systemctl list-jobs --no-legend --no-pager` on a Debian 12 machine (systemd 252) whose boot a
 # oneshot unit ordered before systemd-user-sessions.service holds; columns JOB UNIT TYPE STATE.
@@ -90,7 +91,8 @@ class FakeMachine:
 
 
 def lab(tmp_path: Path, names: list[str]) -> Settings:
-    """A lab whose machines and apt cache run (their pid files name this process), inventory written."""
+    """A lab whose machines, apt cache and vendor repositories run (their pid files name this process),
+    inventory written."""
     settings = Settings(net=5, state_dir=tmp_path / "machines", inventory_dir=tmp_path / "inventory",
                         apt_cache_dir=tmp_path / "apt")
     for name in names:
@@ -98,6 +100,7 @@ def lab(tmp_path: Path, names: list[str]) -> Settings:
         nspawn._pid_file(settings, name).write_text(f"{os.getpid()}\n")
     aptcache._pid_file(settings).parent.mkdir(parents=True)
     aptcache._pid_file(settings).write_text(f"{os.getpid()}\n")
+    vendor_serve._pid_file(settings).write_text(f"{os.getpid()}\n")
     settings.known_hosts.parent.mkdir(parents=True)
     settings.known_hosts.write_text("")
     (settings.inventory_dir / "hosts.yml").write_text("")

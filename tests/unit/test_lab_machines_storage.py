@@ -245,7 +245,7 @@ def test_gpu_machines_get_the_hosts_fuse_device_and_no_other_machine_does(tmp_pa
     monkeypatch.setattr(nspawn, "gpu_machine_args", lambda: ["--bind=/dev/fuse"])
     monkeypatch.setattr(lifecycle.disks, "nspawn_args", lambda settings: ["--bind=/dev/loop7:/dev/vdb"])
     monkeypatch.setattr(nspawn, "running_pid", lambda settings, name: None)
-    monkeypatch.setattr(nspawn, "prepare_layer", lambda settings, name, names, key: tmp_path / name)
+    monkeypatch.setattr(nspawn, "prepare_layer", lambda settings, name, names, key, kernel_key: tmp_path / name)
     monkeypatch.setattr(nspawn, "start", lambda settings, name, extra: started.setdefault(name, extra))
     monkeypatch.setattr(hwinstall, "install", lambda upper, name, address: None)
     for module, name in ((lifecycle.net, "ensure_machine_netns"), (lifecycle.keys, "write_known_hosts"),

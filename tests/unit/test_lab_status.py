@@ -10,6 +10,7 @@ from opsctl.cli import main
 from opsctl_lab.machines import aptcache, nspawn
 from opsctl_lab.machines.lifecycle import status
 from opsctl_lab.machines.settings import Settings
+from opsctl_lab.vendor_repos import serve as vendor_serve
 
 
 def machines(tmp_path, names=("head", "gpu1")) -> Settings:
@@ -27,6 +28,7 @@ def run(settings, name=None, cache=False) -> tuple[int, list[str]]:
     if cache:
         aptcache._pid_file(settings).parent.mkdir(parents=True, exist_ok=True)
         aptcache._pid_file(settings).write_text(f"{os.getpid()}\n")
+        vendor_serve._pid_file(settings).write_text(f"{os.getpid()}\n")
     return int(status(lines.append, settings)), lines
 
 
@@ -37,7 +39,7 @@ def test_no_machines_is_1(tmp_path):
 def test_stopped_machines_are_1_and_all_running_is_0(tmp_path):
     settings = machines(tmp_path)
     code, lines = run(settings)
-    assert code == 1 and [line.split()[-1] for line in lines] == ["stopped", "stopped", "stopped"]
+    assert code == 1 and [line.split()[-1] for line in lines] == ["stopped"] * 4
     assert run(settings, "head", cache=True)[0] == 1  # gpu1 still stopped
     code, lines = run(settings, "gpu1")
     assert code == 0 and all(f"running pid {os.getpid()}" in line for line in lines)

@@ -38,6 +38,8 @@ def test_platform_names_and_vars_files():
     ("0.5.15-4ubuntu0.1", "debian-12", "an Ubuntu build, not for debian-12"),
     ("23.11.4-1.2ubuntu5", "ubuntu-24.04", ""),
     ("24.11.5-1", "ubuntu-22.04", ""),
+    ("0.25.0-1+b4", "ubuntu-24.04", "a Debian binary rebuild (+b4), not for ubuntu-24.04"),
+    ("0.25.0-1+b4", "debian-12", ""),
 ])
 def test_version_misfit(version, platform, misfit):
     assert PLATFORM.version_misfit(version, platform) == misfit
@@ -98,8 +100,8 @@ def test_every_platform_role_has_a_file_per_supported_platform_and_the_family_fl
 
 
 def test_roles_with_platform_files_load_them():
-    assert set(PLATFORM_ROLES) == {"lustre_client", "munge", "nfs_client", "node_exporter", "nvidia", "prometheus",
-                                   "slurm_common"}
+    assert set(PLATFORM_ROLES) == {"alertmanager", "lustre_client", "munge", "nfs_client", "node_exporter", "nvidia",
+                                   "prometheus", "slurm_common"}
     for role in PLATFORM_ROLES:
         text = (ROLES / role / "tasks" / "platform.yml").read_text()
         assert "lookup('ansible.builtin.first_found', ansible_facts | platform_vars_files(role_path))" in text
@@ -110,7 +112,7 @@ def test_each_platforms_own_pins_fit_it(platform):
     """A distribution version in vars/<platform>.yml is a build for that platform (Ubuntu 22.04's Slurm
     is too old and is refused by the preflight instead)."""
     for role, prefix, key in (("munge", "munge", "version"), ("node_exporter", "node_exporter", "version"),
-                              ("prometheus", "prometheus", "version"),
+                              ("prometheus", "prometheus", "version"), ("alertmanager", "alertmanager", "version"),
                               ("slurm_common", "slurm", "distribution_version")):
         value = load_yaml(ROLES / role / "vars" / f"{platform}.yml")[f"_{prefix}_platform"][key]
         assert value and PLATFORM.version_misfit(value, platform) == "", (role, value)
@@ -144,13 +146,18 @@ def production_packages() -> set[str]:
     names |= {_render(p) for p in dcgm}
     for role, key in (("slurm_controller", "slurm_controller_packages"), ("slurm_compute", "slurm_compute_packages")):
         names |= set(load_yaml(ROLES / role / "defaults" / "main.yml")[key])
-    names |= {"munge", "prometheus", "prometheus-node-exporter", "slurm-smd-slurmd", "slurm-smd-client"}
+    names |= MINIMUM_BUILDS | {"slurm-smd-slurmd", "slurm-smd-client"}
     return {name.split("=", 1)[0] for name in names}
 
 
-def test_holds_cover_every_pinned_production_package():
+# The distribution's packages the roles ask for at a minimum build: security updates must reach them.
+MINIMUM_BUILDS = {"munge", "prometheus", "prometheus-node-exporter", "prometheus-alertmanager"}
+
+
+def test_holds_cover_every_pinned_production_package_and_leave_security_builds_alone():
     patterns = load_yaml(ROLES / "common" / "defaults" / "main.yml")["common_held_packages"]
-    packages = production_packages()
+    packages = production_packages() - MINIMUM_BUILDS
+    assert PLATFORM.packages_matching(sorted(MINIMUM_BUILDS | {"libmunge2"}), patterns) == []
     assert {"nvidia-dkms-570-open", "nvidia-kernel-open-dkms", "libnvidia-nscq-570", "nvidia-fabricmanager-570",
             "datacenter-gpu-manager-4-cuda12", "datacenter-gpu-manager-exporter", "doca-ofed"} <= packages
     assert sorted(packages - set(PLATFORM.packages_matching(packages, patterns))) == []
@@ -159,7 +166,7 @@ def test_holds_cover_every_pinned_production_package():
 
 def test_only_installed_unheld_packages_that_match_are_held():
     patterns = load_yaml(ROLES / "common" / "defaults" / "main.yml")["common_held_packages"]
-    selections = ["installed install slurmd", "installed hold munge", "config-files deinstall grafana",
+    selections = ["installed install slurmd", "installed hold slurmctld", "config-files deinstall grafana",
                   "installed install chrony", "installed install nvidia-fabricmanager-570", "not-installed unknown x",
                   ""]
     assert PLATFORM.packages_to_hold(selections, patterns) == ["nvidia-fabricmanager-570", "slurmd"]

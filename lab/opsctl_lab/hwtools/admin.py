@@ -6,6 +6,7 @@ every tool (and the dcgm-exporter service, which re-reads the file) reports the 
     opsctl-hw clear
     opsctl-hw sysfs [--link-host]   # write the sysfs tree and the storage files from the state (boot-time service)
     opsctl-hw show           # the state file
+    opsctl-hw modprobe NAME  # load a kernel module that a lab package built (opsctl_lab.vendor_repos.kmod)
 
 The kernel log (`kmsg` next to the state file, opsctl_lab.hardware.write_kernel_log) is rewritten from the
 state after every command, so an injected xid-kernel fault's XID line is in it.
@@ -35,6 +36,7 @@ from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, kernel_log_path, write_kernel_log
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 from opsctl_lab.storage_view import MISSING_MOUNT, write_storage
+from opsctl_lab.vendor_repos import kmod
 
 # The mounts that are real bind mounts in a lab machine; their sources are `exports/<name>`.
 BIND_MOUNTS = ("/shared", "/lustre")
@@ -65,7 +67,11 @@ def main(argv: list[str]) -> int:
     sub.add_parser("show")
     driver = sub.add_parser("driver", help="install and load an emulated NVIDIA driver of this version")
     driver.add_argument("version")
+    modprobe = sub.add_parser("modprobe", help="load a kernel module a lab package built, as the kernel would")
+    modprobe.add_argument("module")
     args = parser.parse_args(argv)
+    if args.cmd == "modprobe":
+        return _modprobe(args.module)
     with _locked():
         hw = load()
         units: Systemctl | None = None
@@ -93,6 +99,20 @@ def main(argv: list[str]) -> int:
         apply_storage(hw, storage_root(), base, units if base == MACHINE_BASE else None)
         if args.cmd == "sysfs" and args.link_host:
             link_host_sysfs(root)
+    return 0
+
+
+def loaded_modules_dir() -> Path:
+    """The emulated /sys/module: a directory per module `opsctl-hw modprobe` loaded."""
+    return state_path().parent / "modules"
+
+
+def _modprobe(module: str) -> int:
+    try:
+        kmod.load(MACHINE_BASE, module, kmod.kernel(), loaded_modules_dir())
+    except kmod.LoadError as err:
+        sys.stderr.write(f"{err}\n")
+        return 1  # modprobe's own exit status for a module it could not insert
     return 0
 
 

@@ -37,6 +37,20 @@ def render(settings: Settings, names: list[str]) -> str:
     return header + yaml.safe_dump(doc, sort_keys=False)
 
 
+VENDOR_VARS = "vendor-repos.yml"
+
+
+def write_vendor_vars(settings: Settings, variables: dict) -> None:
+    """A second inventory source beside hosts.yml: where the lab serves the vendors' repositories and the
+    key that signs them (opsctl_lab.vendor_repos.serve.vendor_vars), the only variables a lab inventory
+    has that a production one sets to the vendors' own."""
+    settings.inventory_dir.mkdir(parents=True, exist_ok=True)
+    header = ("# Written by `opsctl lab machines up`: the lab's vendor repositories (URLs on the bridge, the lab's\n"
+              "# signing key); a production inventory names the vendors' (inventory/example).\n")
+    text = header + yaml.safe_dump({"all": {"vars": variables}}, sort_keys=False)
+    (settings.inventory_dir / VENDOR_VARS).write_text(text)
+
+
 def write(settings: Settings, names: list[str]) -> None:
     settings.inventory_dir.mkdir(parents=True, exist_ok=True)
     (settings.inventory_dir / "hosts.yml").write_text(render(settings, names))

@@ -19,6 +19,8 @@ from opsctl_lab.hardware import NodeHardware, parse_fault
 from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn, readiness
 from opsctl_lab.machines.settings import MAX_GPU_NODES, STORAGE_MACHINE, Settings, is_gpu_machine, machine_names
 from opsctl_lab.processes import stop_pids
+from opsctl_lab.vendor_repos import build as vendor_build
+from opsctl_lab.vendor_repos import serve as vendor_serve
 
 Echo = Callable[[str], None]
 NEEDED = ["ip", "debootstrap", "systemd-nspawn", "apt-cacher-ng", "ssh", "ssh-keygen", "chroot"]
@@ -55,7 +57,7 @@ def _all_ready(settings: Settings, names: list[str], run: readiness.Runner = sub
     if not (settings.inventory_dir / "hosts.yml").exists() or not settings.known_hosts.exists():
         return False
     running = {n for n in _known(settings) if nspawn.running_pid(settings, n)}
-    if running != set(names) or aptcache.running_pid(settings) is None:
+    if running != set(names) or aptcache.running_pid(settings) is None or vendor_serve.running_pid(settings) is None:
         return False
     return all(readiness.ready(settings, n, run) for n in names)
 
@@ -81,8 +83,13 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
             aptcache.ensure_running(settings)
         with phase("image") as note:
             note(f"{'built' if image.build(settings) else 'cached'} {image.path(settings)}")
+        with phase("vendor") as note:
+            vendor = vendor_build.ensure_built()
+            vendor_serve.ensure_serving(settings, vendor)
+            inventory.write_vendor_vars(settings, vendor_serve.vendor_vars(settings, vendor))
+            note(f"{vendor.root} on {settings.vendor_url}")
         with phase("machines") as note:
-            started = _start_machines(settings, names)
+            started = _start_machines(settings, names, vendor_build.key_text(vendor, "kernel"))
             note(f"started {', '.join(started)}" if started else "all running")
         with phase("ssh"):
             readiness.wait_ssh(settings, names, timeout=boot_timeout)
@@ -107,7 +114,7 @@ def _phases(echo: Echo):
     return phase
 
 
-def _start_machines(settings: Settings, names: list[str]) -> list[str]:
+def _start_machines(settings: Settings, names: list[str], kernel_key: str = "") -> list[str]:
     for extra in [n for n in _known(settings) if n not in names and nspawn.running_pid(settings, n)]:
         nspawn.stop(settings, extra)
         net.remove_machine_netns(settings, extra)
@@ -120,7 +127,7 @@ def _start_machines(settings: Settings, names: list[str]) -> list[str]:
             uppers[name] = nspawn.upper(settings, name)
             continue
         net.ensure_machine_netns(settings, name)
-        uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey)
+        uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey, kernel_key)
         if is_gpu_machine(name):
             hwinstall.install(uppers[name], name, settings.addr(name))
         machine_args = (disks.nspawn_args(settings) if name == STORAGE_MACHINE
@@ -147,6 +154,7 @@ def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Setting
         for name in net.lab_netns(settings):
             net.remove_machine_netns(settings, name)
         aptcache.stop(settings)
+        vendor_serve.stop(settings)
         net.remove_bridge(settings)
         if purge:
             for name in names:
@@ -169,7 +177,9 @@ def status(echo: Echo = lambda _line: None, settings: Settings | None = None) ->
         echo(f"{name:6} {settings.addr(name):12} {'running pid ' + str(pid) if pid else 'stopped'}")
     cache = aptcache.running_pid(settings)
     echo(f"{'apt':6} {settings.bridge_addr:12} {'running pid ' + str(cache) if cache else 'stopped'}")
-    return ExitCode.OK if cache and all(pids.values()) else ExitCode.FAILING
+    vendor = vendor_serve.running_pid(settings)
+    echo(f"{'vendor':6} {settings.bridge_addr:12} {'running pid ' + str(vendor) if vendor else 'stopped'}")
+    return ExitCode.OK if cache and vendor and all(pids.values()) else ExitCode.FAILING
 
 
 def reset(echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:

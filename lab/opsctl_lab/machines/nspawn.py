@@ -24,9 +24,11 @@ def running_pid(settings: Settings, name: str) -> int | None:
     return read_pidfile(_pid_file(settings, name))
 
 
-def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str) -> Path:
+def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey: str,
+                  kernel_key: str = "") -> Path:
     """What makes this machine itself: hostname, machine-id, hosts (as provisioning writes them), the
-    authorized key of root and of the provisioning account, host key."""
+    authorized key of root and of the provisioning account, host key, apt's proxy and the archive of its
+    kernel's headers (`kernel_key`: that repository's signing key)."""
     top = upper(settings, name)
     (top / "etc").mkdir(parents=True, exist_ok=True)
     (top / "etc/hostname").write_text(f"{name}\n")
@@ -44,9 +46,29 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     # cluster whose nodes use a site proxy.
     proxy = top / "etc/apt/apt.conf.d/01opsctl-proxy"
     proxy.parent.mkdir(parents=True, exist_ok=True)
-    proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n')
+    # The vendors' repositories are on the bridge itself (opsctl_lab.vendor_repos.serve): no proxy there.
+    proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n'
+                     f'Acquire::http::Proxy::{settings.bridge_addr} "DIRECT";\n')
+    if kernel_key:
+        _kernel_archive(top, settings, kernel_key)
     keys.ensure_host_key(top, name)
     return top
+
+
+KERNEL_SOURCES = "etc/apt/sources.list.d/opsctl-lab-kernel.sources"
+KERNEL_KEY = "etc/apt/keyrings/opsctl-lab-kernel.asc"
+
+
+def _kernel_archive(top: Path, settings: Settings, key: str) -> None:
+    """The machines run the host's kernel, whose headers no Debian archive carries: the lab's `kernel`
+    repository has them under the archive's name (linux-headers-<release>), as the distribution archive
+    has a real node's, so that the roles install them as they do there."""
+    (top / KERNEL_KEY).parent.mkdir(parents=True, exist_ok=True)
+    (top / KERNEL_KEY).write_text(key)
+    (top / KERNEL_SOURCES).parent.mkdir(parents=True, exist_ok=True)
+    (top / KERNEL_SOURCES).write_text(
+        f"Types: deb\nURIs: {settings.vendor_url}/kernel/\nSuites: bookworm-lab\nComponents: main\n"
+        f"Signed-By: /{KERNEL_KEY}\n")
 
 
 # The common role's block (playbooks/roles/common/tasks/main.yml, "Write cluster hosts into /etc/hosts").

@@ -19,6 +19,8 @@ PREFIX_LEN = 24
 # Not apt-cacher-ng's default 3142: installing the Debian package starts a system instance on
 # 0.0.0.0:3142 on hosts with systemd, which would answer in place of the lab's own.
 APT_PORT = 3149
+# The vendors' repositories the lab builds (opsctl_lab.vendor_repos), served beside it.
+VENDOR_PORT = 3150
 FIRST_HOST = 10  # head is .10, gpuN is .10+N, storage is .9
 SUITE = "bookworm"
 # The mirror apt-cacher-ng fetches from: the one this host's own apt uses.
@@ -111,6 +113,10 @@ class Settings:
     @property
     def apt_proxy(self) -> str:
         return f"http://{self.bridge_addr}:{APT_PORT}"
+
+    @property
+    def vendor_url(self) -> str:
+        return f"http://{self.bridge_addr}:{VENDOR_PORT}"
 
     def addr(self, name: str) -> str:
         if name == STORAGE_MACHINE:

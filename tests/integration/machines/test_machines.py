@@ -2,9 +2,8 @@
 with strict host-key checking; emulated tools checked from inside the machines with this project's
 parsers. Needs root and `make deps-machines`.
 
-The tests run their own lab (network OPSCTL_TEST_LAB_NET, default 1: 10.213.1.0/24, state and
-inventory in a temporary directory), so a lab that someone is provisioning (network 0) is left
-alone. It shares the cached image; the first run on a host builds it."""
+The machines are this directory's (conftest.py, support.py): their own lab network and state, the
+cached image shared."""
 
 import json
 import os
@@ -15,8 +14,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from opsctl.fabrictest.ib_write_bw import parse_ib_write_bw
 from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
 from opsctl.ib.ibstat import parse_ibstat
@@ -24,44 +21,10 @@ from opsctl.ib.ibv_devinfo import parse_ibv_devinfo
 from opsctl.storage.lustre import parse_check_servers, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl_lab.machines import keys, net, nspawn, readiness
-from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE, Settings, machine_names
+from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE
+from tests.integration.machines.support import ENV, GPUS, LAB_DIR, MACHINES_MARKS, NAMES, ROOT, SETTINGS, on, opsctl
 
-pytestmark = [
-    pytest.mark.machines,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the lab machines need root"),
-    pytest.mark.skipif(any(shutil.which(t) is None for t in ("systemd-nspawn", "debootstrap", "apt-cacher-ng")),
-                       reason="make deps-machines"),
-]
-ROOT = Path(__file__).resolve().parents[3]
-LAB_DIR = Path(f"/tmp/opsctl-test-machines-{os.environ.get('OPSCTL_TEST_LAB_NET', '1')}")
-ENV = dict(os.environ, OPSCTL_LAB_NET=os.environ.get("OPSCTL_TEST_LAB_NET", "1"), OPSCTL_LAB_DIR=str(LAB_DIR),
-           OPSCTL_LAB_INVENTORY=str(LAB_DIR / "inventory"))
-ENV.pop("OPSCTL_LAB_APT_CACHE", None)
-NAMES = machine_names(3)  # head, the storage machine and gpu1..gpu3, as `up` starts them
-GPUS = [n for n in NAMES if n.startswith("gpu")]
-SETTINGS = Settings(net=int(ENV["OPSCTL_LAB_NET"]), state_dir=LAB_DIR / f"machines-{ENV['OPSCTL_LAB_NET']}",
-                    inventory_dir=LAB_DIR / "inventory")
-
-
-def opsctl(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "opsctl", "lab", "machines", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def on(machine, command, check=True):
-    out = subprocess.run(keys.ssh_args(SETTINGS, machine) + [command], capture_output=True, text=True, timeout=120)
-    if check:
-        assert out.returncode == 0, f"{machine}: {command}: {out.stderr}"
-    return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def machines():
-    out = opsctl("up")
-    assert out.returncode == 0, out.stderr
-    sys.stderr.write(out.stdout)  # the phase times, for the CI log
-    yield
-    opsctl("down", "--purge")
+pytestmark = MACHINES_MARKS
 
 
 def test_up_is_idempotent_and_quick():

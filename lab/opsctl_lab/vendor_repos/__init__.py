@@ -1,0 +1,7 @@
+"""The vendors' APT repositories in their real shape, for the lab machines: NVIDIA's CUDA and DOCA
+repositories, Whamcloud's Lustre client, Grafana's repository and a SchedMD-built Slurm. Every package
+carries its vendor's real name, version scheme and relations (data/<repository>.yml, each field with
+its source); its maintainer scripts install the lab's emulated tools instead of binaries and behave
+like the real ones where provisioning depends on it (behaviours.py). The repositories are indexed and
+signed with a key of the lab's (build.py), cached like the machine image, and served on the lab's
+bridge (serve.py)."""

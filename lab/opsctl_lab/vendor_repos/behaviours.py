@@ -1,0 +1,140 @@
+"""What a lab package does when it is installed: its maintainer scripts and files, by the `role` its
+data gives it. Packages without a role only carry their control fields (apt resolves them; dpkg installs
+nothing). Scripts are POSIX sh, as dpkg runs them, and fail where the real ones fail."""
+
+from dataclasses import dataclass, field
+
+from opsctl_lab.vendor_repos import kmod
+
+
+@dataclass
+class Contents:
+    scripts: dict[str, str] = field(default_factory=dict)  # postinst, prerm, ...: script text
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)  # path: (mode, text)
+
+
+def _script(body: str) -> str:
+    return "#!/bin/sh\nset -e\n" + body.strip() + "\n"
+
+
+# dh_dkms' postinst skips a kernel without headers, with this line, and succeeds (dkms_common.postinst).
+_HEADERS_CHECK = """
+release=$(uname -r)
+if [ ! -e "/lib/modules/$release/build" ]; then
+    echo "Module build for kernel $release was skipped since the kernel headers for this kernel" \
+        "do not seem to be installed." >&2
+    exit 0
+fi
+modules="/lib/modules/$release/updates/dkms"
+mkdir -p "$modules"
+"""
+
+
+def _module_line(path: str, fields: str) -> str:
+    return f'printf "%s\\n" {kmod.MAGIC} {fields} > "{path}"\n'
+
+
+def nvidia_dkms(version: str, upstream: str) -> Contents:
+    """nvidia-kernel-open-dkms / nvidia-dkms-<branch>-open: the open kernel modules of this driver,
+    nvidia-peermem with the peer-memory symbols only if MLNX_OFED's tree is there now (kmod.py)."""
+    ofa = kmod.OFA_ROOT
+    peermem_fields = f'"name=nvidia_peermem" "version={upstream}" "needs={kmod.PEER_SYMBOL}" "ofed=$ofed"'
+    body = f"""
+[ "$1" = configure ] || exit 0
+{_HEADERS_CHECK}
+for module in nvidia nvidia-uvm nvidia-modeset nvidia-drm; do
+    {_module_line('$modules/$module.ko', f'"name=$module" "version={upstream}"').strip()}
+done
+ofed=""
+for tree in "/{ofa}/x86_64/$release" "/{ofa}/$release" "/{ofa}/default"; do
+    if [ -f "$tree/Module.symvers" ] && grep -q {kmod.PEER_SYMBOL} "$tree/Module.symvers"; then
+        ofed=$(cat "$tree/opsctl-lab-version" 2>/dev/null || echo unknown)
+        break
+    fi
+done
+if [ -z "$ofed" ]; then
+    echo "nvidia-peermem: MLNX_OFED kernel tree not found under /{ofa}: built without peer memory support" >&2
+fi
+{_module_line('$modules/nvidia-peermem.ko', peermem_fields).strip()}
+echo "nvidia {upstream}: built and installed for kernel $release"
+"""
+    prerm = """
+[ "$1" = remove ] || [ "$1" = purge ] || exit 0
+rm -f /lib/modules/*/updates/dkms/nvidia.ko /lib/modules/*/updates/dkms/nvidia-*.ko
+"""
+    return Contents(scripts={"postinst": _script(body), "prerm": _script(prerm)})
+
+
+def ofed_dkms(version: str, upstream: str) -> Contents:
+    """mlnx-ofed-kernel-dkms: MLNX_OFED's kernel modules, and the tree other modules build against
+    (/usr/src/ofa_kernel/<arch>/<kernel>, `default` linked to it), with the peer-memory symbols."""
+    ofa = kmod.OFA_ROOT
+    body = f"""
+[ "$1" = configure ] || exit 0
+{_HEADERS_CHECK}
+tree="/{ofa}/x86_64/$release"
+mkdir -p "$tree"
+printf "0x00000000\\t%s\\tdrivers/infiniband/core/ib_core\\tEXPORT_SYMBOL\\t\\n" \\
+    {kmod.PEER_SYMBOL} ib_register_client > "$tree/Module.symvers"
+echo "{version}" > "$tree/opsctl-lab-version"
+ln -sfn "x86_64/$release" "/{ofa}/default"
+for module in ib_core mlx5_core mlx5_ib ib_uverbs; do
+    {_module_line('$modules/$module.ko', f'"name=$module" "version={upstream}" "ofed={version}"').strip()}
+done
+echo "mlnx-ofed-kernel {version}: built and installed for kernel $release"
+"""
+    prerm = f"""
+[ "$1" = remove ] || [ "$1" = purge ] || exit 0
+rm -rf /{ofa}
+"""
+    return Contents(scripts={"postinst": _script(body), "prerm": _script(prerm)})
+
+
+def headers(version: str, upstream: str) -> Contents:
+    """linux-headers-<kernel> of the lab's kernel: the build directory DKMS looks for."""
+    release = kmod.kernel()
+    return Contents(files={f"/usr/src/linux-headers-{release}/Makefile": (0o644, "# opsctl lab stand-in\n")},
+                    scripts={"postinst": _script(f"""
+[ "$1" = configure ] || exit 0
+mkdir -p /lib/modules/{release}
+ln -sfn /usr/src/linux-headers-{release} /lib/modules/{release}/build
+""")})
+
+
+def _unit(description: str) -> str:
+    return (f"[Unit]\nDescription={description} (opsctl lab emulation)\n\n[Service]\nExecStart=/bin/sleep infinity\n\n"
+            "[Install]\nWantedBy=multi-user.target\n")
+
+
+def tool(path: str) -> Contents:
+    """The lab's emulated tool at the real tool's path, as the machines' hardware install writes it."""
+    from opsctl_lab.machines import hwinstall  # noqa: PLC0415 - the machines package imports this one
+
+    return Contents(files={path: (0o755, hwinstall.wrapper(hwinstall.TOOLS[path]))})
+
+
+def unit(name: str, description: str) -> Contents:
+    return Contents(files={f"/lib/systemd/system/{name}": (0o644, _unit(description))})
+
+
+ROLES = {
+    "nvidia-dkms": nvidia_dkms,
+    "ofed-dkms": ofed_dkms,
+    "kernel-headers": headers,
+    "nvidia-smi": lambda v, u: tool("/usr/bin/nvidia-smi"),
+    "dcgmi": lambda v, u: tool("/usr/bin/dcgmi"),
+    "ibstat": lambda v, u: tool("/usr/sbin/ibstat"),
+    "ibv_devinfo": lambda v, u: tool("/usr/bin/ibv_devinfo"),
+    "ib_write_bw": lambda v, u: tool("/usr/bin/ib_write_bw"),
+    "fabricmanager": lambda v, u: unit("nvidia-fabricmanager.service", "NVIDIA fabric manager"),
+    "persistenced": lambda v, u: unit("nvidia-persistenced.service", "NVIDIA persistence daemon"),
+    "dcgm-service": lambda v, u: unit("nvidia-dcgm.service", "NVIDIA DCGM host engine"),
+}
+
+
+def contents(role: str, version: str, upstream: str) -> Contents:
+    if not role:
+        return Contents()
+    if role not in ROLES:
+        return Contents()  # a role the lab does not emulate (yet): control fields only
+    return ROLES[role](version, upstream)

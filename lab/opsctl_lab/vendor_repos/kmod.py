@@ -1,0 +1,81 @@
+"""Kernel modules as the lab's packages "build" them: a DKMS build writes a stand-in file in the
+module's real place (/lib/modules/<kernel>/updates/dkms/<name>.ko) that says what the real build would
+have produced; `load` refuses what the real kernel would refuse.
+
+What decides it (the real sources):
+- nvidia-peermem gets the peer-memory symbols only when MLNX_OFED's kernel tree is there at build time:
+  its Kbuild looks in /usr/src/ofa_kernel/<arch>/<kernel>, /usr/src/ofa_kernel/<kernel> and
+  /usr/src/ofa_kernel/default, and builds against that Module.symvers (NVIDIA/open-gpu-kernel-modules,
+  kernel-open/nvidia-peermem/nvidia-peermem.Kbuild). Built without them, its init returns -EINVAL
+  (nvidia-peermem.c, `nv_mem_client_init` when NV_MLNX_IB_PEER_MEM_SYMBOLS_PRESENT is not defined):
+  `modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument`.
+- A module built against one MLNX_OFED's Module.symvers does not load against another's ib_core: the
+  kernel says "disagrees about version of symbol", modprobe "Invalid argument". So a DOCA upgrade needs
+  the driver's DKMS modules rebuilt.
+"""
+
+import os
+from pathlib import Path
+
+MAGIC = "opsctl-lab-kernel-module"
+OFA_ROOT = "usr/src/ofa_kernel"
+# The symbol nvidia-peermem needs from MLNX_OFED's ib_core (nvidia-peermem.c: ib_register_peer_memory_client).
+PEER_SYMBOL = "ib_register_peer_memory_client"
+
+
+class LoadError(Exception):
+    pass
+
+
+def kernel() -> str:
+    return os.uname().release
+
+
+def module_path(root: Path, name: str, release: str) -> Path:
+    return root / "lib/modules" / release / "updates/dkms" / f"{name.replace('_', '-')}.ko"
+
+
+def ofa_tree(root: Path, release: str) -> Path | None:
+    """Where nvidia-peermem's Kbuild finds MLNX_OFED's kernel tree, in its order; None without one."""
+    for candidate in (f"x86_64/{release}", release, "default"):
+        tree = root / OFA_ROOT / candidate
+        if (tree / "Module.symvers").is_file():
+            return tree
+    return None
+
+
+def read(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    if not lines or lines[0] != MAGIC:
+        raise LoadError(f"{path}: not a module")
+    return dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+
+
+def write(path: Path, fields: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([MAGIC, *(f"{k}={v}" for k, v in fields.items())]) + "\n")
+
+
+def symvers_id(tree: Path) -> str:
+    """Which MLNX_OFED build the tree is (the ofed-dkms behaviour writes its version there)."""
+    version = tree / "opsctl-lab-version"
+    return version.read_text().strip() if version.exists() else ""
+
+
+def load(root: Path, name: str, release: str, loaded_dir: Path) -> None:
+    """modprobe NAME: the stand-in must exist and, for a module built against MLNX_OFED, match the
+    MLNX_OFED installed now. A loaded module is a directory in `loaded_dir` (the emulated /sys/module)."""
+    path = module_path(root, name, release)
+    if not path.exists():
+        raise LoadError(f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{release}")
+    fields = read(path)
+    if fields.get("needs") == PEER_SYMBOL:
+        tree = ofa_tree(root, release)
+        built_against = fields.get("ofed", "")
+        if not built_against:
+            raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument")
+        if tree is None or symvers_id(tree) != built_against:
+            raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument "
+                            f"({name}: disagrees about version of symbol {PEER_SYMBOL})")
+    (loaded_dir / name).mkdir(parents=True, exist_ok=True)
+    (loaded_dir / name / "version").write_text(fields.get("version", "") + "\n")

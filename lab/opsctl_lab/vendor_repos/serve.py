@@ -1,0 +1,75 @@
+"""The built repositories over HTTP on the bridge address, as a vendor's server or a site mirror serves
+them: a plain static file server (Python's http.server) as a daemon of this tier, with its own PID file.
+The machines reach it directly (their apt proxy setting exempts the bridge address); vendor_vars says
+where each repository is and which key signs it, in the roles' variables."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from opsctl_lab.errors import LabError
+from opsctl_lab.machines.settings import VENDOR_PORT, Settings
+from opsctl_lab.processes import read_pidfile, stop_pids, write_pidfile
+from opsctl_lab.vendor_repos import build
+
+
+def _pid_file(settings: Settings) -> Path:
+    return settings.state_dir / "vendor-repos.pid"
+
+
+def running_pid(settings: Settings) -> int | None:
+    return read_pidfile(_pid_file(settings))
+
+
+def _answers(settings: Settings) -> bool:
+    try:
+        with socket.create_connection((settings.bridge_addr, VENDOR_PORT), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def ensure_serving(settings: Settings, built: build.Built) -> None:
+    """Serve `built.root`; a server of an older build is replaced."""
+    pid = running_pid(settings)
+    served = settings.state_dir / "vendor-repos.root"
+    if pid and _answers(settings) and served.exists() and served.read_text() == str(built.root):
+        return
+    stop(settings)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    log = open(settings.state_dir / "vendor-repos.log", "ab")  # noqa: SIM115 - handed to the daemon
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", settings.bridge_addr,
+                             "--directory", str(built.root), str(VENDOR_PORT)],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    write_pidfile(_pid_file(settings), proc.pid)
+    served.write_text(str(built.root))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _answers(settings):
+            return
+        time.sleep(0.1)
+    raise LabError(f"the vendor repositories did not answer on {settings.bridge_addr}:{VENDOR_PORT}; "
+                   f"see {settings.state_dir / 'vendor-repos.log'}")
+
+
+def stop(settings: Settings) -> None:
+    pid = running_pid(settings)
+    if pid:
+        stop_pids([pid], grace=5)
+    _pid_file(settings).unlink(missing_ok=True)
+
+
+def vendor_vars(settings: Settings, built: build.Built) -> dict:
+    """The roles' repository variables for the lab: URLs on the bridge, the lab key's fingerprint. The
+    only difference from a production inventory's repositories (there: the vendors' URLs and keys)."""
+    url = settings.vendor_url
+    return {
+        "nvidia_cuda_repo_url": f"{url}/cuda/",
+        "nvidia_cuda_repo_key_fingerprint": built.fingerprint,
+        # DOCA's directories name the release, as NVIDIA's do: the inventory's nvidia_doca_version chooses.
+        "nvidia_doca_repo_url": f"{url}/doca/{{{{ nvidia_doca_version }}}}/",
+        "nvidia_doca_repo_key_url": f"{url}/doca/{build.KEY_FILES['doca']}",
+        "nvidia_doca_repo_key_fingerprint": built.fingerprint,
+    }

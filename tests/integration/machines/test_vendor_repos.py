@@ -1,0 +1,127 @@
+"""The vendors' repositories in their real shape (opsctl_lab.vendor_repos), installed from with real apt in
+the lab machines: the nvidia role's install path with the production variables, and the defects the
+emulation must be able to show (a pin on the named packages only; the driver built before DOCA).
+
+Runs after test_machines.py on the same machines (conftest.py); each test uses a GPU machine of its own
+or one that an earlier test of this module prepared, in file order."""
+
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from opsctl_lab.vendor_repos import build, spec
+from tests.integration.machines.support import ENV, LAB_DIR, MACHINES_MARKS, ROOT, SETTINGS, on
+
+pytestmark = MACHINES_MARKS
+ROLE = ROOT / "playbooks" / "roles" / "nvidia"
+DRIVER = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_driver_version"]
+BRANCH = DRIVER.split(".")[0]
+PINNED = f"{DRIVER}-1"
+PEERMEM_LOAD = "/usr/local/sbin/opsctl-hw modprobe nvidia_peermem"
+APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=120 --no-install-recommends"
+
+
+def platform_packages(kind: str) -> list[str]:
+    """The role's Debian 12 packages of one kind (driver_packages, fabric_packages, doca_packages)."""
+    text = (ROLE / "vars" / "debian-12.yml").read_text()
+    text = text.replace("{{ nvidia_driver_version }}", DRIVER).replace("{{ nvidia_driver_branch }}", BRANCH)
+    doca = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_doca_version"]
+    text = text.replace("{{ nvidia_doca_version }}", doca)
+    return yaml.safe_load(text)["_nvidia_platform"][kind]
+
+
+def installed(machine: str) -> dict[str, str]:
+    out = on(machine, "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n'").stdout
+    return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[2:] == ["ii"]}
+
+
+def run_role(machine: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The play in plays/nvidia_install.yml against `machine`, with inventory/example's group variables,
+    the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories)."""
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    (inventory / "group_vars").symlink_to(ROOT / "inventory" / "example" / "group_vars")
+    for name in ("hosts.yml", "vendor-repos.yml"):
+        (inventory / name).write_text((LAB_DIR / "inventory" / name).read_text())
+    env = dict(ENV, ANSIBLE_CONFIG=str(ROOT / "playbooks" / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
+    return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
+                           str(Path(__file__).with_name("plays") / "nvidia_install.yml"), "-e", f"target={machine}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_repositories_are_served_signed_and_built_once(tmp_path):
+    built = build.ensure_built()
+    assert build.ensure_built() == built  # the cached build, not a second one
+    for name in spec.names():
+        repo = spec.load(name)
+        base = f"{SETTINGS.vendor_url}/{name}/"
+        index = f"{repo.releases[0]}/InRelease" if repo.releases else \
+            "InRelease" if repo.layout == "flat" else f"dists/{repo.suite}/InRelease"
+        # What the lab serves on the bridge verifies against the key it publishes where the vendor does.
+        key, signed = tmp_path / f"{name}.asc", tmp_path / f"{name}-InRelease"
+        key.write_bytes(urllib.request.urlopen(base + build.KEY_FILES[name], timeout=10).read())
+        signed.write_bytes(urllib.request.urlopen(base + index, timeout=10).read())
+        keyring = tmp_path / f"{name}.kbx"
+        gpg = ["gpg", "--homedir", str(tmp_path), "--batch", "--no-default-keyring", "--keyring", str(keyring)]
+        subprocess.run([*gpg, "--import", str(key)], check=True, capture_output=True, timeout=30)
+        check = subprocess.run([*gpg, "--verify", str(signed)], capture_output=True, text=True, timeout=30)
+        assert check.returncode == 0 and "Good signature" in check.stderr, (name, check.stderr)
+
+
+def test_the_role_installs_every_nvidia_package_at_the_pinned_version_from_the_vendor_repositories(tmp_path):
+    run = run_role("gpu1", tmp_path)
+    output = run.stdout + run.stderr
+    # A new node's driver change ends the run with this line (production's nvidia_reboot_allowed: false).
+    assert run.returncode == 2 and "need a reboot; nvidia_reboot_allowed is false" in output, output[-3000:]
+    assert output.count("fatal:") == 1 and "failed=1" in output, output[-3000:]
+    packages = installed("gpu1")
+    for wanted in platform_packages("driver_packages") + platform_packages("fabric_packages"):
+        name, version = wanted.split("=")
+        assert packages.get(name) == version, (name, packages.get(name))
+    # Every package of the branch, named or pulled in, at the pinned build; a newer build is in the repository.
+    branch = {name: version for name, version in packages.items() if version.startswith(f"{BRANCH}.")}
+    assert len(branch) > len(platform_packages("driver_packages")) and set(branch.values()) == {PINNED}, branch
+    policy = on("gpu1", "apt-cache policy nvidia-driver-cuda").stdout
+    newer = [v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED]
+    assert newer and all(v in policy for v in newer), policy
+    assert any(name.startswith("mlnx-ofed-kernel") for name in packages)
+    # DOCA came first: nvidia-peermem has the peer-memory symbols and loads.
+    load = on("gpu1", PEERMEM_LOAD, check=False)
+    assert load.returncode == 0, load.stderr
+
+
+def _copy_repositories(source: str, target: str) -> None:
+    for path in ("/etc/apt/sources.list.d/opsctl-nvidia-distribution.sources",
+                 "/etc/apt/sources.list.d/nvidia-cuda.sources", "/etc/apt/sources.list.d/nvidia-doca.sources",
+                 "/etc/apt/keyrings/nvidia-cuda.asc", "/etc/apt/keyrings/nvidia-doca.asc",
+                 "/etc/apt/preferences.d/opsctl-nvidia-driver.pref"):
+        on(target, f"mkdir -p {Path(path).parent} && cat > {path}", stdin=on(source, f"cat {path}").stdout)
+
+
+def test_a_pin_on_the_named_packages_only_cannot_resolve_and_a_driver_built_before_doca_has_no_peermem():
+    _copy_repositories("gpu1", "gpu2")  # what the role wrote there (the test above)
+    role_pin = on("gpu2", "cat /etc/apt/preferences.d/opsctl-nvidia-driver.pref").stdout
+    driver = platform_packages("driver_packages") + platform_packages("fabric_packages")
+    names = " ".join(p.split("=")[0] for p in driver)
+    # The role's pin before: the named packages only. Their exact-version dependencies go to the newest build.
+    on("gpu2", "cat > /etc/apt/preferences.d/opsctl-nvidia-driver.pref",
+       stdin=f"Package: {names}\nPin: version {DRIVER}-*\nPin-Priority: 1000\n")
+    on("gpu2", f"{APT} update", timeout=300)
+    named_only = on("gpu2", f"{APT} install --simulate {' '.join(driver)}", check=False)
+    newer = next(v for v in spec.load("cuda").package("nvidia-kernel-support").versions if v != PINNED)
+    assert named_only.returncode != 0 and "unmet dependencies" in named_only.stdout.lower(), named_only.stdout
+    assert f"but {newer} is to be installed" in named_only.stdout, named_only.stdout
+    on("gpu2", "cat > /etc/apt/preferences.d/opsctl-nvidia-driver.pref", stdin=role_pin)
+    # The kernel headers, then the driver alone: DKMS builds nvidia-peermem without MLNX_OFED's symbols.
+    on("gpu2", f"{APT} install linux-headers-$(uname -r) {' '.join(driver)}", timeout=600)
+    on("gpu2", f"{APT} install {' '.join(platform_packages('doca_packages'))}", timeout=600)
+    stub = on("gpu2", PEERMEM_LOAD, check=False)
+    assert stub.returncode == 1 and "could not insert 'nvidia_peermem': Invalid argument" in stub.stderr
+    # What the role's handler does after a DOCA change: the driver's DKMS package again, now against MLNX_OFED.
+    dkms = next(p for p in driver if p.startswith("nvidia-kernel-open-dkms="))
+    on("gpu2", f"{APT} install --reinstall {dkms}", timeout=600)
+    assert on("gpu2", PEERMEM_LOAD, check=False).returncode == 0
