@@ -187,6 +187,11 @@ def test_packages_of_each_platform(run):
                       f"nvidia-persistenced={DRIVER}-1", f"nvidia-fabricmanager-570={DRIVER}-1",
                       f"libnvidia-nscq-570={DRIVER}-1", "doca-ofed=2.9.1*"}
     assert not {name for name in debian if "ubuntu" in name}
+    # Lustre's modules from the site's DKMS build (the example's mirror), built against DOCA's MLNX_OFED.
+    mirror = "https://mirror.example.net/lustre/2.15.6/ubuntu2204/client/"
+    installs = run.ran("gpu002", "lustre_client : Install the Lustre client packages")
+    assert [(r["args"] or {}).get("deb") for r in installs] == [
+        f"{mirror}lustre-client-modules-dkms_2.15.6-1_amd64.deb", f"{mirror}lustre-client-utils_2.15.6-1_amd64.deb"]
     # NVIDIA's Debian packaging needs Debian's contrib; the Ubuntu hosts get no such file.
     contrib = run.file("gpu003", "/etc/apt/sources.list.d/opsctl-nvidia-distribution.sources")
     assert "URIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\nComponents: contrib\n" in contrib

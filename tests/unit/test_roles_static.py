@@ -469,7 +469,7 @@ def test_the_persistence_drop_in_runs_the_packaged_command_without_no_persistenc
 
 
 def test_facts_are_gathered_again_right_after_the_driver_reboot():
-    """The fact cache keeps the pre-reboot kernel; lustre_client names its modules package after
+    """The fact cache keeps the pre-reboot kernel; lustre_client names its prebuilt modules package after
     ansible_facts.kernel, so the reboot handler is followed at once by a fresh gathering, under the
     same conditions."""
     handlers = load_yaml(ROLES / "nvidia" / "handlers" / "main.yml")
@@ -482,4 +482,4 @@ def test_facts_are_gathered_again_right_after_the_driver_reboot():
     through_slurm = load_yaml(ROLES / "nvidia" / "tasks" / "reboot_through_slurm.yml")
     assert "ansible.builtin.setup" in through_slurm[-1]
     assert any(h.get("ansible.builtin.include_tasks") == "reboot_through_slurm.yml" for h in handlers)
-    assert "kernel" in str(load_yaml(ROLES / "lustre_client" / "vars" / "debian.yml"))
+    assert "kernel" in str(load_yaml(ROLES / "lustre_client" / "vars" / "main.yml")["_lustre_client_packages"])

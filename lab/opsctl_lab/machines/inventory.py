@@ -45,8 +45,8 @@ def write_vendor_vars(settings: Settings, variables: dict) -> None:
     key that signs them (opsctl_lab.vendor_repos.serve.vendor_vars), the only variables a lab inventory
     has that a production one sets to the vendors' own."""
     settings.inventory_dir.mkdir(parents=True, exist_ok=True)
-    header = ("# Written by `opsctl lab machines up`: the lab's vendor repositories (URLs on the bridge, the lab's\n"
-              "# signing key); a production inventory names the vendors' (inventory/example).\n")
+    header = ("---\n# Written by `opsctl lab machines up`: the lab's vendor repositories (URLs on the bridge, the\n"
+              "# lab's signing key); a production inventory names the vendors' (inventory/example).\n")
     text = header + yaml.safe_dump({"all": {"vars": variables}}, sort_keys=False)
     (settings.inventory_dir / VENDOR_VARS).write_text(text)
 

@@ -42,7 +42,7 @@ def run_role(machine: str, tmp_path: Path) -> subprocess.CompletedProcess:
     """The play in plays/nvidia_install.yml against `machine`, with inventory/example's group variables,
     the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories)."""
     inventory = tmp_path / "inventory"
-    inventory.mkdir()
+    inventory.mkdir(parents=True)
     (inventory / "group_vars").symlink_to(ROOT / "inventory" / "example" / "group_vars")
     for name in ("hosts.yml", "vendor-repos.yml"):
         (inventory / name).write_text((LAB_DIR / "inventory" / name).read_text())
@@ -92,6 +92,9 @@ def test_the_role_installs_every_nvidia_package_at_the_pinned_version_from_the_v
     # DOCA came first: nvidia-peermem has the peer-memory symbols and loads.
     load = on("gpu1", PEERMEM_LOAD, check=False)
     assert load.returncode == 0, load.stderr
+    # Run again: everything is in place, nothing changes and nothing asks for a reboot.
+    again = run_role("gpu1", tmp_path / "again")
+    assert again.returncode == 0 and "changed=0" in again.stdout and "failed=0" in again.stdout, again.stdout[-3000:]
 
 
 def _copy_repositories(source: str, target: str) -> None:
