@@ -222,6 +222,10 @@ def test_site_repository_for_slurm(run, host, distribution, release):
     assert f"URIs: https://repo.example.net/slurm/{distribution}\nSuites: {release}\nComponents: main\n" in sources
     assert "https://repo.example.net/slurm/key.asc" in {
         (r["args"] or {}).get("url") for r in run.ran(host, "common : Download the repository key")}
+    # A site repository of SchedMD's packages makes no slurm user (the recorded hosts have none): the role
+    # does, with the distribution packages' uid, before anything is owned by it.
+    made = run.ran(host, "slurm_common : Make the Slurm user")
+    assert made and {(r["args"]["name"], r["args"]["uid"]) for r in made} == {("slurm", 64030)}, made
 
 
 def test_rendered_slurm_files(run):

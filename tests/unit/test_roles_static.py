@@ -14,6 +14,7 @@ Rendering the Slurm files and checking them with slurmd: tests/component/test_sl
 
 import functools
 import importlib.util
+import re
 from pathlib import Path
 
 import click
@@ -289,6 +290,18 @@ def test_inventories_differ_only_in_variables():
     for inv in ("example", "lab"):
         for path in (REPO / "inventory" / inv / "group_vars").glob("*.yml"):
             assert path.stem in {"all", "cluster", "controller", "gpu_nodes", "storage"}, path
+    # The lab's second inventory source (vendor-repos.yml): repository URLs and keys only, each a variable
+    # that a role documents in its defaults, so production sets the same ones to the vendors' own.
+    from opsctl_lab.machines.settings import Settings
+    from opsctl_lab.vendor_repos import build, serve
+
+    settings = Settings(net=0, state_dir=Path("/nonexistent"), inventory_dir=Path("/nonexistent"),
+                        apt_cache_dir=Path("/nonexistent"))
+    lab_vars = serve.vendor_vars(settings, build.Built(Path("/nonexistent"), "F" * 40))
+    defaults = {key for path in ROLES.glob("*/defaults/main.yml") for key in (load_yaml(path) or {})}
+    assert lab_vars and set(lab_vars) <= defaults, sorted(set(lab_vars) - defaults)
+    repository = re.compile(r"_(repo|apt)_(url|key_url|key_fingerprint|repository)$")
+    assert all(repository.search(name) for name in lab_vars), sorted(lab_vars)
 
 
 def test_only_the_slurm_plays_read_slurm_config():

@@ -182,6 +182,8 @@ def ensure_built(names: list[str] | None = None, cache: Path = DEFAULT_CACHE, re
         staging.rename(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        # Signing started a gpg-agent for the key's home; the lab leaves no daemon of a build behind.
+        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True, check=False)
     for old in cache.iterdir():
         if old.is_dir() and old.name not in ("gnupg", root.name) and not old.name.startswith(".building-"):
             shutil.rmtree(old, ignore_errors=True)

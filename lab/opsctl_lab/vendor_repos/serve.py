@@ -72,4 +72,9 @@ def vendor_vars(settings: Settings, built: build.Built) -> dict:
         "nvidia_doca_repo_url": f"{url}/doca/{{{{ nvidia_doca_version }}}}/",
         "nvidia_doca_repo_key_url": f"{url}/doca/{build.KEY_FILES['doca']}",
         "nvidia_doca_repo_key_fingerprint": built.fingerprint,
+        # Whamcloud-style: a directory of .deb files with their file names (the lab's is also indexed).
+        "lustre_client_repo_url": f"{url}/lustre/",
+        "grafana_apt_repository": f"{url}/grafana",
+        "grafana_apt_key_url": f"{url}/grafana/{build.KEY_FILES['grafana']}",
+        "grafana_apt_key_fingerprint": built.fingerprint,
     }

@@ -38,9 +38,11 @@ def installed(machine: str) -> dict[str, str]:
     return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[2:] == ["ii"]}
 
 
-def run_role(machine: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """The play in plays/nvidia_install.yml against `machine`, with inventory/example's group variables,
-    the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories)."""
+def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml",
+             *extra: str) -> subprocess.CompletedProcess:
+    """A play of plays/ (default: the nvidia role's install) against `machine`, with inventory/example's group
+    variables, the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories); `extra`
+    are extra variables (name=value)."""
     inventory = tmp_path / "inventory"
     inventory.mkdir(parents=True)
     (inventory / "group_vars").symlink_to(ROOT / "inventory" / "example" / "group_vars")
@@ -49,7 +51,8 @@ def run_role(machine: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = dict(ENV, ANSIBLE_CONFIG=str(ROOT / "playbooks" / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
-                           str(Path(__file__).with_name("plays") / "nvidia_install.yml"), "-e", f"target={machine}"],
+                           str(Path(__file__).with_name("plays") / play), "-e", f"target={machine}",
+                           *(arg for value in extra for arg in ("-e", value))],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -65,10 +68,12 @@ def test_the_repositories_are_served_signed_and_built_once(tmp_path):
         key, signed = tmp_path / f"{name}.asc", tmp_path / f"{name}-InRelease"
         key.write_bytes(urllib.request.urlopen(base + build.KEY_FILES[name], timeout=10).read())
         signed.write_bytes(urllib.request.urlopen(base + index, timeout=10).read())
-        keyring = tmp_path / f"{name}.kbx"
-        gpg = ["gpg", "--homedir", str(tmp_path), "--batch", "--no-default-keyring", "--keyring", str(keyring)]
-        subprocess.run([*gpg, "--import", str(key)], check=True, capture_output=True, timeout=30)
-        check = subprocess.run([*gpg, "--verify", str(signed)], capture_output=True, text=True, timeout=30)
+        # gpgv, as apt verifies (and no agent is started): the key as a binary keyring, then the signature.
+        keyring = tmp_path / f"{name}.gpg"
+        subprocess.run(["gpg", "--batch", "--yes", "--output", str(keyring), "--dearmor", str(key)], check=True,
+                       capture_output=True, timeout=30)
+        check = subprocess.run(["gpgv", "--keyring", str(keyring), str(signed)], capture_output=True, text=True,
+                               timeout=30)
         assert check.returncode == 0 and "Good signature" in check.stderr, (name, check.stderr)
 
 
@@ -128,3 +133,44 @@ def test_a_pin_on_the_named_packages_only_cannot_resolve_and_a_driver_built_befo
     dkms = next(p for p in driver if p.startswith("nvidia-kernel-open-dkms="))
     on("gpu2", f"{APT} install --reinstall {dkms}", timeout=600)
     assert on("gpu2", PEERMEM_LOAD, check=False).returncode == 0
+
+
+def test_a_new_driver_version_moves_every_package_of_the_branch_and_rebuilds_peermem(tmp_path):
+    """The inventory's nvidia_driver_version moves (on gpu1, which the role installed above): the pin moves
+    with it, every package of the branch goes to the new build together, and the new DKMS build is made
+    against the MLNX_OFED that is there. The run then asks for the reboot, as for a new node."""
+    newer = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
+    run = run_role("gpu1", tmp_path, "nvidia_install.yml", f"nvidia_driver_version={spec.upstream(newer)}")
+    assert run.returncode == 2 and "need a reboot; nvidia_reboot_allowed is false" in run.stdout, run.stdout[-3000:]
+    branch = {name: version for name, version in installed("gpu1").items() if version.startswith(f"{BRANCH}.")}
+    assert set(branch.values()) == {newer}, branch
+    module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
+    assert f"version={spec.upstream(newer)}" in module.split()
+    assert on("gpu1", PEERMEM_LOAD, check=False).returncode == 0
+
+
+def test_the_role_makes_the_slurm_user_that_schedmds_packages_do_not(tmp_path):
+    """SchedMD's packages (the lab's schedmd repository has their relations; SchedMD/slurm's debian/ has no
+    maintainer script) make no slurm user, and slurmctld's unit runs as it: the role makes it, with the
+    distribution packages' uid, once."""
+    assert on("gpu3", "getent passwd slurm", check=False).returncode == 2  # no Slurm package on it
+    first = run_role("gpu3", tmp_path / "first", "slurm_user.yml")
+    assert first.returncode == 0 and "changed=3" in first.stdout, first.stdout[-3000:]
+    assert on("gpu3", "getent passwd slurm").stdout.split(":")[2:4] == ["64030", "64030"]
+    assert on("gpu3", "stat -c %U /var/log/slurm").stdout.strip() == "slurm"
+    again = run_role("gpu3", tmp_path / "again", "slurm_user.yml")
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]
+
+
+def test_a_new_node_provisions_when_the_archive_replaced_the_pinned_build_with_a_security_build(tmp_path):
+    """Debian's archive keeps only a release's newest build: munge's 0.5.15-2 is gone, replaced by its security
+    build 0.5.15-2+deb12u1. An inventory that pinned the build the release shipped still provisions a new node,
+    which gets the security build; asked for exactly, apt finds nothing."""
+    security = yaml.safe_load((ROOT / "playbooks" / "roles" / "munge" / "vars" / "debian-12.yml").read_text())
+    original = security["_munge_platform"]["version"].split("+deb")[0]  # 0.5.15-2+deb12u1 -> 0.5.15-2
+    exact = on("head", f"{APT} install --simulate munge={original}", check=False)
+    assert exact.returncode == 100 and f"Version '{original}' for 'munge' was not found" in exact.stderr, exact
+    run = run_role("head", tmp_path, "munge.yml", f"munge_version={original}")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert installed("head")["munge"] == security["_munge_platform"]["version"]
+    on("head", "munge -n | unmunge")  # the daemon runs with the key the role made
