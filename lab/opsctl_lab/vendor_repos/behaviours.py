@@ -117,18 +117,25 @@ def unit(name: str, description: str) -> Contents:
     return Contents(files={f"/lib/systemd/system/{name}": (0o644, _unit(description))})
 
 
+def dcgm_core() -> Contents:
+    """datacenter-gpu-manager-4-core ships dcgmi and the host engine's unit, nvidia-dcgm.service (NVIDIA/DCGM
+    scripts/verify_package_contents/datacenter-gpu-manager-core_amd64.deb.txt)."""
+    files = {**tool("/usr/bin/dcgmi").files, **unit("nvidia-dcgm.service", "NVIDIA DCGM host engine").files}
+    return Contents(files=files)
+
+
 ROLES = {
     "nvidia-dkms": nvidia_dkms,
     "ofed-dkms": ofed_dkms,
     "kernel-headers": headers,
     "nvidia-smi": lambda v, u: tool("/usr/bin/nvidia-smi"),
-    "dcgmi": lambda v, u: tool("/usr/bin/dcgmi"),
+    "dcgmi": lambda v, u: dcgm_core(),
+    "dcgm-exporter": lambda v, u: unit("nvidia-dcgm-exporter.service", "NVIDIA dcgm-exporter"),
     "ibstat": lambda v, u: tool("/usr/sbin/ibstat"),
     "ibv_devinfo": lambda v, u: tool("/usr/bin/ibv_devinfo"),
     "ib_write_bw": lambda v, u: tool("/usr/bin/ib_write_bw"),
     "fabricmanager": lambda v, u: unit("nvidia-fabricmanager.service", "NVIDIA fabric manager"),
     "persistenced": lambda v, u: unit("nvidia-persistenced.service", "NVIDIA persistence daemon"),
-    "dcgm-service": lambda v, u: unit("nvidia-dcgm.service", "NVIDIA DCGM host engine"),
 }
 
 

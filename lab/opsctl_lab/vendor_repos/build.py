@@ -169,6 +169,16 @@ def ensure_built(names: list[str] | None = None, cache: Path = DEFAULT_CACHE, re
     names = names or spec.names()
     release = release or kmod.kernel()
     cache.mkdir(parents=True, exist_ok=True)
+    try:
+        return _ensure_built(names, cache, release)
+    finally:
+        # gpg starts an agent for the key's home (to list or use the secret key); the lab leaves no daemon
+        # of a build behind.
+        subprocess.run(["gpgconf", "--homedir", str(cache / "gnupg"), "--kill", "gpg-agent"], capture_output=True,
+                       check=False)
+
+
+def _ensure_built(names: list[str], cache: Path, release: str) -> Built:
     gnupg, fingerprint = ensure_key(cache)
     root = cache / recipe(names, release, fingerprint)
     if (root / ".complete").exists():
@@ -182,8 +192,6 @@ def ensure_built(names: list[str] | None = None, cache: Path = DEFAULT_CACHE, re
         staging.rename(root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        # Signing started a gpg-agent for the key's home; the lab leaves no daemon of a build behind.
-        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True, check=False)
     for old in cache.iterdir():
         if old.is_dir() and old.name not in ("gnupg", root.name) and not old.name.startswith(".building-"):
             shutil.rmtree(old, ignore_errors=True)

@@ -38,11 +38,11 @@ def installed(machine: str) -> dict[str, str]:
     return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[2:] == ["ii"]}
 
 
-def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml",
-             *extra: str) -> subprocess.CompletedProcess:
+def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml", *extra: str,
+             tags: str = "") -> subprocess.CompletedProcess:
     """A play of plays/ (default: the nvidia role's install) against `machine`, with inventory/example's group
     variables, the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories); `extra`
-    are extra variables (name=value)."""
+    are extra variables (name=value), `tags` the run's --tags."""
     inventory = tmp_path / "inventory"
     inventory.mkdir(parents=True)
     (inventory / "group_vars").symlink_to(ROOT / "inventory" / "example" / "group_vars")
@@ -52,7 +52,7 @@ def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml",
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp_path / "facts"))
     return subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory),
                            str(Path(__file__).with_name("plays") / play), "-e", f"target={machine}",
-                           *(arg for value in extra for arg in ("-e", value))],
+                           *(arg for value in extra for arg in ("-e", value)), *(["--tags", tags] if tags else [])],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -147,6 +147,21 @@ def test_a_new_driver_version_moves_every_package_of_the_branch_and_rebuilds_pee
     module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
     assert f"version={spec.upstream(newer)}" in module.split()
     assert on("gpu1", PEERMEM_LOAD, check=False).returncode == 0
+
+
+def test_dcgm_from_the_cuda_repository_at_the_pinned_release_with_its_host_engine(tmp_path):
+    """The dcgm_exporter role's install on gpu1 (whose CUDA repository the nvidia role added): DCGM 4.2.3
+    as NVIDIA's repository spells it (no Debian revision before 4.3.1) although 4.4.1-1 is there, the
+    exporter at its pin, and the host engine's unit running."""
+    run = run_role("gpu1", tmp_path, "dcgm_install.yml", tags="dcgm_exporter_install")
+    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-3000:]
+    packages = installed("gpu1")
+    assert packages["datacenter-gpu-manager-4-core"] == "1:4.2.3", packages
+    assert packages["datacenter-gpu-manager-4-cuda12"] == "1:4.2.3"
+    assert packages["datacenter-gpu-manager-exporter"] == "4.1.3-1"
+    assert "1:4.4.1-1" in on("gpu1", "apt-cache policy datacenter-gpu-manager-4-core").stdout
+    assert on("gpu1", "systemctl is-active nvidia-dcgm").stdout.strip() == "active"
+    assert on("gpu1", "systemctl is-enabled nvidia-dcgm-exporter", check=False).stdout.strip() == "masked"
 
 
 def test_the_role_makes_the_slurm_user_that_schedmds_packages_do_not(tmp_path):
