@@ -3,12 +3,12 @@ mirror. It runs as a plain daemon with this tier's own config dir, so it does no
 apt-cacher-ng, and its cache survives `down` (that is what makes a warm `up` fast)."""
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from opsctl_lab.errors import LabError
+from opsctl_lab.machines.readiness import port_open
 from opsctl_lab.machines.settings import APT_PORT, Settings
 from opsctl_lab.processes import read_pidfile, stop_pids, write_pidfile
 
@@ -48,12 +48,8 @@ def running_pid(settings: Settings) -> int | None:
     return read_pidfile(_pid_file(settings))
 
 
-def _answers(settings: Settings, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((settings.bridge_addr, APT_PORT), timeout=timeout):
-            return True
-    except OSError:
-        return False
+def _answers(settings: Settings) -> bool:
+    return port_open(settings.bridge_addr, APT_PORT)
 
 
 def ensure_running(settings: Settings) -> None:

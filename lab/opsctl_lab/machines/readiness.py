@@ -41,7 +41,7 @@ def wait_ssh(settings: Settings, names: list[str], timeout: float = 90, run: Run
             if running_pid(settings, name) is None:
                 raise LabError(f"machine {name} exited while booting; see {settings.machine_dir(name)}/console.log")
             # Cheap first: until sshd listens, an SSH attempt would only wait for its connect timeout.
-            if _port_open(settings.addr(name), 22) and ready(settings, name, run):
+            if port_open(settings.addr(name), 22) and ready(settings, name, run):
                 pending.discard(name)
         if pending:
             time.sleep(0.3)
@@ -131,7 +131,8 @@ def unfinished_starts(journal: str) -> list[str]:
     return [what.split(" - ", 1)[0] for what in begun]
 
 
-def _port_open(addr: str, port: int) -> bool:
+def port_open(addr: str, port: int) -> bool:
+    """Whether something accepts a TCP connection there within half a second."""
     try:
         with socket.create_connection((addr, port), timeout=0.5):
             return True

@@ -38,6 +38,7 @@ def nvidia_dkms(version: str, upstream: str) -> Contents:
     """nvidia-kernel-open-dkms / nvidia-dkms-<branch>-open: the open kernel modules of this driver,
     nvidia-peermem with the peer-memory symbols only if MLNX_OFED's tree is there now (kmod.py)."""
     ofa = kmod.OFA_ROOT
+    trees = " ".join(f'"/{ofa}/{candidate.format(release="$release")}"' for candidate in kmod.OFA_CANDIDATES)
     peermem_fields = f'"name=nvidia_peermem" "version={upstream}" "needs={kmod.PEER_SYMBOL}" "ofed=$ofed"'
     body = f"""
 [ "$1" = configure ] || exit 0
@@ -46,7 +47,7 @@ for module in nvidia nvidia-uvm nvidia-modeset nvidia-drm; do
     {_module_line('$modules/$module.ko', f'"name=$module" "version={upstream}"').strip()}
 done
 ofed=""
-for tree in "/{ofa}/x86_64/$release" "/{ofa}/$release" "/{ofa}/default"; do
+for tree in {trees}; do
     if [ -f "$tree/Module.symvers" ] && grep -q {kmod.PEER_SYMBOL} "$tree/Module.symvers"; then
         ofed=$(cat "$tree/opsctl-lab-version" 2>/dev/null || echo unknown)
         break
@@ -140,8 +141,6 @@ ROLES = {
 
 
 def contents(role: str, version: str, upstream: str) -> Contents:
-    if not role:
-        return Contents()
-    if role not in ROLES:
-        return Contents()  # a role the lab does not emulate (yet): control fields only
-    return ROLES[role](version, upstream)
+    """A role the lab does not emulate (yet), or none: control fields only."""
+    behaviour = ROLES.get(role)
+    return behaviour(version, upstream) if behaviour else Contents()

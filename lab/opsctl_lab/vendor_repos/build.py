@@ -73,7 +73,8 @@ def _deb_name(package: str, version: str, arch: str) -> str:
     return f"{package}_{version.split(':', 1)[-1]}_{arch}.deb"
 
 
-def build_deb(package: spec.Package, version: str, release: str, out_dir: Path, work: Path) -> Path:
+def build_deb(package: spec.Package, version: str, release: str, out_dir: Path, work: Path) -> tuple[Path, str]:
+    """The .deb of one build, and its control text (for the index)."""
     name = spec.expand(package.package, version, release)
     contents = behaviours.contents(package.role, version, spec.upstream(version))
     tree = work / f"{name}_{version.replace(':', '%')}"
@@ -89,11 +90,11 @@ def build_deb(package: spec.Package, version: str, release: str, out_dir: Path, 
         target = tree / "DEBIAN" / script
         target.write_text(text)
         target.chmod(0o755)
-    (tree / "DEBIAN" / "control").write_text(
-        spec.control(package, version, release, max(1, size // 1024), f"{name} (vendor package, lab build)"))
+    control = spec.control(package, version, release, max(1, size // 1024), f"{name} (vendor package, lab build)")
+    (tree / "DEBIAN" / "control").write_text(control)
     deb = out_dir / _deb_name(name, version, package.architecture)
     _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", str(tree), str(deb)])
-    return deb
+    return deb, control
 
 
 def _hashes(data: bytes) -> dict[str, str]:
@@ -101,13 +102,13 @@ def _hashes(data: bytes) -> dict[str, str]:
             "SHA256": hashlib.sha256(data).hexdigest()}
 
 
-def packages_index(debs: list[Path], base: Path) -> str:
+def packages_index(debs: list[tuple[Path, str]], base: Path) -> str:
+    """Each .deb's control stanza with where it is and its size and hashes (apt's Packages)."""
     stanzas = []
-    for deb in debs:
-        control = _run(["dpkg-deb", "--field", str(deb)]).stdout.rstrip("\n")
+    for deb, control in debs:
         data = deb.read_bytes()
         extra = {"Filename": str(deb.relative_to(base)), "Size": str(len(data)), **_hashes(data)}
-        stanzas.append(control + "\n" + "".join(f"{k}: {v}\n" for k, v in extra.items()))
+        stanzas.append(control + "".join(f"{k}: {v}\n" for k, v in extra.items()))
     return "\n".join(stanzas)
 
 

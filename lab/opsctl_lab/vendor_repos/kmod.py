@@ -35,10 +35,14 @@ def module_path(root: Path, name: str, release: str) -> Path:
     return root / "lib/modules" / release / "updates/dkms" / f"{name.replace('_', '-')}.ko"
 
 
+# Where nvidia-peermem's Kbuild looks for MLNX_OFED's kernel tree, in its order (under OFA_ROOT).
+OFA_CANDIDATES = ("x86_64/{release}", "{release}", "default")
+
+
 def ofa_tree(root: Path, release: str) -> Path | None:
-    """Where nvidia-peermem's Kbuild finds MLNX_OFED's kernel tree, in its order; None without one."""
-    for candidate in (f"x86_64/{release}", release, "default"):
-        tree = root / OFA_ROOT / candidate
+    """The first MLNX_OFED kernel tree nvidia-peermem's Kbuild would find; None without one."""
+    for candidate in OFA_CANDIDATES:
+        tree = root / OFA_ROOT / candidate.format(release=release)
         if (tree / "Module.symvers").is_file():
             return tree
     return None

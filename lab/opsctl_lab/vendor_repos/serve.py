@@ -3,62 +3,49 @@ them: a plain static file server (Python's http.server) as a daemon of this tier
 The machines reach it directly (their apt proxy setting exempts the bridge address); vendor_vars says
 where each repository is and which key signs it, in the roles' variables."""
 
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from opsctl_lab import processes
 from opsctl_lab.errors import LabError
+from opsctl_lab.machines.readiness import port_open
 from opsctl_lab.machines.settings import VENDOR_PORT, Settings
-from opsctl_lab.processes import read_pidfile, stop_pids, write_pidfile
 from opsctl_lab.vendor_repos import build
+
+NAME = "vendor-repos"  # its PID file and log in the tier's state directory
 
 
 def _pid_file(settings: Settings) -> Path:
-    return settings.state_dir / "vendor-repos.pid"
+    return settings.state_dir / f"{NAME}.pid"  # where processes.start writes it
 
 
 def running_pid(settings: Settings) -> int | None:
-    return read_pidfile(_pid_file(settings))
-
-
-def _answers(settings: Settings) -> bool:
-    try:
-        with socket.create_connection((settings.bridge_addr, VENDOR_PORT), timeout=0.5):
-            return True
-    except OSError:
-        return False
+    return processes.read_pidfile(_pid_file(settings))
 
 
 def ensure_serving(settings: Settings, built: build.Built) -> None:
     """Serve `built.root`; a server of an older build is replaced."""
-    pid = running_pid(settings)
-    served = settings.state_dir / "vendor-repos.root"
-    if pid and _answers(settings) and served.exists() and served.read_text() == str(built.root):
+    served = settings.state_dir / f"{NAME}.root"
+    if (running_pid(settings) and port_open(settings.bridge_addr, VENDOR_PORT) and served.exists()
+            and served.read_text() == str(built.root)):
         return
     stop(settings)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    log = open(settings.state_dir / "vendor-repos.log", "ab")  # noqa: SIM115 - handed to the daemon
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", settings.bridge_addr,
-                             "--directory", str(built.root), str(VENDOR_PORT)],
-                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-    write_pidfile(_pid_file(settings), proc.pid)
+    pid = processes.start(NAME, [sys.executable, "-m", "http.server", "--bind", settings.bridge_addr,
+                                 "--directory", str(built.root), str(VENDOR_PORT)],
+                          settings.state_dir, settings.state_dir)
     served.write_text(str(built.root))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        if _answers(settings):
+    while time.monotonic() < deadline and processes.alive(pid):
+        if port_open(settings.bridge_addr, VENDOR_PORT):
             return
         time.sleep(0.1)
     raise LabError(f"the vendor repositories did not answer on {settings.bridge_addr}:{VENDOR_PORT}; "
-                   f"see {settings.state_dir / 'vendor-repos.log'}")
+                   f"see {settings.state_dir / (NAME + '.log')}")
 
 
 def stop(settings: Settings) -> None:
-    pid = running_pid(settings)
-    if pid:
-        stop_pids([pid], grace=5)
-    _pid_file(settings).unlink(missing_ok=True)
+    processes.stop(NAME, settings.state_dir, timeout=5)
 
 
 def vendor_vars(settings: Settings, built: build.Built) -> dict:
