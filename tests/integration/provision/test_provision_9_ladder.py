@@ -53,8 +53,12 @@ def test_a_pending_row_remap_is_reset_by_the_nodes_own_service_and_resumed_by_th
         assert wait_until(lambda: machines.node_state(NODE)[0] == "idle", 60, f"{NODE} back in service")
         # The reset applied the remap: the machine's emulated hardware has no fault left.
         assert json.loads(machines.ssh(NODE, f"cat {HW_STATE}").stdout)["active"] == []
-        history = machines.on_head(f"{OPSCTL} history {NODE} --json").splitlines()
-        assert [json.loads(line)["event"] for line in history][-3:] == ["drain", "reset", "resume"]
+        history = [json.loads(line) for line in machines.on_head(f"{OPSCTL} history {NODE} --json").splitlines()]
+        # The head's health timer may run between the resume and this read; on data scraped before the resume
+        # it leaves the node alone and says so (plan_drains: resumed-since-data), which is the ladder working.
+        steps = [r["event"] for r in history
+                 if not (r["event"] == "refuse" and r["detail"].startswith("resumed-since-data"))]
+        assert steps[-3:] == ["drain", "reset", "resume"], history[-5:]
     finally:
         lab_cli("clear", NODE)
         machines.ssh(NODE, "systemctl start opsctl-node-check.timer")
