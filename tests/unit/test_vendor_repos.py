@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hwtools import admin
 from opsctl_lab.vendor_repos import behaviours, kmod, spec
 
 pytestmark = pytest.mark.unit
@@ -105,3 +107,40 @@ def test_the_emulated_tools_ship_at_their_real_paths():
     dkms = behaviours.contents("nvidia-dkms", "570.133.20-1", "570.133.20").scripts["postinst"]
     assert "/usr/src/ofa_kernel/default" in dkms and "ofed=$ofed" in dkms
     assert behaviours.contents("", "1", "1") == behaviours.Contents()
+
+
+def _modules_load(root: Path, directory: str, name: str, text: str) -> None:
+    path = root / directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_a_boot_loads_the_installed_driver_and_the_modules_of_modules_load_d(tmp_path):
+    _ofed(tmp_path, "24.10-1")
+    _module(tmp_path, "nvidia", version="570.172.08")
+    _module(tmp_path, "nvidia_peermem", version="570.172.08", needs=kmod.PEER_SYMBOL, ofed="24.10-1")
+    _modules_load(tmp_path, "etc/modules-load.d", "opsctl-nvidia.conf", "# boot\nnvidia_peermem\n")
+    loaded = tmp_path / "modules"
+    (loaded / "left_from_the_last_boot").mkdir(parents=True)
+    hw = NodeHardware(node="gpu1")
+    assert hw.driver_version != "570.172.08"
+    assert admin.boot(hw, tmp_path, loaded, RELEASE) == []
+    assert hw.driver_version == "570.172.08"  # what nvidia-smi reports from now on
+    assert sorted(p.name for p in loaded.iterdir()) == ["nvidia", "nvidia_peermem"]
+
+
+def test_a_boot_names_a_module_the_kernel_refuses_and_keeps_an_emulated_driver_without_a_package(tmp_path):
+    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ofed="")  # built before DOCA
+    _modules_load(tmp_path, "usr/lib/modules-load.d", "opsctl-nvidia.conf", "nvidia_peermem\n")
+    hw = NodeHardware(node="gpu1", driver_version="570.86.15")
+    failures = admin.boot(hw, tmp_path, tmp_path / "modules", RELEASE)
+    assert failures == ["Failed to insert module 'nvidia_peermem': modprobe: ERROR: could not insert "
+                        "'nvidia_peermem': Invalid argument"]
+    assert hw.driver_version == "570.86.15" and list((tmp_path / "modules").iterdir()) == []
+
+
+def test_modules_load_d_a_file_in_etc_hides_the_same_name_in_usr_lib(tmp_path):
+    _modules_load(tmp_path, "usr/lib/modules-load.d", "a.conf", "hidden\n")
+    _modules_load(tmp_path, "etc/modules-load.d", "a.conf", "; comment\nfirst\n\n")
+    _modules_load(tmp_path, "usr/lib/modules-load.d", "b.conf", "second\nfirst\n")
+    assert admin.modules_to_load(tmp_path) == ["first", "second"]

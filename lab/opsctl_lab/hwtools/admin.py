@@ -7,6 +7,13 @@ every tool (and the dcgm-exporter service, which re-reads the file) reports the 
     opsctl-hw sysfs [--link-host]   # write the sysfs tree and the storage files from the state (boot-time service)
     opsctl-hw show           # the state file
     opsctl-hw modprobe NAME  # load a kernel module that a lab package built (opsctl_lab.vendor_repos.kmod)
+    opsctl-hw boot           # what the kernel and systemd-modules-load do at a boot (boot-time service)
+
+A boot (`boot`, run by the boot-time service before `sysfs`) starts with no module loaded; the NVIDIA
+driver a lab package installed for the running kernel is the one loaded (nvidia-smi and DCGM report its
+version); then the modules of modules-load.d are loaded, as systemd-modules-load loads them (which does not
+run in a container), and each one that the kernel would refuse is named and makes the exit status 1. A
+machine without an installed driver keeps the emulated one (`driver VERSION`).
 
 The kernel log (`kmsg` next to the state file, opsctl_lab.hardware.write_kernel_log) is rewritten from the
 state after every command, so an injected xid-kernel fault's XID line is in it.
@@ -25,6 +32,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -33,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import NodeHardware, kernel_log_path, write_kernel_log
+from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware, kernel_log_path, write_kernel_log
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 from opsctl_lab.storage_view import MISSING_MOUNT, write_storage
 from opsctl_lab.vendor_repos import kmod
@@ -69,9 +77,11 @@ def main(argv: list[str]) -> int:
     driver.add_argument("version")
     modprobe = sub.add_parser("modprobe", help="load a kernel module a lab package built, as the kernel would")
     modprobe.add_argument("module")
+    sub.add_parser("boot", help="load the installed driver and the modules of modules-load.d, as at a boot")
     args = parser.parse_args(argv)
     if args.cmd == "modprobe":
         return _modprobe(args.module)
+    failures: list[str] = []
     with _locked():
         hw = load()
         units: Systemctl | None = None
@@ -91,6 +101,13 @@ def main(argv: list[str]) -> int:
             hw.driver_version = args.version
             hw.save(state_path())
             sys.stdout.write(f"{hw.node}: driver {args.version} loaded\n")
+        elif args.cmd == "boot":
+            failures = boot(hw, MACHINE_BASE, loaded_modules_dir())
+            hw.save(state_path())
+            if (loaded_modules_dir() / "nvidia").exists():
+                make_gpu_devices(hw, MACHINE_BASE / "dev")
+            for line in failures:
+                sys.stderr.write(f"{line}\n")
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)
@@ -99,7 +116,7 @@ def main(argv: list[str]) -> int:
         apply_storage(hw, storage_root(), base, units if base == MACHINE_BASE else None)
         if args.cmd == "sysfs" and args.link_host:
             link_host_sysfs(root)
-    return 0
+    return 1 if failures else 0
 
 
 def loaded_modules_dir() -> Path:
@@ -114,6 +131,63 @@ def _modprobe(module: str) -> int:
         sys.stderr.write(f"{err}\n")
         return 1  # modprobe's own exit status for a module it could not insert
     return 0
+
+
+# systemd-modules-load's directories, first the one whose file wins over a file of the same name after it.
+MODULES_LOAD_DIRS = ("etc/modules-load.d", "run/modules-load.d", "usr/lib/modules-load.d", "lib/modules-load.d")
+
+
+def modules_to_load(root: Path) -> list[str]:
+    """The modules of modules-load.d (modules-load.d(5)): the files in name order, a name in an earlier
+    directory hiding the same name in a later one; a line each, `#` and `;` start comments."""
+    files: dict[str, Path] = {}
+    for directory in MODULES_LOAD_DIRS:
+        for path in sorted((root / directory).glob("*.conf")):
+            files.setdefault(path.name, path)
+    names = []
+    for _name, path in sorted(files.items()):
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", ";")) and line not in names:
+                names.append(line)
+    return names
+
+
+def boot(hw: NodeHardware, root: Path, loaded: Path, release: str = "") -> list[str]:
+    """The kernel's part of a boot: no module loaded, then the installed NVIDIA driver (its version is
+    what nvidia-smi reports from now on), then modules-load.d. Returns a line for each module that did
+    not load, as systemd-modules-load logs it."""
+    shutil.rmtree(loaded, ignore_errors=True)
+    loaded.mkdir(parents=True)
+    release = release or kmod.kernel()
+    failures = []
+    driver = kmod.module_path(root, "nvidia", release)
+    if driver.exists():
+        try:
+            kmod.load(root, "nvidia", release, loaded)
+            hw.driver_version = kmod.read(driver).get("version") or hw.driver_version
+        except kmod.LoadError as err:
+            failures.append(f"nvidia: {err}")
+    for name in modules_to_load(root):
+        try:
+            kmod.load(root, name, release, loaded)
+        except kmod.LoadError as err:
+            failures.append(f"Failed to insert module '{name}': {err}")
+    return failures
+
+
+NVIDIA_MAJOR = 195  # the NVIDIA driver's character devices: /dev/nvidia<minor>, /dev/nvidiactl at 255
+NVIDIACTL_MINOR = 255
+
+
+def make_gpu_devices(hw: NodeHardware, dev: Path) -> None:
+    """The device files the loaded driver makes (nvidia-modprobe, at its load): one per GPU at its minor
+    number, and the control device. An emulated node gets them from the nvidia role instead (tmpfiles.d)."""
+    for minor in [hw.minor(gpu) for gpu in range(GPUS_PER_NODE)] + [NVIDIACTL_MINOR]:
+        path = dev / ("nvidiactl" if minor == NVIDIACTL_MINOR else f"nvidia{minor}")
+        if not path.exists():
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+            os.chmod(path, 0o666)  # mknod applies the umask
 
 
 def storage_root() -> Path:

@@ -116,6 +116,9 @@ Before=dcgm-exporter.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+# The kernel's part of the boot first (`-`: a module that does not load fails the boot's module loading,
+# as in systemd-modules-load, not the machine's hardware files).
+ExecStartPre=-/usr/local/sbin/opsctl-hw boot
 ExecStart=/usr/local/sbin/opsctl-hw sysfs --link-host
 
 [Install]

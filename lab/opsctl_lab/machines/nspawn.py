@@ -1,9 +1,11 @@
 """Each machine: systemd-nspawn booting the shared image with the machine's own overlay layer, inside
-the machine's network namespace. Real systemd is PID 1 in it; SIGTERM to nspawn halts it cleanly."""
+the machine's network namespace. Real systemd is PID 1 in it; SIGTERM to nspawn halts it cleanly. nspawn
+runs under a supervisor (supervise.py) that boots the machine again when it reboots."""
 
 import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 
 from opsctl_lab.machines import image as img
@@ -141,8 +143,10 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
         group.mkdir(parents=True, exist_ok=True)
     log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
     image = str(img.path(settings))
+    # The supervisor boots the machine again when it reboots (supervise.py); its pid is the machine's.
     proc = subprocess.Popen(
-        ["systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
+        [sys.executable, "-m", "opsctl_lab.machines.supervise",
+         "systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
          f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
          "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
          # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).

@@ -22,6 +22,7 @@ from opsctl.storage.lustre import parse_check_servers, parse_imports
 from opsctl.storage.mountinfo import parse_mountinfo
 from opsctl_lab.machines import keys, net, nspawn, readiness
 from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE
+from opsctl_lab.processes import cmdline
 from tests.integration.machines.support import ENV, GPUS, LAB_DIR, MACHINES_MARKS, NAMES, ROOT, SETTINGS, on, opsctl
 
 pytestmark = MACHINES_MARKS
@@ -84,13 +85,19 @@ def test_machines_are_real_systemd_hosts_with_apt_through_the_cache():
     on("head", "apt-get -q update && apt-cache policy munge | grep -q Candidate")
 
 
+def first_child(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+
+
 def test_each_machine_runs_in_cgroups_of_its_own():
     # Machines that shared one cgroup removed each other's unit cgroups while booting (219/CGROUP), and a
     # failed systemd-user-sessions kept /run/nologin, so SSH never came.
     inits = {}
     for machine in NAMES:
-        nspawn_pid = nspawn.running_pid(SETTINGS, machine)
-        init = int(Path(f"/proc/{nspawn_pid}/task/{nspawn_pid}/children").read_text().split()[0])
+        supervisor = nspawn.running_pid(SETTINGS, machine)  # its child is nspawn, and nspawn's the machine's init
+        nspawn_pid = first_child(supervisor)
+        assert cmdline(nspawn_pid).startswith("systemd-nspawn ")
+        init = first_child(nspawn_pid)
         inits[machine] = {line.split(":", 2)[2] for line in Path(f"/proc/{init}/cgroup").read_text().splitlines()
                           if line.split(":")[1] in ("", "name=systemd")}
     for machine, groups in inits.items():

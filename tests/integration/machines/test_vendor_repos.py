@@ -5,6 +5,7 @@ emulation must be able to show (a pin on the named packages only; the driver bui
 Runs after test_machines.py on the same machines (conftest.py); each test uses a GPU machine of its own
 or one that an earlier test of this module prepared, in file order."""
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from opsctl_lab.hardware import GPUS_PER_NODE
 from opsctl_lab.vendor_repos import build, spec
 from tests.integration.machines.support import ENV, LAB_DIR, MACHINES_MARKS, ROOT, SETTINGS, on
 
@@ -42,7 +44,7 @@ def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml", *ex
              tags: str = "") -> subprocess.CompletedProcess:
     """A play of plays/ (default: the nvidia role's install) against `machine`, with inventory/example's group
     variables, the lab's hosts.yml (connection data) and vendor-repos.yml (the lab's repositories); `extra`
-    are extra variables (name=value), `tags` the run's --tags."""
+    are extra variables (name=value, or JSON), `tags` the run's --tags."""
     inventory = tmp_path / "inventory"
     inventory.mkdir(parents=True)
     (inventory / "group_vars").symlink_to(ROOT / "inventory" / "example" / "group_vars")
@@ -135,18 +137,35 @@ def test_a_pin_on_the_named_packages_only_cannot_resolve_and_a_driver_built_befo
     assert on("gpu2", PEERMEM_LOAD, check=False).returncode == 0
 
 
-def test_a_new_driver_version_moves_every_package_of_the_branch_and_rebuilds_peermem(tmp_path):
-    """The inventory's nvidia_driver_version moves (on gpu1, which the role installed above): the pin moves
-    with it, every package of the branch goes to the new build together, and the new DKMS build is made
-    against the MLNX_OFED that is there. The run then asks for the reboot, as for a new node."""
+def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs_the_new_driver(tmp_path):
+    """The inventory's nvidia_driver_version moves (on gpu1, which the role installed above), and the whole
+    role runs with its reboot allowed: the pin moves with it, every package of the branch goes to the new
+    build together, the new DKMS build is made against the MLNX_OFED that is there, the machine reboots,
+    and the role's checks pass on what booted: nvidia-smi reports the new driver and nvidia_peermem is
+    loaded. A second run changes nothing and does not reboot."""
+    # Every Debian node has initramfs-tools (its kernel's package depends on it); the lab's image has no
+    # kernel. With no initramfs in /boot, the role's `update-initramfs -u -k all` has nothing to do.
+    on("gpu1", f"{APT} install initramfs-tools", timeout=300)
     newer = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
-    run = run_role("gpu1", tmp_path, "nvidia_install.yml", f"nvidia_driver_version={spec.upstream(newer)}")
-    assert run.returncode == 2 and "need a reboot; nvidia_reboot_allowed is false" in run.stdout, run.stdout[-3000:]
+    kernel = yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text())
+    lab_kernel = json.dumps({"nvidia_reboot_allowed": True, "nvidia_driver_version": spec.upstream(newer),
+                             **{k: kernel[k] for k in ("nvidia_modprobe_command", "nvidia_loaded_modules_dir")}})
+    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    run = run_role("gpu1", tmp_path, "nvidia_role.yml", lab_kernel)
+    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
+    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout != boot_id  # it rebooted
     branch = {name: version for name, version in installed("gpu1").items() if version.startswith(f"{BRANCH}.")}
     assert set(branch.values()) == {newer}, branch
     module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
     assert f"version={spec.upstream(newer)}" in module.split()
-    assert on("gpu1", PEERMEM_LOAD, check=False).returncode == 0
+    smi = on("gpu1", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
+    assert smi == [spec.upstream(newer)] * GPUS_PER_NODE, smi
+    peermem = on("gpu1", f"cat {kernel['nvidia_loaded_modules_dir']}/nvidia_peermem/version").stdout
+    assert peermem.strip() == spec.upstream(newer)
+    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    again = run_role("gpu1", tmp_path / "again", "nvidia_role.yml", lab_kernel)
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-5000:]
+    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout == boot_id
 
 
 def test_dcgm_from_the_cuda_repository_at_the_pinned_release_with_its_host_engine(tmp_path):

@@ -1,0 +1,56 @@
+"""A machine's supervisor: `python -m opsctl_lab.machines.supervise systemd-nspawn ARGS...`.
+
+A machine that reboots (`reboot`, `shutdown -r`, Ansible's reboot module) ends its systemd-nspawn with
+exit status 133; systemd-nspawn@.service boots it again (RestartForceExitStatus=133), and so does this.
+Any other end of nspawn (a halt, a crash) ends the supervisor with nspawn's status. SIGTERM and SIGINT go
+on to nspawn, which halts the machine cleanly, and the supervisor ends with it: the lab's pid file names
+the supervisor, and stopping it stops the machine as stopping nspawn did.
+"""
+
+import signal
+import subprocess
+import sys
+import time
+
+REBOOT_STATUS = 133  # systemd-nspawn(1): "the container requested a reboot"
+# A machine that reboots at once after every boot (a broken unit) would spin: at most this many boots in
+# BURST_SECONDS, then the supervisor gives up with nspawn's status.
+BURST_BOOTS = 5
+BURST_SECONDS = 60.0
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.stderr.write("usage: python -m opsctl_lab.machines.supervise systemd-nspawn ARGS...\n")
+        return 2
+    stopping = False
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    boots: list[float] = []
+    status = 0
+    while not stopping:
+        boots = [t for t in boots if time.monotonic() - t < BURST_SECONDS] + [time.monotonic()]
+        child = subprocess.Popen(argv)  # stdin, stdout and stderr are the supervisor's (the console log)
+        if stopping:  # a signal between the check above and this child
+            child.terminate()
+        status = child.wait()
+        if status != REBOOT_STATUS or stopping:
+            return status
+        if len(boots) >= BURST_BOOTS:
+            sys.stderr.write(f"opsctl lab: the machine rebooted {len(boots)} times in {BURST_SECONDS:.0f} s; "
+                             "not booting it again\n")
+            return status
+        sys.stderr.write("opsctl lab: the machine rebooted; booting it again\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

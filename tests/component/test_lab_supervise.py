@@ -1,0 +1,76 @@
+"""The lab machines' supervisor (opsctl_lab.machines.supervise) with a stand-in for systemd-nspawn: a shell
+script that ends with the status its boot count says (133 is a reboot). The supervisor boots it again on
+a reboot only, passes SIGTERM on, and stops a machine that reboots without end."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from opsctl_lab.machines import supervise
+
+
+def stand_in(tmp_path: Path, statuses: list[int], sleep_last: bool = False) -> list[str]:
+    """A "machine" whose n-th boot ends with statuses[n] (the last one for every later boot); with
+    `sleep_last` its last boot runs until a signal, which it reports in `signals`."""
+    script = tmp_path / "machine.sh"
+    script.write_text(f"""
+boots=$(cat {tmp_path}/boots 2>/dev/null || echo 0); boots=$((boots + 1)); echo $boots > {tmp_path}/boots
+set -- {' '.join(map(str, statuses))}
+shift $(( boots < $# ? boots - 1 : $# - 1 ))
+if [ "$#" -eq 1 ] && [ {int(sleep_last)} -eq 1 ]; then
+    trap 'echo TERM >> {tmp_path}/signals; exit 0' TERM
+    echo ready > {tmp_path}/ready
+    while :; do sleep 0.1; done
+fi
+exit $1
+""")
+    return ["sh", str(script)]
+
+
+def supervisor(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "opsctl_lab.machines.supervise", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def boots(tmp_path: Path) -> int:
+    return int((tmp_path / "boots").read_text())
+
+
+def test_a_reboot_boots_the_machine_again_and_a_halt_ends_the_supervisor(tmp_path):
+    proc = supervisor(stand_in(tmp_path, [133, 133, 0]))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and boots(tmp_path) == 3
+    assert err.count("the machine rebooted; booting it again") == 2, err
+
+
+def test_a_crash_is_not_a_reboot(tmp_path):
+    proc = supervisor(stand_in(tmp_path, [1]))
+    proc.communicate(timeout=30)
+    assert proc.returncode == 1 and boots(tmp_path) == 1
+
+
+def test_sigterm_reaches_the_machine_after_a_reboot_and_ends_the_supervisor(tmp_path):
+    proc = supervisor(stand_in(tmp_path, [133, 0], sleep_last=True))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0 and boots(tmp_path) == 2
+    assert (tmp_path / "signals").read_text() == "TERM\n"
+
+
+def test_a_machine_that_reboots_without_end_is_left_down(tmp_path):
+    proc = supervisor(stand_in(tmp_path, [133]))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 133 and boots(tmp_path) == supervise.BURST_BOOTS
+    assert f"rebooted {supervise.BURST_BOOTS} times" in err, err
+
+
+def test_no_command_is_a_usage_error():
+    proc = supervisor([])
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and err.startswith("usage:")
