@@ -144,3 +144,32 @@ def test_modules_load_d_a_file_in_etc_hides_the_same_name_in_usr_lib(tmp_path):
     _modules_load(tmp_path, "etc/modules-load.d", "a.conf", "; comment\nfirst\n\n")
     _modules_load(tmp_path, "usr/lib/modules-load.d", "b.conf", "second\nfirst\n")
     assert admin.modules_to_load(tmp_path) == ["first", "second"]
+
+
+def test_ko2iblnd_loads_only_against_the_ib_core_it_was_built_for(tmp_path):
+    """Whamcloud's prebuilt ko2iblnd (the kernel's ib_core) loads until DOCA-OFED's replaces it; a DKMS build
+    against that MLNX_OFED loads with it, and not after another MLNX_OFED."""
+    path = tmp_path / "lib/modules" / RELEASE / "updates/kernel/net/lustre/ko2iblnd.ko"
+    kmod.write(path, {"name": "ko2iblnd", "version": "2.15.6", "ib_core": kmod.IN_KERNEL})
+    kmod.load(tmp_path, "ko2iblnd", RELEASE, tmp_path / "loaded")
+    _ofed(tmp_path, "24.10-1")
+    with pytest.raises(kmod.LoadError, match=f"disagrees about version of symbol {kmod.IB_CORE_SYMBOL}"):
+        kmod.load(tmp_path, "ko2iblnd", RELEASE, tmp_path / "loaded")
+    kmod.write(path, {"name": "ko2iblnd", "version": "2.15.6", "ib_core": "24.10-1"})
+    kmod.load(tmp_path, "ko2iblnd", RELEASE, tmp_path / "after-doca")
+    assert (tmp_path / "after-doca" / "ko2iblnd").is_dir()
+    _ofed(tmp_path, "25.01-1")
+    with pytest.raises(kmod.LoadError, match="disagrees about version of symbol"):
+        kmod.load(tmp_path, "ko2iblnd", RELEASE, tmp_path / "again")
+
+
+def test_the_lustre_packages_install_their_modules_where_lustre_release_puts_them():
+    prebuilt = behaviours.contents("lustre-prebuilt", "2.15.6-1", "2.15.6").files
+    ko2iblnd = next(text for path, (_, text) in prebuilt.items() if path.endswith("/net/lustre/ko2iblnd.ko"))
+    assert f"ib_core={kmod.IN_KERNEL}" in ko2iblnd.split()
+    dkms = behaviours.contents("lustre-dkms", "2.15.6-1", "2.15.6").scripts["postinst"]
+    # configure's choice (lustre-lnet.m4): MLNX_OFED's tree when ofed_info is there; the install never fails.
+    assert "command -v ofed_info" in dkms and "/usr/src/ofa_kernel/default" in dkms
+    assert '"ib_core=$ib_core" > "/lib/modules/$release/updates/kernel/net/lustre/ko2iblnd.ko"' in dkms
+    assert list(behaviours.contents("ofed-info", "24.10.OFED.24.10.1.1.4-1", "24.10.OFED.24.10.1.1.4").files) == \
+        ["/usr/bin/ofed_info"]

@@ -102,6 +102,69 @@ ln -sfn /usr/src/linux-headers-{release} /lib/modules/{release}/build
 """)})
 
 
+# Lustre's client modules as lustre-release installs them (DEST_MODULE_LOCATION /updates/kernel/{fs,net}/lustre),
+# reduced to LNet's, its two network drivers and the client's core.
+LUSTRE_MODULES = {"net": ("libcfs", "lnet", "ksocklnd", "ko2iblnd"), "fs": ("obdclass", "ptlrpc", "lustre")}
+
+
+def _lustre_module_paths(release: str) -> list[tuple[str, str]]:
+    return [(name, f"/lib/modules/{release}/updates/kernel/{kind}/lustre/{name}.ko")
+            for kind, names in LUSTRE_MODULES.items() for name in names]
+
+
+def lustre_prebuilt(version: str, upstream: str) -> Contents:
+    """lustre-client-modules-<kernel>: Whamcloud's modules, built for one kernel against its own RDMA stack,
+    so ko2iblnd loads only while the kernel's ib_core is the one running (not once DOCA-OFED replaced it)."""
+    release = kmod.kernel()
+    files = {}
+    for name, path in _lustre_module_paths(release):
+        fields = [f"name={name}", f"version={upstream}"] + ([f"ib_core={kmod.IN_KERNEL}"] if name == "ko2iblnd" else [])
+        files[path] = (0o644, "\n".join([kmod.MAGIC, *fields]) + "\n")
+    return Contents(files=files)
+
+
+def lustre_dkms(version: str, upstream: str) -> Contents:
+    """lustre-client-modules-dkms: its postinst runs `dkms build ... && dkms install ... || true`, so a build
+    that fails leaves no modules and the install succeeds. configure builds ko2iblnd against MLNX_OFED's tree
+    when it finds `ofed_info` (and fails when that tree is missing), else against the kernel's RDMA headers
+    (lnet/autoconf/lustre-lnet.m4; data/lustre.yml)."""
+    tree = f"/{kmod.OFA_ROOT}/default"
+    o2ib = ' "ib_core=$ib_core"'  # the ib_core configure built it against (lustre_prebuilt's is the kernel's)
+    writes = "\n".join(
+        _module_line(path, f'"name={name}" "version={upstream}"' + (o2ib if name == "ko2iblnd" else "")).strip()
+        for name, path in _lustre_module_paths("$release"))
+    body = f"""
+[ "$1" = configure ] || exit 0
+release=$(uname -r)
+if [ ! -e "/lib/modules/$release/build" ]; then
+    echo "Error! Your kernel headers for kernel $release cannot be found." >&2
+    exit 0
+fi
+ib_core={kmod.IN_KERNEL}
+if command -v ofed_info >/dev/null 2>&1; then
+    if [ ! -f "{tree}/Module.symvers" ]; then
+        echo "configure: error: can't find the OFED kernel tree of the installed OFED packages" >&2
+        exit 0
+    fi
+    ib_core=$(cat "{tree}/opsctl-lab-version")
+fi
+mkdir -p "/lib/modules/$release/updates/kernel/net/lustre" "/lib/modules/$release/updates/kernel/fs/lustre"
+{writes}
+echo "lustre-client-modules {upstream}: built and installed for kernel $release (o2ib against $ib_core)"
+"""
+    prerm = """
+[ "$1" = remove ] || [ "$1" = purge ] || exit 0
+rm -rf /lib/modules/*/updates/kernel/net/lustre /lib/modules/*/updates/kernel/fs/lustre
+"""
+    return Contents(scripts={"postinst": _script(body), "prerm": _script(prerm)})
+
+
+def ofed_info(version: str, upstream: str) -> Contents:
+    """ofed-scripts' /usr/bin/ofed_info: the installed MLNX_OFED's version (`-s`: the short form)."""
+    text = f'#!/bin/sh\necho "MLNX_OFED_LINUX-{upstream} (OFED-{upstream}):"\n'
+    return Contents(files={"/usr/bin/ofed_info": (0o755, text)})
+
+
 def _unit(description: str) -> str:
     return (f"[Unit]\nDescription={description} (opsctl lab emulation)\n\n[Service]\nExecStart=/bin/sleep infinity\n\n"
             "[Install]\nWantedBy=multi-user.target\n")
@@ -137,6 +200,12 @@ ROLES = {
     "ib_write_bw": lambda v, u: tool("/usr/bin/ib_write_bw"),
     "fabricmanager": lambda v, u: unit("nvidia-fabricmanager.service", "NVIDIA fabric manager"),
     "persistenced": lambda v, u: unit("nvidia-persistenced.service", "NVIDIA persistence daemon"),
+    "ofed-info": ofed_info,
+    "lustre-prebuilt": lustre_prebuilt,
+    "lustre-dkms": lustre_dkms,
+    "lustre-utils": lambda v, u: Contents(files={
+        **{path: tool(path).files[path] for path in ("/usr/sbin/lctl", "/usr/bin/lfs", "/usr/sbin/lnetctl")},
+        **unit("lnet.service", "lnet management").files}),
 }
 
 

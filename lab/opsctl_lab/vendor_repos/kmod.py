@@ -12,6 +12,9 @@ What decides it (the real sources):
 - A module built against one MLNX_OFED's Module.symvers does not load against another's ib_core: the
   kernel says "disagrees about version of symbol", modprobe "Invalid argument". So a DOCA upgrade needs
   the driver's DKMS modules rebuilt.
+- Lustre's ko2iblnd is built against one ib_core: the kernel's own (Whamcloud's prebuilt modules, or a
+  DKMS build on a node where configure finds no `ofed_info`) or MLNX_OFED's tree (lnet/autoconf/
+  lustre-lnet.m4). Its stand-in says which (`ib_core=`): it loads only against that ib_core.
 """
 
 import os
@@ -21,6 +24,10 @@ MAGIC = "opsctl-lab-kernel-module"
 OFA_ROOT = "usr/src/ofa_kernel"
 # The symbol nvidia-peermem needs from MLNX_OFED's ib_core (nvidia-peermem.c: ib_register_peer_memory_client).
 PEER_SYMBOL = "ib_register_peer_memory_client"
+# A module's `ib_core=` when it was built against the kernel's own RDMA stack, not MLNX_OFED's.
+IN_KERNEL = "in-kernel"
+# An ib_core symbol ko2iblnd calls (o2iblnd.c: ib_alloc_pd, a macro of __ib_alloc_pd).
+IB_CORE_SYMBOL = "__ib_alloc_pd"
 
 
 class LoadError(Exception):
@@ -66,13 +73,31 @@ def symvers_id(tree: Path) -> str:
     return version.read_text().strip() if version.exists() else ""
 
 
+def find(root: Path, name: str, release: str) -> Path | None:
+    """Where modprobe finds the module: DKMS's updates/dkms first, then anywhere under updates/ (Lustre's
+    packages install to updates/kernel/{fs,net}/lustre)."""
+    path = module_path(root, name, release)
+    if path.exists():
+        return path
+    return next(iter(sorted((root / "lib/modules" / release / "updates").rglob(path.name))), None)
+
+
+def running_ib_core(root: Path, release: str) -> str:
+    """The ib_core of the kernel now: MLNX_OFED's (its version) when its tree is installed, else the kernel's."""
+    tree = ofa_tree(root, release)
+    return symvers_id(tree) if tree is not None else IN_KERNEL
+
+
 def load(root: Path, name: str, release: str, loaded_dir: Path) -> None:
     """modprobe NAME: the stand-in must exist and, for a module built against MLNX_OFED, match the
     MLNX_OFED installed now. A loaded module is a directory in `loaded_dir` (the emulated /sys/module)."""
-    path = module_path(root, name, release)
-    if not path.exists():
+    path = find(root, name, release)
+    if path is None:
         raise LoadError(f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{release}")
     fields = read(path)
+    if "ib_core" in fields and fields["ib_core"] != running_ib_core(root, release):
+        raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument "
+                        f"({name}: disagrees about version of symbol {IB_CORE_SYMBOL})")
     if fields.get("needs") == PEER_SYMBOL:
         tree = ofa_tree(root, release)
         built_against = fields.get("ofed", "")

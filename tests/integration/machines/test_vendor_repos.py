@@ -1,6 +1,7 @@
 """The vendors' repositories in their real shape (opsctl_lab.vendor_repos), installed from with real apt in
-the lab machines: the nvidia role's install path with the production variables, and the defects the
-emulation must be able to show (a pin on the named packages only; the driver built before DOCA).
+the lab machines: the nvidia role's install path with the production variables (and the whole role, its
+reboot included), DCGM, the Lustre client from DKMS, and the defects the emulation must be able to show (a
+pin on the named packages only; the driver built before DOCA; Lustre's prebuilt modules under DOCA).
 
 Runs after test_machines.py on the same machines (conftest.py); each test uses a GPU machine of its own
 or one that an earlier test of this module prepared, in file order."""
@@ -208,3 +209,34 @@ def test_a_new_node_provisions_when_the_archive_replaced_the_pinned_build_with_a
     assert run.returncode == 0, run.stdout[-3000:]
     assert installed("head")["munge"] == security["_munge_platform"]["version"]
     on("head", "munge -n | unmunge")  # the daemon runs with the key the role made
+
+
+def test_lustre_from_dkms_builds_ko2iblnd_against_doca_and_the_prebuilt_modules_do_not_load(tmp_path):
+    """The lustre_client role's install on gpu1 (DOCA and the driver installed above): lustre-release's DKMS
+    package at the pinned release although a newer one is in the directory, its dependencies from Debian and
+    the running kernel's image and meta packages from the lab's kernel repository; configure finds DOCA's
+    ofed_info and builds ko2iblnd against MLNX_OFED, and it loads. Whamcloud's prebuilt modules for the same
+    kernel, built against the kernel's own ib_core, do not load on a node with DOCA (gpu2)."""
+    lustre_url = yaml.safe_load((LAB_DIR / "inventory" / "vendor-repos.yml").read_text())["all"]["vars"][
+        "lustre_client_repo_url"]
+    # The example's gpu_nodes group names the site's Lustre mirror, which wins over the lab's all-hosts
+    # variable (the lab's own inventory sets no such group variable).
+    run = run_role("gpu1", tmp_path, "lustre_install.yml", f"lustre_client_repo_url={lustre_url}")
+    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
+    packages = installed("gpu1")
+    version = yaml.safe_load((ROOT / "playbooks/roles/lustre_client/defaults/main.yml").read_text())[
+        "lustre_client_version"]
+    assert packages["lustre-client-modules-dkms"] == packages["lustre-client-utils"] == f"{version}-1", packages
+    release = on("gpu1", "uname -r").stdout.strip()
+    assert packages["linux-image-amd64"] == packages[f"linux-image-{release}"] == f"{release}-1"
+    # The newer release is in the directory too (the role takes its files by name, not by apt's choice).
+    newer = next(v for v in spec.load("lustre").package("lustre-client-modules-dkms").versions if v != f"{version}-1")
+    listing = urllib.request.urlopen(lustre_url, timeout=10).read().decode()
+    assert f"lustre-client-modules-dkms_{newer}_amd64.deb" in listing
+    on("gpu1", "/usr/local/sbin/opsctl-hw modprobe ko2iblnd")
+    # Whamcloud's build for this kernel, on a node whose ib_core is DOCA's.
+    deb = f"lustre-client-modules-{release}_{version}-1_amd64.deb"
+    on("gpu2", f"python3 -c 'import urllib.request; urllib.request.urlretrieve(\"{lustre_url}{deb}\", \"/tmp/{deb}\")'")
+    on("gpu2", f"{APT} install /tmp/{deb}", timeout=300)
+    refused = on("gpu2", "/usr/local/sbin/opsctl-hw modprobe ko2iblnd", check=False)
+    assert refused.returncode == 1 and "disagrees about version of symbol" in refused.stderr, refused.stderr
