@@ -138,6 +138,18 @@ def test_a_pin_on_the_named_packages_only_cannot_resolve_and_a_driver_built_befo
     assert on("gpu2", PEERMEM_LOAD, check=False).returncode == 0
 
 
+# The lab inventory's variables of the machines' emulated kernel (its module loading and /sys/module).
+LAB_KERNEL = {name: value for name, value in
+              yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text()).items()
+              if name in ("nvidia_modprobe_command", "nvidia_loaded_modules_dir")}
+
+
+def whole_role_vars(**variables: str) -> str:
+    """Extra variables (JSON) of a whole nvidia role run in a lab machine: its reboot allowed, the lab
+    kernel's module variables, and `variables`."""
+    return json.dumps({"nvidia_reboot_allowed": True, **LAB_KERNEL, **variables})
+
+
 def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs_the_new_driver(tmp_path):
     """The inventory's nvidia_driver_version moves (on gpu1, which the role installed above), and the whole
     role runs with its reboot allowed: the pin moves with it, every package of the branch goes to the new
@@ -148,9 +160,7 @@ def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs
     # kernel. With no initramfs in /boot, the role's `update-initramfs -u -k all` has nothing to do.
     on("gpu1", f"{APT} install initramfs-tools", timeout=300)
     newer = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
-    kernel = yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text())
-    lab_kernel = json.dumps({"nvidia_reboot_allowed": True, "nvidia_driver_version": spec.upstream(newer),
-                             **{k: kernel[k] for k in ("nvidia_modprobe_command", "nvidia_loaded_modules_dir")}})
+    lab_kernel = whole_role_vars(nvidia_driver_version=spec.upstream(newer))
     boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
     run = run_role("gpu1", tmp_path, "nvidia_role.yml", lab_kernel)
     assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
@@ -161,7 +171,7 @@ def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs
     assert f"version={spec.upstream(newer)}" in module.split()
     smi = on("gpu1", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
     assert smi == [spec.upstream(newer)] * GPUS_PER_NODE, smi
-    peermem = on("gpu1", f"cat {kernel['nvidia_loaded_modules_dir']}/nvidia_peermem/version").stdout
+    peermem = on("gpu1", f"cat {LAB_KERNEL['nvidia_loaded_modules_dir']}/nvidia_peermem/version").stdout
     assert peermem.strip() == spec.upstream(newer)
     boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
     again = run_role("gpu1", tmp_path / "again", "nvidia_role.yml", lab_kernel)
@@ -240,3 +250,24 @@ def test_lustre_from_dkms_builds_ko2iblnd_against_doca_and_the_prebuilt_modules_
     on("gpu2", f"{APT} install /tmp/{deb}", timeout=300)
     refused = on("gpu2", "/usr/local/sbin/opsctl-hw modprobe ko2iblnd", check=False)
     assert refused.returncode == 1 and "disagrees about version of symbol" in refused.stderr, refused.stderr
+
+
+def test_a_new_doca_release_moves_mlnx_ofed_and_rebuilds_peermem_against_it_before_the_reboot(tmp_path):
+    """gpu1 (the whole role above, at the newer driver) moves to the second DOCA release of the lab's
+    repository, a directory of its own as NVIDIA publishes them: the role moves MLNX_OFED's kernel stack to
+    that release's builds, rebuilds the driver's modules against it, reboots, and its checks pass with
+    nvidia_peermem loaded at boot."""
+    doca = spec.load("doca")
+    ofed = doca.package("mlnx-ofed-kernel-dkms").versions[1]
+    driver = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
+    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    run = run_role("gpu1", tmp_path, "nvidia_role.yml",
+                   whole_role_vars(nvidia_driver_version=spec.upstream(driver), nvidia_doca_version=doca.releases[1]))
+    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
+    assert "Rebuild the driver's kernel modules against the new MLNX_OFED" in run.stdout
+    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout != boot_id
+    packages = installed("gpu1")
+    assert packages["mlnx-ofed-kernel-dkms"] == ofed and packages["doca-ofed"] == doca.package("doca-ofed").versions[1]
+    module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout.split()
+    assert f"ofed={ofed}" in module, module
+    assert on("gpu1", f"test -d {LAB_KERNEL['nvidia_loaded_modules_dir']}/nvidia_peermem", check=False).returncode == 0
