@@ -77,7 +77,7 @@ def _ofed(root: Path, version: str) -> None:
 
 
 def test_peermem_built_without_mlnx_ofed_does_not_load(tmp_path):
-    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ofed="")
+    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ib_core="")
     _ofed(tmp_path, "24.10-1")  # DOCA installed after the driver: the module is already built
     with pytest.raises(kmod.LoadError, match="could not insert 'nvidia_peermem': Invalid argument"):
         kmod.load(tmp_path, "nvidia_peermem", RELEASE, tmp_path / "loaded")
@@ -86,7 +86,7 @@ def test_peermem_built_without_mlnx_ofed_does_not_load(tmp_path):
 
 def test_peermem_loads_only_against_the_mlnx_ofed_it_was_built_for(tmp_path):
     _ofed(tmp_path, "24.10-1")
-    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ofed="24.10-1")
+    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ib_core="24.10-1")
     kmod.load(tmp_path, "nvidia_peermem", RELEASE, tmp_path / "loaded")
     assert (tmp_path / "loaded" / "nvidia_peermem" / "version").read_text() == "570.133.20\n"
     _ofed(tmp_path, "25.01-1")  # a DOCA upgrade that did not rebuild the driver's modules
@@ -105,7 +105,7 @@ def test_the_emulated_tools_ship_at_their_real_paths():
     mode, text = contents.files["/usr/bin/nvidia-smi"]
     assert mode == 0o755 and "opsctl_lab.hwtools.nvidia_smi" in text
     dkms = behaviours.contents("nvidia-dkms", "570.133.20-1", "570.133.20").scripts["postinst"]
-    assert "/usr/src/ofa_kernel/default" in dkms and "ofed=$ofed" in dkms
+    assert "/usr/src/ofa_kernel/default" in dkms and "ib_core=$ofed" in dkms
     assert behaviours.contents("", "1", "1") == behaviours.Contents()
 
 
@@ -118,7 +118,7 @@ def _modules_load(root: Path, directory: str, name: str, text: str) -> None:
 def test_a_boot_loads_the_installed_driver_and_the_modules_of_modules_load_d(tmp_path):
     _ofed(tmp_path, "24.10-1")
     _module(tmp_path, "nvidia", version="570.172.08")
-    _module(tmp_path, "nvidia_peermem", version="570.172.08", needs=kmod.PEER_SYMBOL, ofed="24.10-1")
+    _module(tmp_path, "nvidia_peermem", version="570.172.08", needs=kmod.PEER_SYMBOL, ib_core="24.10-1")
     _modules_load(tmp_path, "etc/modules-load.d", "opsctl-nvidia.conf", "# boot\nnvidia_peermem\n")
     loaded = tmp_path / "modules"
     (loaded / "left_from_the_last_boot").mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_a_boot_loads_the_installed_driver_and_the_modules_of_modules_load_d(tmp
 
 
 def test_a_boot_names_a_module_the_kernel_refuses_and_keeps_an_emulated_driver_without_a_package(tmp_path):
-    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ofed="")  # built before DOCA
+    _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ib_core="")  # built before DOCA
     _modules_load(tmp_path, "usr/lib/modules-load.d", "opsctl-nvidia.conf", "nvidia_peermem\n")
     hw = NodeHardware(node="gpu1", driver_version="570.86.15")
     failures = admin.boot(hw, tmp_path, tmp_path / "modules", RELEASE)

@@ -164,8 +164,7 @@ def boot(hw: NodeHardware, root: Path, loaded: Path, release: str = "") -> list[
     driver = kmod.module_path(root, "nvidia", release)
     if driver.exists():
         try:
-            kmod.load(root, "nvidia", release, loaded)
-            hw.driver_version = kmod.read(driver).get("version") or hw.driver_version
+            hw.driver_version = kmod.load(root, "nvidia", release, loaded).get("version") or hw.driver_version
         except kmod.LoadError as err:
             failures.append(f"nvidia: {err}")
     for name in modules_to_load(root):

@@ -12,6 +12,7 @@ from opsctl_lab.machines import image as img
 from opsctl_lab.machines import keys
 from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, Settings
 from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
+from opsctl_lab.vendor_repos import spec
 
 
 def upper(settings: Settings, name: str) -> Path:
@@ -60,7 +61,6 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
 KERNEL_SOURCES = "etc/apt/sources.list.d/opsctl-lab-kernel.sources"
 KERNEL_KEY = "etc/apt/keyrings/opsctl-lab-kernel.asc"
 KERNEL_PIN = "etc/apt/preferences.d/opsctl-lab-kernel.pref"
-KERNEL_SUITE = "bookworm-lab"  # vendor_repos/data/kernel.yml
 
 
 def _kernel_archive(top: Path, settings: Settings, key: str) -> None:
@@ -69,16 +69,17 @@ def _kernel_archive(top: Path, settings: Settings, key: str) -> None:
     has a real node's, so that the roles install them as they do there."""
     (top / KERNEL_KEY).parent.mkdir(parents=True, exist_ok=True)
     (top / KERNEL_KEY).write_text(key)
+    suite = spec.load("kernel").suite
     (top / KERNEL_SOURCES).parent.mkdir(parents=True, exist_ok=True)
     (top / KERNEL_SOURCES).write_text(
-        f"Types: deb\nURIs: {settings.vendor_url}/kernel/\nSuites: {KERNEL_SUITE}\nComponents: main\n"
+        f"Types: deb\nURIs: {settings.vendor_url}/kernel/\nSuites: {suite}\nComponents: main\n"
         f"Signed-By: /{KERNEL_KEY}\n")
     # Debian's own kernel meta packages (linux-image-amd64, linux-headers-amd64: what Lustre's DKMS package
     # depends on) name Debian's kernel; the machine's are the running kernel's, whatever the versions.
     (top / KERNEL_PIN).parent.mkdir(parents=True, exist_ok=True)
     (top / KERNEL_PIN).write_text(
         "# The machine runs the host's kernel: its packages come from the lab's kernel repository.\n"
-        f"Package: linux-image-amd64 linux-headers-amd64\nPin: release n={KERNEL_SUITE}\nPin-Priority: 1001\n")
+        f"Package: linux-image-amd64 linux-headers-amd64\nPin: release n={suite}\nPin-Priority: 1001\n")
 
 
 # The common role's block (playbooks/roles/common/tasks/main.yml, "Write cluster hosts into /etc/hosts").

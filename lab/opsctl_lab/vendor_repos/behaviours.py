@@ -39,7 +39,7 @@ def nvidia_dkms(version: str, upstream: str) -> Contents:
     nvidia-peermem with the peer-memory symbols only if MLNX_OFED's tree is there now (kmod.py)."""
     ofa = kmod.OFA_ROOT
     trees = " ".join(f'"/{ofa}/{candidate.format(release="$release")}"' for candidate in kmod.OFA_CANDIDATES)
-    peermem_fields = f'"name=nvidia_peermem" "version={upstream}" "needs={kmod.PEER_SYMBOL}" "ofed=$ofed"'
+    peermem_fields = f'"name=nvidia_peermem" "version={upstream}" "needs={kmod.PEER_SYMBOL}" "ib_core=$ofed"'
     body = f"""
 [ "$1" = configure ] || exit 0
 {_HEADERS_CHECK}
@@ -118,8 +118,8 @@ def lustre_prebuilt(version: str, upstream: str) -> Contents:
     release = kmod.kernel()
     files = {}
     for name, path in _lustre_module_paths(release):
-        fields = [f"name={name}", f"version={upstream}"] + ([f"ib_core={kmod.IN_KERNEL}"] if name == "ko2iblnd" else [])
-        files[path] = (0o644, "\n".join([kmod.MAGIC, *fields]) + "\n")
+        o2ib = {"ib_core": kmod.IN_KERNEL} if name == "ko2iblnd" else {}
+        files[path] = (0o644, kmod.text({"name": name, "version": upstream, **o2ib}))
     return Contents(files=files)
 
 

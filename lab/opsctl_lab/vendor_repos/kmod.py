@@ -14,7 +14,11 @@ What decides it (the real sources):
   the driver's DKMS modules rebuilt.
 - Lustre's ko2iblnd is built against one ib_core: the kernel's own (Whamcloud's prebuilt modules, or a
   DKMS build on a node where configure finds no `ofed_info`) or MLNX_OFED's tree (lnet/autoconf/
-  lustre-lnet.m4). Its stand-in says which (`ib_core=`): it loads only against that ib_core.
+  lustre-lnet.m4).
+
+So a stand-in built against an ib_core says which (`ib_core=`: an MLNX_OFED build, or `in-kernel`) and
+loads only against that one; nvidia-peermem also says it needs the peer-memory symbol (`needs=`), and one
+built without MLNX_OFED (no `ib_core`) does not load at all.
 """
 
 import os
@@ -62,9 +66,14 @@ def read(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines[1:] if "=" in line)
 
 
+def text(fields: dict[str, str]) -> str:
+    """A stand-in module's file: the marker line, then a `name=value` line per field."""
+    return "\n".join([MAGIC, *(f"{k}={v}" for k, v in fields.items())]) + "\n"
+
+
 def write(path: Path, fields: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join([MAGIC, *(f"{k}={v}" for k, v in fields.items())]) + "\n")
+    path.write_text(text(fields))
 
 
 def symvers_id(tree: Path) -> str:
@@ -88,23 +97,19 @@ def running_ib_core(root: Path, release: str) -> str:
     return symvers_id(tree) if tree is not None else IN_KERNEL
 
 
-def load(root: Path, name: str, release: str, loaded_dir: Path) -> None:
-    """modprobe NAME: the stand-in must exist and, for a module built against MLNX_OFED, match the
-    MLNX_OFED installed now. A loaded module is a directory in `loaded_dir` (the emulated /sys/module)."""
+def load(root: Path, name: str, release: str, loaded_dir: Path) -> dict[str, str]:
+    """modprobe NAME: the stand-in must exist and, if built against an ib_core, against the one running now.
+    A loaded module is a directory in `loaded_dir` (the emulated /sys/module). Returns the module's fields."""
     path = find(root, name, release)
     if path is None:
         raise LoadError(f"modprobe: FATAL: Module {name} not found in directory /lib/modules/{release}")
     fields = read(path)
-    if "ib_core" in fields and fields["ib_core"] != running_ib_core(root, release):
+    built_against, needs = fields.get("ib_core", ""), fields.get("needs", "")
+    if needs == PEER_SYMBOL and not built_against:  # nvidia-peermem.c: nv_mem_client_init returns -EINVAL
+        raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument")
+    if built_against and built_against != running_ib_core(root, release):
         raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument "
-                        f"({name}: disagrees about version of symbol {IB_CORE_SYMBOL})")
-    if fields.get("needs") == PEER_SYMBOL:
-        tree = ofa_tree(root, release)
-        built_against = fields.get("ofed", "")
-        if not built_against:
-            raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument")
-        if tree is None or symvers_id(tree) != built_against:
-            raise LoadError(f"modprobe: ERROR: could not insert '{name}': Invalid argument "
-                            f"({name}: disagrees about version of symbol {PEER_SYMBOL})")
+                        f"({name}: disagrees about version of symbol {needs or IB_CORE_SYMBOL})")
     (loaded_dir / name).mkdir(parents=True, exist_ok=True)
     (loaded_dir / name / "version").write_text(fields.get("version", "") + "\n")
+    return fields

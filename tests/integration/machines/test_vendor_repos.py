@@ -23,7 +23,13 @@ ROLE = ROOT / "playbooks" / "roles" / "nvidia"
 DRIVER = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_driver_version"]
 BRANCH = DRIVER.split(".")[0]
 PINNED = f"{DRIVER}-1"
-PEERMEM_LOAD = "/usr/local/sbin/opsctl-hw modprobe nvidia_peermem"
+NEWER = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
+# The lab inventory's variables of the machines' emulated kernel (its module loading and /sys/module).
+LAB_KERNEL = {name: value for name, value in
+              yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text()).items()
+              if name in ("nvidia_modprobe_command", "nvidia_loaded_modules_dir")}
+MODPROBE = " ".join(LAB_KERNEL["nvidia_modprobe_command"])
+PEERMEM_LOAD = f"{MODPROBE} nvidia_peermem"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=120 --no-install-recommends"
 
 
@@ -34,6 +40,10 @@ def platform_packages(kind: str) -> list[str]:
     doca = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_doca_version"]
     text = text.replace("{{ nvidia_doca_version }}", doca)
     return yaml.safe_load(text)["_nvidia_platform"][kind]
+
+
+def boot_id(machine: str) -> str:
+    return on(machine, "cat /proc/sys/kernel/random/boot_id").stdout
 
 
 def installed(machine: str) -> dict[str, str]:
@@ -138,12 +148,6 @@ def test_a_pin_on_the_named_packages_only_cannot_resolve_and_a_driver_built_befo
     assert on("gpu2", PEERMEM_LOAD, check=False).returncode == 0
 
 
-# The lab inventory's variables of the machines' emulated kernel (its module loading and /sys/module).
-LAB_KERNEL = {name: value for name, value in
-              yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text()).items()
-              if name in ("nvidia_modprobe_command", "nvidia_loaded_modules_dir")}
-
-
 def whole_role_vars(**variables: str) -> str:
     """Extra variables (JSON) of a whole nvidia role run in a lab machine: its reboot allowed, the lab
     kernel's module variables, and `variables`."""
@@ -159,24 +163,23 @@ def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs
     # Every Debian node has initramfs-tools (its kernel's package depends on it); the lab's image has no
     # kernel. With no initramfs in /boot, the role's `update-initramfs -u -k all` has nothing to do.
     on("gpu1", f"{APT} install initramfs-tools", timeout=300)
-    newer = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
-    lab_kernel = whole_role_vars(nvidia_driver_version=spec.upstream(newer))
-    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    lab_kernel = whole_role_vars(nvidia_driver_version=spec.upstream(NEWER))
+    booted = boot_id("gpu1")
     run = run_role("gpu1", tmp_path, "nvidia_role.yml", lab_kernel)
     assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
-    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout != boot_id  # it rebooted
+    assert boot_id("gpu1") != booted  # it rebooted
     branch = {name: version for name, version in installed("gpu1").items() if version.startswith(f"{BRANCH}.")}
-    assert set(branch.values()) == {newer}, branch
+    assert set(branch.values()) == {NEWER}, branch
     module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
-    assert f"version={spec.upstream(newer)}" in module.split()
+    assert f"version={spec.upstream(NEWER)}" in module.split()
     smi = on("gpu1", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
-    assert smi == [spec.upstream(newer)] * GPUS_PER_NODE, smi
+    assert smi == [spec.upstream(NEWER)] * GPUS_PER_NODE, smi
     peermem = on("gpu1", f"cat {LAB_KERNEL['nvidia_loaded_modules_dir']}/nvidia_peermem/version").stdout
-    assert peermem.strip() == spec.upstream(newer)
-    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    assert peermem.strip() == spec.upstream(NEWER)
+    booted = boot_id("gpu1")
     again = run_role("gpu1", tmp_path / "again", "nvidia_role.yml", lab_kernel)
     assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-5000:]
-    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout == boot_id
+    assert boot_id("gpu1") == booted
 
 
 def test_dcgm_from_the_cuda_repository_at_the_pinned_release_with_its_host_engine(tmp_path):
@@ -243,12 +246,12 @@ def test_lustre_from_dkms_builds_ko2iblnd_against_doca_and_the_prebuilt_modules_
     newer = next(v for v in spec.load("lustre").package("lustre-client-modules-dkms").versions if v != f"{version}-1")
     listing = urllib.request.urlopen(lustre_url, timeout=10).read().decode()
     assert f"lustre-client-modules-dkms_{newer}_amd64.deb" in listing
-    on("gpu1", "/usr/local/sbin/opsctl-hw modprobe ko2iblnd")
+    on("gpu1", f"{MODPROBE} ko2iblnd")
     # Whamcloud's build for this kernel, on a node whose ib_core is DOCA's.
     deb = f"lustre-client-modules-{release}_{version}-1_amd64.deb"
     on("gpu2", f"python3 -c 'import urllib.request; urllib.request.urlretrieve(\"{lustre_url}{deb}\", \"/tmp/{deb}\")'")
     on("gpu2", f"{APT} install /tmp/{deb}", timeout=300)
-    refused = on("gpu2", "/usr/local/sbin/opsctl-hw modprobe ko2iblnd", check=False)
+    refused = on("gpu2", f"{MODPROBE} ko2iblnd", check=False)
     assert refused.returncode == 1 and "disagrees about version of symbol" in refused.stderr, refused.stderr
 
 
@@ -259,15 +262,14 @@ def test_a_new_doca_release_moves_mlnx_ofed_and_rebuilds_peermem_against_it_befo
     nvidia_peermem loaded at boot."""
     doca = spec.load("doca")
     ofed = doca.package("mlnx-ofed-kernel-dkms").versions[1]
-    driver = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
-    boot_id = on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout
+    booted = boot_id("gpu1")
     run = run_role("gpu1", tmp_path, "nvidia_role.yml",
-                   whole_role_vars(nvidia_driver_version=spec.upstream(driver), nvidia_doca_version=doca.releases[1]))
+                   whole_role_vars(nvidia_driver_version=spec.upstream(NEWER), nvidia_doca_version=doca.releases[1]))
     assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
     assert "Rebuild the driver's kernel modules against the new MLNX_OFED" in run.stdout
-    assert on("gpu1", "cat /proc/sys/kernel/random/boot_id").stdout != boot_id
+    assert boot_id("gpu1") != booted
     packages = installed("gpu1")
     assert packages["mlnx-ofed-kernel-dkms"] == ofed and packages["doca-ofed"] == doca.package("doca-ofed").versions[1]
     module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout.split()
-    assert f"ofed={ofed}" in module, module
+    assert f"ib_core={ofed}" in module, module
     assert on("gpu1", f"test -d {LAB_KERNEL['nvidia_loaded_modules_dir']}/nvidia_peermem", check=False).returncode == 0
