@@ -74,3 +74,19 @@ def test_no_command_is_a_usage_error():
     proc = supervisor([])
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2 and err.startswith("usage:")
+
+
+def test_a_boot_after_a_reboot_starts_its_uptime_at_zero_and_the_first_keeps_the_hosts(tmp_path):
+    """slurmd reports its boot time as now minus uptime: a reboot must show as a new boot (supervise.py)."""
+    record = (f"cut -d' ' -f1 /proc/uptime >> {tmp_path}/uptimes; "
+              f"awk '/^btime/ {{print $2}}' /proc/stat >> {tmp_path}/btimes")
+    script = tmp_path / "machine.sh"
+    script.write_text(f"{record}\n[ $(wc -l < {tmp_path}/uptimes) -ge 2 ] && exit 0\nsleep 2; exit 133\n")
+    host_uptime = float(Path("/proc/uptime").read_text().split()[0])
+    proc = supervisor(["sh", str(script)])
+    proc.communicate(timeout=30)
+    first, second = (float(line) for line in (tmp_path / "uptimes").read_text().split())
+    assert proc.returncode == 0 and abs(first - host_uptime) < 5, (first, host_uptime)
+    assert second < 2 < first - 2, (first, second)
+    first_btime, second_btime = (int(line) for line in (tmp_path / "btimes").read_text().split())
+    assert second_btime - first_btime >= first - 1, (first_btime, second_btime)

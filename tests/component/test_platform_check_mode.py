@@ -294,3 +294,15 @@ def test_the_controllers_epilog_hands_failed_jobs_to_opsctl_why_on_the_head(run)
     assert "DirectoryNotEmpty=/var/spool/opsctl-why" in run.file("head01", "/etc/systemd/system/opsctl-why.path")
     assert "ExecStart=/opt/opsctl/bin/opsctl why --spool /var/spool/opsctl-why --wait 120" in run.file(
         "head01", "/etc/systemd/system/opsctl-why.service")
+
+
+@pytest.mark.parametrize("host", ["head01", *UBUNTU_HOSTS])
+def test_needrestart_lists_only_and_unattended_upgrades_leave_the_held_packages_from_the_first_apt_run(run, host):
+    """Ubuntu 24.04's needrestart restarts the services of a replaced library after every APT transaction:
+    before the role's first one, it is told to list only; unattended-upgrades skip every held pattern."""
+    assert "$nrconf{restart} = 'l';" in run.file(host, "/etc/needrestart/conf.d/50-opsctl.conf").splitlines()
+    blacklist = run.file(host, "/etc/apt/apt.conf.d/51opsctl-unattended-upgrades")
+    assert 'Unattended-Upgrade::Package-Blacklist {' in blacklist and '    "nvidia-.*$";' in blacklist.splitlines()
+    tasks = [r["task"] for r in run.results if r["host"] == host]
+    assert tasks.index("common : Keep needrestart from restarting services after APT transactions") < \
+        tasks.index("common : Install base packages"), tasks[:12]

@@ -5,8 +5,17 @@ exit status 133; systemd-nspawn@.service boots it again (RestartForceExitStatus=
 Any other end of nspawn (a halt, a crash) ends the supervisor with nspawn's status. SIGTERM and SIGINT go
 on to nspawn, which halts the machine cleanly, and the supervisor ends with it: the lab's pid file names
 the supervisor, and stopping it stops the machine as stopping nspawn did.
+
+A container shares the host's clocks, so its uptime (/proc/uptime, sysinfo(2)) would go on across a
+reboot, and slurmd, which reports its boot time as now minus uptime, would never tell slurmctld that the
+node rebooted: `scontrol reboot` would wait until ResumeTimeout. Each boot after a reboot therefore runs
+in a time namespace of its own whose boot clock starts at zero, as a real node's does. The first boot
+keeps the host's clock: the lab stopping and starting a machine (`opsctl lab machines down/up`) is a
+restart of its processes to Slurm, not an unexpected reboot that would set the node DOWN.
 """
 
+import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +26,19 @@ REBOOT_STATUS = 133  # systemd-nspawn(1): "the container requested a reboot"
 # BURST_SECONDS, then the supervisor gives up with nspawn's status.
 BURST_BOOTS = 5
 BURST_SECONDS = 60.0
+CLONE_NEWTIME = 0x80  # linux/sched.h
+
+
+def fresh_boot_clock() -> None:
+    """The children started from now on see a boot clock (uptime, btime) that starts at zero:
+    unshare(CLONE_NEWTIME) makes a new time namespace for them, and its boottime offset is written before
+    any of them enters it (time_namespaces(7))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWTIME) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare(CLONE_NEWTIME): {os.strerror(errno)}")
+    with open("/proc/self/timens_offsets", "w") as offsets:
+        offsets.write(f"boottime {-int(time.clock_gettime(time.CLOCK_BOOTTIME))} 0\n")
 
 
 def main(argv: list[str]) -> int:
@@ -49,6 +71,7 @@ def main(argv: list[str]) -> int:
                              "not booting it again\n")
             return status
         sys.stderr.write("opsctl lab: the machine rebooted; booting it again\n")
+        fresh_boot_clock()
     return status
 
 

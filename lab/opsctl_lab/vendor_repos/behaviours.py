@@ -152,8 +152,9 @@ mkdir -p "/lib/modules/$release/updates/kernel/net/lustre" "/lib/modules/$releas
 {writes}
 echo "lustre-client-modules {upstream}: built and installed for kernel $release (o2ib against $ib_core)"
 """
+    # Its prerm runs `dkms remove ... --all` whatever dpkg asks (an upgrade or a reinstall too), so a reinstall
+    # builds the modules again against the tree installed now.
     prerm = """
-[ "$1" = remove ] || [ "$1" = purge ] || exit 0
 rm -rf /lib/modules/*/updates/kernel/net/lustre /lib/modules/*/updates/kernel/fs/lustre
 """
     return Contents(scripts={"postinst": _script(body), "prerm": _script(prerm)})

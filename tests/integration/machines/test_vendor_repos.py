@@ -9,6 +9,7 @@ or one that an earlier test of this module prepared, in file order."""
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -164,10 +165,13 @@ def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs
     # kernel. With no initramfs in /boot, the role's `update-initramfs -u -k all` has nothing to do.
     on("gpu1", f"{APT} install initramfs-tools", timeout=300)
     lab_kernel = whole_role_vars(nvidia_driver_version=spec.upstream(NEWER))
-    booted = boot_id("gpu1")
+    booted, started = boot_id("gpu1"), time.monotonic()
     run = run_role("gpu1", tmp_path, "nvidia_role.yml", lab_kernel)
     assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
     assert boot_id("gpu1") != booted  # it rebooted
+    # ... and its uptime started again at the reboot, as slurmd's boot time needs (supervise.py).
+    uptime = float(on("gpu1", "cut -d' ' -f1 /proc/uptime").stdout)
+    assert uptime < time.monotonic() - started, uptime
     branch = {name: version for name, version in installed("gpu1").items() if version.startswith(f"{BRANCH}.")}
     assert set(branch.values()) == {NEWER}, branch
     module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
