@@ -68,6 +68,10 @@ deps-test:
 #   tests/component/promlab.py, paths.py; the machines tier's machines live in a directory and network
 #   of their own, see test_machines.py, and find the image the provisioning stream built by then).
 # The lab and provisioning streams take about as long; the third, shorter one carries the machines tier.
+# Beside them, from the start, the Slurm chroots of the newer releases are built (debootstrap, mostly
+# waiting on the mirror), which the component and lab tiers use a few minutes in: a test then finds its
+# chroot built, or waits on the build's lock; a build that fails here fails again, with its message, in
+# the first test that needs it.
 # The provisioning stream is the longest, so the others yield the CPU to it: they run in a cpu cgroup
 # of their own that weighs as much as one session (tests/low_cpu_share.sh says why nice alone does not
 # do it), and at nice 5 within it. They wait where all want the CPU, and still end first. A linter's
@@ -86,15 +90,16 @@ test: deps-test venv
 	  OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) exec $(BIN)/pytest $(PYTEST_ARGS); \
 	fi; \
 	log=$$(mktemp); lab_log=$$(mktemp); \
+	$(BACKGROUND) $(BIN)/python -m opsctl_lab.slurm_chroot >/dev/null 2>&1 & chroots=$$!; \
 	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
 	  $(STREAM_PYTEST) -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
 	$(BACKGROUND) $(STREAM_PYTEST) -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
 	if ! $(BACKGROUND) $(MAKE) --no-print-directory lint; then \
-	  kill $$machines $$lab; wait $$machines $$lab; rm -f $$log $$lab_log; exit 1; \
+	  kill $$machines $$lab $$chroots; wait $$machines $$lab $$chroots; rm -f $$log $$lab_log; exit 1; \
 	fi; \
 	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
 	  $(BACKGROUND) $(STREAM_PYTEST) -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
-	wait $$lab; lab_rc=$$?; \
+	wait $$chroots; wait $$lab; lab_rc=$$?; \
 	echo "==== the lab stream ($(LAB_TIERS)) ===="; cat $$lab_log; rm -f $$lab_log; \
 	wait $$machines; machines_rc=$$?; \
 	echo "==== the provisioning stream ($(MACHINES_TIERS)) ===="; cat $$log; rm -f $$log; \

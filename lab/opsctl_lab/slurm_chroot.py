@@ -323,3 +323,10 @@ def _wait(check, timeout: float, message: str) -> None:
         if time.monotonic() > deadline:
             raise LabError(message)
         time.sleep(0.3)
+
+
+if __name__ == "__main__":
+    # `python -m opsctl_lab.slurm_chroot`: every suite's chroot built now (`make test` starts this beside the
+    # streams, so that the tiers that use them find them built instead of waiting for debootstrap).
+    for name in SUITES:
+        SlurmChroot.ensure(name)

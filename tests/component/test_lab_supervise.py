@@ -90,3 +90,16 @@ def test_a_boot_after_a_reboot_starts_its_uptime_at_zero_and_the_first_keeps_the
     assert second < 2 < first - 2, (first, second)
     first_btime, second_btime = (int(line) for line in (tmp_path / "btimes").read_text().split())
     assert second_btime - first_btime >= first - 1, (first_btime, second_btime)
+
+
+def test_a_kernel_without_time_namespaces_boots_the_machine_again_with_one_line(tmp_path):
+    """Where unshare(CLONE_NEWTIME) fails (a kernel before 5.6, or without CONFIG_TIME_NS), the machine still
+    boots again after its reboot, and the console log says why its uptime goes on."""
+    failing = ("import errno, sys\nfrom opsctl_lab.machines import supervise\n"
+               "def fail():\n    raise OSError(errno.EINVAL, 'unshare(CLONE_NEWTIME): Invalid argument')\n"
+               "supervise.fresh_boot_clock = fail\nsys.exit(supervise.main(sys.argv[1:]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", failing, *stand_in(tmp_path, [133, 0])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and boots(tmp_path) == 2, err
+    assert "the machine's uptime goes on across this reboot: [Errno 22] unshare(CLONE_NEWTIME)" in err, err
