@@ -77,11 +77,13 @@ def test_no_command_is_a_usage_error():
 
 
 def test_a_boot_after_a_reboot_starts_its_uptime_at_zero_and_the_first_keeps_the_hosts(tmp_path):
-    """slurmd reports its boot time as now minus uptime: a reboot must show as a new boot (supervise.py)."""
+    """slurmd reports its boot time as now minus uptime: a reboot must show as a new boot (supervise.py), one
+    that starts a pause after the reboot, so that Slurm's whole seconds put it after the reboot request."""
     record = (f"cut -d' ' -f1 /proc/uptime >> {tmp_path}/uptimes; "
-              f"awk '/^btime/ {{print $2}}' /proc/stat >> {tmp_path}/btimes")
+              f"awk '/^btime/ {{print $2}}' /proc/stat >> {tmp_path}/btimes; date +%s.%N >> {tmp_path}/starts")
     script = tmp_path / "machine.sh"
-    script.write_text(f"{record}\n[ $(wc -l < {tmp_path}/uptimes) -ge 2 ] && exit 0\nsleep 2; exit 133\n")
+    script.write_text(f"{record}\n[ $(wc -l < {tmp_path}/uptimes) -ge 2 ] && exit 0\n"
+                      f"sleep 2; date +%s.%N > {tmp_path}/rebooted; exit 133\n")
     host_uptime = float(Path("/proc/uptime").read_text().split()[0])
     proc = supervisor(["sh", str(script)])
     proc.communicate(timeout=30)
@@ -90,6 +92,8 @@ def test_a_boot_after_a_reboot_starts_its_uptime_at_zero_and_the_first_keeps_the
     assert second < 2 < first - 2, (first, second)
     first_btime, second_btime = (int(line) for line in (tmp_path / "btimes").read_text().split())
     assert second_btime - first_btime >= first - 1, (first_btime, second_btime)
+    next_boot = float((tmp_path / "starts").read_text().split()[1])
+    assert next_boot - float((tmp_path / "rebooted").read_text()) >= supervise.REBOOT_PAUSE_SECONDS
 
 
 def test_a_kernel_without_time_namespaces_boots_the_machine_again_with_one_line(tmp_path):

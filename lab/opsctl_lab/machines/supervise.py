@@ -26,6 +26,11 @@ REBOOT_STATUS = 133  # systemd-nspawn(1): "the container requested a reboot"
 # BURST_SECONDS, then the supervisor gives up with nspawn's status.
 BURST_BOOTS = 5
 BURST_SECONDS = 60.0
+# A real node takes minutes from `reboot` to its next boot (firmware, POST); a container takes well under a
+# second. Slurm keeps boot times in whole seconds and takes a node whose boot time is not after the reboot
+# request for one that has not rebooted yet (REBOOT_ISSUED until ResumeTimeout): the next boot starts
+# this long after the reboot, as the simulated lab's reboot program pauses too (opsctl_lab.slurm_reboot).
+REBOOT_PAUSE_SECONDS = 2.0
 CLONE_NEWTIME = 0x80  # linux/sched.h
 
 
@@ -71,6 +76,7 @@ def main(argv: list[str]) -> int:
                              "not booting it again\n")
             return status
         sys.stderr.write("opsctl lab: the machine rebooted; booting it again\n")
+        time.sleep(REBOOT_PAUSE_SECONDS)  # a signal meanwhile ends the loop
         try:
             fresh_boot_clock()
         except OSError as err:  # a kernel without time namespaces (before 5.6, or CONFIG_TIME_NS off)
