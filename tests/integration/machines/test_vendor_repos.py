@@ -100,9 +100,6 @@ def test_the_role_installs_every_nvidia_package_at_the_pinned_version_from_the_v
     # DOCA came first: nvidia-peermem has the peer-memory symbols and loads.
     load = on("gpu1", PEERMEM_LOAD, check=False)
     assert load.returncode == 0, load.stderr
-    # Run again: everything is in place, nothing changes and nothing asks for a reboot.
-    again = run_role("gpu1", tmp_path / "again")
-    assert again.returncode == 0 and "changed=0" in again.stdout and "failed=0" in again.stdout, again.stdout[-3000:]
 
 
 def _copy_repositories(source: str, target: str) -> None:

@@ -160,6 +160,9 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
         # apt dropped the holds of what it moved; the run's last play held them again.
         assert {"nvidia-driver-cuda", "libnvidia-ml1"} <= set(machines.ssh(node, "apt-mark showhold").stdout.split())
     assert proc.stdout.count("PLAY [NVIDIA driver rollout, a batch of GPU nodes at a time]") == len(gpus)
+    # The boot file rewritten on gpus[0] outside the rollout waited for its reboot there: no job was ended.
+    assert (f"{gpus[0]}: a boot file of the GPU stack changed; the node runs jobs, so it applies at the node's "
+            "next boot") in text
     machines.ssh(gpus[0], "grep -x 'blacklist nouveau' /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
     wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in gpus), 90, "every GPU machine back")
 
