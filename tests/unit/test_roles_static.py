@@ -304,6 +304,13 @@ def test_inventories_differ_only_in_variables():
     assert all(repository.search(name) for name in lab_vars), sorted(lab_vars)
 
 
+def test_the_holds_play_is_last_and_runs_with_every_tag():
+    """apt drops the hold of a package it moves (--allow-change-held-packages): a tagged run that moves one
+    (the driver's rollout, `--tags nvidia`) must end with the holds play too, or the new build stays unheld."""
+    plays = load_yaml(PLAYBOOKS / "site.yml")
+    assert plays[-1]["name"] == "Hold pinned packages" and plays[-1]["tags"] == ["always"], plays[-1]
+
+
 def test_only_the_slurm_plays_read_slurm_config():
     """tests/integration/provision/test_provision_3_slurm.py changes one slurm_config setting in a
     `--tags slurm` run and asserts every file and handler that changes: that is the whole effect only

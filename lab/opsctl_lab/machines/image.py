@@ -15,11 +15,8 @@ from pathlib import Path
 from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, PROVISIONING_USER, SUITE, Settings
 from opsctl_lab.processes import run
 
-# initramfs-tools: every Debian node has it (its kernel's package depends on it, and the nvidia role
-# rebuilds the initramfs after a driver change); the machines boot the host's kernel, so no kernel package
-# brings it in here.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "iproute2",
-            "ca-certificates", "procps", "iputils-ping", "sudo", "initramfs-tools"]
+            "ca-certificates", "procps", "iputils-ping", "sudo"]
 STAMP = ".opsctl-image-recipe"
 RECIPE_VERSION = "4"
 
