@@ -32,6 +32,18 @@ are not held yet:
     {{ ['installed install munge', 'installed hold slurmd', 'config-files deinstall grafana']
        | packages_to_hold(['munge', 'slurmd', 'grafana']) }}  -> ['munge']
 
+packages_not_installed: of package specs as the apt module takes them (`name`, `name=version`,
+`name=version*`), those that dpkg-query's `<name> <version> <status>` lines do not show installed
+(status `ii`, or `hi` once held) at a matching version:
+
+    {{ ['munge=0.5.15-2', 'slurmd'] | packages_not_installed(['munge 0.5.15-2 hi', 'slurmd 22.05.8-4 rc']) }}
+    -> ['slurmd']
+
+packages_upgradable: of package names, those whose candidate in `apt-cache policy <names>`'s output is not
+the installed version (a package not installed, or that apt does not know, included):
+
+    {{ ['mlnx-ofed-kernel-dkms'] | packages_upgradable(policy.stdout) }}  -> [] when Installed == Candidate
+
 host_addresses: the address each host gets in /etc/hosts: cluster_address, else ansible_host when it
 is an IP address, else the default IPv4 address of its facts (this run's or the fact cache's); None
 when none is known. A host name in ansible_host is never written as an address:
@@ -105,6 +117,35 @@ def packages_to_hold(selections, patterns) -> list[str]:
     return packages_matching(unheld, patterns)
 
 
+def packages_not_installed(specs, installed_lines) -> list[str]:
+    installed = {fields[0]: fields[1] for fields in (str(line).split() for line in installed_lines)
+                 if len(fields) >= 3 and fields[2] in ("ii", "hi")}
+    missing = []
+    for spec in specs:
+        name, _, version = str(spec).partition("=")
+        have = installed.get(name)
+        # The apt module matches a version with a wildcard as fnmatch does, and one without exactly.
+        if have is None or (version and not fnmatch.fnmatchcase(have, version)):
+            missing.append(spec)
+    return missing
+
+
+def packages_upgradable(names, policy_output) -> list[str]:
+    """apt's candidate is never older than the installed version unless a pin of priority 1000 or more
+    asks for it: a candidate that differs is a change to make."""
+    seen: dict[str, dict[str, str]] = {}
+    package = None
+    for line in str(policy_output).splitlines():
+        if line and not line[0].isspace() and line.endswith(":"):
+            package = seen.setdefault(line[:-1], {})
+        elif package is not None and line.strip().startswith(("Installed:", "Candidate:")):
+            key, _, value = line.strip().partition(":")
+            package[key] = value.strip()
+    return [name for name in names
+            if name not in seen or seen[name].get("Installed", "(none)") in ("(none)", "")
+            or seen[name].get("Installed") != seen[name].get("Candidate")]
+
+
 def _ip_or_none(text) -> str | None:
     try:
         return str(ipaddress.ip_address(str(text)))
@@ -134,6 +175,8 @@ class FilterModule:
             "pin_misfits": pin_misfits,
             "packages_matching": packages_matching,
             "packages_to_hold": packages_to_hold,
+            "packages_not_installed": packages_not_installed,
+            "packages_upgradable": packages_upgradable,
             "host_addresses": host_addresses,
             "cluster_address": cluster_address,
         }

@@ -11,6 +11,7 @@ import pytest
 from tests.unit.test_roles_static import PLAYBOOKS, ROLES, load_module, load_yaml
 
 PLATFORM = load_module(PLAYBOOKS / "filter_plugins" / "opsctl_platform.py", "opsctl_platform")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HOSTLIST = load_module(PLAYBOOKS / "filter_plugins" / "slurm_hostlist.py", "slurm_hostlist")
 SUPPORTED = load_yaml(ROLES / "common" / "vars" / "main.yml")["_common_supported_platforms"]
 PLATFORM_ROLES = sorted(p.parent.parent.name for p in ROLES.glob("*/vars/debian-12.yml"))
@@ -190,3 +191,25 @@ def test_the_example_inventory_pins_nothing_platform_specific():
     example = Path(ROLES.parent.parent / "inventory" / "example" / "group_vars")
     text = "".join(p.read_text() for p in example.glob("*.yml"))
     assert not re.search(r"_version:", text)
+
+
+def test_packages_not_installed_are_the_specs_dpkg_does_not_show_at_a_matching_version():
+    """The nvidia role's quick answer before it asks apt: a spec is satisfied only by an installed (`ii`) or
+    held (`hi`) package at the version the apt module would match (exact, or a trailing wildcard)."""
+    installed = ["nvidia-driver-cuda 570.133.20-1 hi ", "libcuda1 570.133.20-1 ii ", "doca-ofed 2.9.1-1 ii ",
+                 "nvidia-smi 570.133.20-1 iU ", "munge 0.5.15-2 rc "]
+    specs = ["nvidia-driver-cuda=570.133.20-1", "libcuda1=570.133.20-*", "doca-ofed=2.9.1*", "nvidia-smi=570.133.20-*",
+             "munge", "libcuda1=570.172.08-*", "nvidia-persistenced=570.133.20-1", "doca-ofed"]
+    assert PLATFORM.packages_not_installed(specs, installed) == [
+        "nvidia-smi=570.133.20-*", "munge", "libcuda1=570.172.08-*", "nvidia-persistenced=570.133.20-1"]
+    assert PLATFORM.packages_not_installed(specs[:3], installed) == []
+
+
+def test_packages_upgradable_are_those_whose_candidate_is_not_installed():
+    policy = (FIXTURES / "apt" / "apt-cache-policy-doca-cuda.txt").read_text()
+    names = ["mlnx-ofed-kernel-dkms", "mlnx-ofed-kernel-utils", "libnvidia-nscq-570"]
+    assert PLATFORM.packages_upgradable(names, policy) == []
+    assert PLATFORM.packages_upgradable(["nvidia-driver-pinning-570", "not-in-the-output"], policy) == [
+        "nvidia-driver-pinning-570", "not-in-the-output"]
+    moved = policy.replace("  Candidate: 24.10.OFED.24.10.1.1.4.1-1", "  Candidate: 25.01.OFED.25.01.0.6.0.1-1", 1)
+    assert PLATFORM.packages_upgradable(names, moved) == ["mlnx-ofed-kernel-dkms"]

@@ -15,8 +15,21 @@ from pathlib import Path
 from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, PROVISIONING_USER, SUITE, Settings
 from opsctl_lab.processes import run
 
+# initramfs-tools: every Debian node has it (its kernel's package depends on it, and the nvidia role
+# rebuilds the initramfs after a driver change); the machines boot the host's kernel, so no kernel package
+# brings it in here.
 PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-apt", "iproute2",
-            "ca-certificates", "procps", "iputils-ping", "sudo"]
+            "ca-certificates", "procps", "iputils-ping", "sudo", "initramfs-tools"]
+# The Debian build chain of the DKMS modules the GPU machines build (the driver's, MLNX_OFED's, Lustre's:
+# the Depends of mlnx-ofed-kernel-dkms and of lustre-release's lustre-client-modules-dkms and
+# lustre-client-utils, vendor_repos/data/), as GPU node images usually carry it. Installed once here, not
+# in every GPU machine at its first `make provision` (about 40 s of it with three machines on 2 cores);
+# the roles still install what depends on it, and apt finds it there. The running kernel's headers are
+# not here: they come from the lab's kernel repository, as a node's come from its distribution.
+BUILD_CHAIN = ["dkms", "build-essential", "autoconf", "automake", "bison", "flex", "libtool", "pkg-config",
+               "module-assistant", "libaio-dev", "libkeyutils-dev", "libkrb5-dev", "libselinux1-dev", "libssl-dev",
+               "libyaml-dev", "libnl-genl-3-dev", "zlib1g-dev", "libmount-dev", "libsnmp-dev", "python3-dev",
+               "python3-distutils", "linux-base", "lsof", "pciutils", "udev"]
 STAMP = ".opsctl-image-recipe"
 RECIPE_VERSION = "4"
 
@@ -28,7 +41,7 @@ SUDOERS = f"{PROVISIONING_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n"
 
 
 def recipe(settings: Settings) -> str:
-    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, SSH_KEYGEN_DROPIN, SUDOERS,
+    text = "\n".join([RECIPE_VERSION, SUITE, settings.mirror, *PACKAGES, *BUILD_CHAIN, SSH_KEYGEN_DROPIN, SUDOERS,
                       f"{PROVISIONING_USER}:{PROVISIONING_UID}:{PROVISIONING_HOME}"])
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -86,9 +99,19 @@ def _build(settings: Settings) -> None:
     run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(staging),
          settings.mirror], env=env, timeout=900)
     _configure(staging, settings)
+    _install_build_chain(staging, env)
     (staging / STAMP).write_text(recipe(settings) + "\n")
     shutil.rmtree(target, ignore_errors=True)  # an incomplete one (no stamp); nothing boots from it
     staging.rename(target)
+
+
+def _install_build_chain(root: Path, env: dict[str, str]) -> None:
+    # apt, not debootstrap's --include: debootstrap's resolver takes no alternatives or virtual packages.
+    apt = ["chroot", str(root), "apt-get", "-q", "-y", "-o", f"Acquire::http::Proxy={env['http_proxy']}"]
+    run([*apt, "update"], env=env, timeout=600)
+    run([*apt, "install", "--no-install-recommends", *BUILD_CHAIN], env={**env, "DEBIAN_FRONTEND": "noninteractive"},
+        timeout=900)
+    run(["chroot", str(root), "apt-get", "clean"], check=False)
 
 
 def _configure(root: Path, settings: Settings) -> None:

@@ -1,7 +1,10 @@
 """The vendors' repositories in their real shape (opsctl_lab.vendor_repos), installed from with real apt in
-the lab machines: the nvidia role's install path with the production variables (and the whole role, its
-reboot included), DCGM, the Lustre client from DKMS, and the defects the emulation must be able to show (a
-pin on the named packages only; the driver built before DOCA; Lustre's prebuilt modules under DOCA).
+the lab machines: the nvidia role's install path with the production variables (a new node's run that stops
+to ask for the reboot, and the whole role across a DOCA release change, its reboot included), the Slurm
+user, a security build, and the defects the emulation must be able to show (a pin on the named packages
+only; the driver built before DOCA; Lustre's prebuilt modules under DOCA). The whole stack through
+site.yml, DCGM and Lustre's DKMS build included, and a driver change rolled out through Slurm's reboot, is
+the provision tier's (test_provision_4_nodes.py).
 
 Runs after test_machines.py on the same machines (conftest.py); each test uses a GPU machine of its own
 or one that an earlier test of this module prepared, in file order."""
@@ -9,22 +12,16 @@ or one that an earlier test of this module prepared, in file order."""
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import yaml
 
-from opsctl_lab.hardware import GPUS_PER_NODE
 from opsctl_lab.vendor_repos import build, spec
 from tests.integration.machines.support import ENV, LAB_DIR, MACHINES_MARKS, ROOT, SETTINGS, on
+from tests.vendor_stack import BRANCH, DPKG_QUERY, DRIVER, LUSTRE, PINNED, platform_packages
 
 pytestmark = MACHINES_MARKS
-ROLE = ROOT / "playbooks" / "roles" / "nvidia"
-DRIVER = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_driver_version"]
-BRANCH = DRIVER.split(".")[0]
-PINNED = f"{DRIVER}-1"
-NEWER = next(v for v in spec.load("cuda").package("nvidia-driver-cuda").versions if v != PINNED)
 # The lab inventory's variables of the machines' emulated kernel (its module loading and /sys/module).
 LAB_KERNEL = {name: value for name, value in
               yaml.safe_load((ROOT / "inventory" / "lab" / "group_vars" / "gpu_nodes.yml").read_text()).items()
@@ -34,22 +31,14 @@ PEERMEM_LOAD = f"{MODPROBE} nvidia_peermem"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=120 --no-install-recommends"
 
 
-def platform_packages(kind: str) -> list[str]:
-    """The role's Debian 12 packages of one kind (driver_packages, fabric_packages, doca_packages)."""
-    text = (ROLE / "vars" / "debian-12.yml").read_text()
-    text = text.replace("{{ nvidia_driver_version }}", DRIVER).replace("{{ nvidia_driver_branch }}", BRANCH)
-    doca = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["nvidia_doca_version"]
-    text = text.replace("{{ nvidia_doca_version }}", doca)
-    return yaml.safe_load(text)["_nvidia_platform"][kind]
-
-
 def boot_id(machine: str) -> str:
     return on(machine, "cat /proc/sys/kernel/random/boot_id").stdout
 
 
 def installed(machine: str) -> dict[str, str]:
-    out = on(machine, "dpkg-query -W -f '${Package} ${Version} ${db:Status-Abbrev}\\n'").stdout
-    return {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[2:] in (["ii"], ["hi"])}
+    from tests.vendor_stack import installed as parse
+
+    return parse(on(machine, DPKG_QUERY).stdout)
 
 
 def run_role(machine: str, tmp_path: Path, play: str = "nvidia_install.yml", *extra: str,
@@ -111,9 +100,6 @@ def test_the_role_installs_every_nvidia_package_at_the_pinned_version_from_the_v
     # DOCA came first: nvidia-peermem has the peer-memory symbols and loads.
     load = on("gpu1", PEERMEM_LOAD, check=False)
     assert load.returncode == 0, load.stderr
-    # Run again: everything is in place, nothing changes and nothing asks for a reboot.
-    again = run_role("gpu1", tmp_path / "again")
-    assert again.returncode == 0 and "changed=0" in again.stdout and "failed=0" in again.stdout, again.stdout[-3000:]
 
 
 def _copy_repositories(source: str, target: str) -> None:
@@ -155,62 +141,6 @@ def whole_role_vars(**variables: str) -> str:
     return json.dumps({"nvidia_reboot_allowed": True, **LAB_KERNEL, **variables})
 
 
-def test_a_new_driver_version_moves_every_package_of_the_branch_reboots_and_runs_the_new_driver(tmp_path):
-    """The inventory's nvidia_driver_version moves (on gpu1, which the role installed above and site.yml's
-    last play has held), and the whole role runs with its reboot allowed: the pin moves with it, every
-    package of the branch goes to the new build together (the held ones the role did not name too: apt gives
-    up on a held dependency it is not told to move, "held broken packages"), the new DKMS build is made
-    against the MLNX_OFED that is there, the machine reboots, and the role's checks pass on what booted:
-    nvidia-smi reports the new driver and nvidia_peermem is loaded. apt dropped the holds of what it moved,
-    which the holds play puts back (site.yml runs it in every run). A second run changes nothing and does
-    not reboot."""
-    # Every Debian node has initramfs-tools (its kernel's package depends on it); the lab's image has no
-    # kernel. With no initramfs in /boot, the role's `update-initramfs -u -k all` has nothing to do.
-    on("gpu1", f"{APT} install initramfs-tools", timeout=300)
-    held = run_role("gpu1", tmp_path / "held", "holds.yml")
-    assert held.returncode == 0, held.stdout[-3000:]
-    assert {"nvidia-smi", "libnvidia-ml1"} <= set(on("gpu1", "apt-mark showhold").stdout.split())
-    lab_kernel = whole_role_vars(nvidia_driver_version=spec.upstream(NEWER))
-    booted, started = boot_id("gpu1"), time.monotonic()
-    run = run_role("gpu1", tmp_path, "nvidia_role.yml", lab_kernel)
-    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
-    assert boot_id("gpu1") != booted  # it rebooted
-    # ... and its uptime started again at the reboot, as slurmd's boot time needs (supervise.py).
-    uptime = float(on("gpu1", "cut -d' ' -f1 /proc/uptime").stdout)
-    assert uptime < time.monotonic() - started, uptime
-    branch = {name: version for name, version in installed("gpu1").items() if version.startswith(f"{BRANCH}.")}
-    assert set(branch.values()) == {NEWER}, branch
-    module = on("gpu1", "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko").stdout
-    assert f"version={spec.upstream(NEWER)}" in module.split()
-    smi = on("gpu1", "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()
-    assert smi == [spec.upstream(NEWER)] * GPUS_PER_NODE, smi
-    peermem = on("gpu1", f"cat {LAB_KERNEL['nvidia_loaded_modules_dir']}/nvidia_peermem/version").stdout
-    assert peermem.strip() == spec.upstream(NEWER)
-    assert "nvidia-smi" not in on("gpu1", "apt-mark showhold").stdout.split()  # moved: its hold dropped
-    again_held = run_role("gpu1", tmp_path / "held-again", "holds.yml")
-    assert again_held.returncode == 0 and "changed=1" in again_held.stdout, again_held.stdout[-3000:]
-    assert {"nvidia-smi", "libnvidia-ml1"} <= set(on("gpu1", "apt-mark showhold").stdout.split())
-    booted = boot_id("gpu1")
-    again = run_role("gpu1", tmp_path / "again", "nvidia_role.yml", lab_kernel)
-    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-5000:]
-    assert boot_id("gpu1") == booted
-
-
-def test_dcgm_from_the_cuda_repository_at_the_pinned_release_with_its_host_engine(tmp_path):
-    """The dcgm_exporter role's install on gpu1 (whose CUDA repository the nvidia role added): DCGM 4.2.3
-    as NVIDIA's repository spells it (no Debian revision before 4.3.1) although 4.4.1-1 is there, the
-    exporter at its pin, and the host engine's unit running."""
-    run = run_role("gpu1", tmp_path, "dcgm_install.yml", tags="dcgm_exporter_install")
-    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-3000:]
-    packages = installed("gpu1")
-    assert packages["datacenter-gpu-manager-4-core"] == "1:4.2.3", packages
-    assert packages["datacenter-gpu-manager-4-cuda12"] == "1:4.2.3"
-    assert packages["datacenter-gpu-manager-exporter"] == "4.1.3-1"
-    assert "1:4.4.1-1" in on("gpu1", "apt-cache policy datacenter-gpu-manager-4-core").stdout
-    assert on("gpu1", "systemctl is-active nvidia-dcgm").stdout.strip() == "active"
-    assert on("gpu1", "systemctl is-enabled nvidia-dcgm-exporter", check=False).stdout.strip() == "masked"
-
-
 def test_the_role_makes_the_slurm_user_that_schedmds_packages_do_not(tmp_path):
     """SchedMD's packages (the lab's schedmd repository has their relations; SchedMD/slurm's debian/ has no
     maintainer script) make no slurm user, and slurmctld's unit runs as it: the role makes it, with the
@@ -238,31 +168,18 @@ def test_a_new_node_provisions_when_the_archive_replaced_the_pinned_build_with_a
     on("head", "munge -n | unmunge")  # the daemon runs with the key the role made
 
 
-def test_lustre_from_dkms_builds_ko2iblnd_against_doca_and_the_prebuilt_modules_do_not_load(tmp_path):
-    """The lustre_client role's install on gpu1 (DOCA and the driver installed above): lustre-release's DKMS
-    package at the pinned release although a newer one is in the directory, its dependencies from Debian and
-    the running kernel's image and meta packages from the lab's kernel repository; configure finds DOCA's
-    ofed_info and builds ko2iblnd against MLNX_OFED, and it loads. Whamcloud's prebuilt modules for the same
-    kernel, built against the kernel's own ib_core, do not load on a node with DOCA (gpu2)."""
+def test_whamclouds_prebuilt_lustre_modules_do_not_load_on_a_node_with_doca():
+    """Whamcloud's prebuilt modules for the running kernel, built against the kernel's own ib_core, on a node
+    whose ib_core is DOCA's (gpu2, above): ko2iblnd does not load. (The role's DKMS build, against DOCA's
+    MLNX_OFED, is the provision tier's: test_provision_4_nodes.py.) The directory has a newer release too:
+    the role takes its files by name, not by apt's choice."""
     lustre_url = yaml.safe_load((LAB_DIR / "inventory" / "vendor-repos.yml").read_text())["all"]["vars"][
         "lustre_client_repo_url"]
-    # The example's gpu_nodes group names the site's Lustre mirror, which wins over the lab's all-hosts
-    # variable (the lab's own inventory sets no such group variable).
-    run = run_role("gpu1", tmp_path, "lustre_install.yml", f"lustre_client_repo_url={lustre_url}")
-    assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
-    packages = installed("gpu1")
-    version = yaml.safe_load((ROOT / "playbooks/roles/lustre_client/defaults/main.yml").read_text())[
-        "lustre_client_version"]
-    assert packages["lustre-client-modules-dkms"] == packages["lustre-client-utils"] == f"{version}-1", packages
-    release = on("gpu1", "uname -r").stdout.strip()
-    assert packages["linux-image-amd64"] == packages[f"linux-image-{release}"] == f"{release}-1"
-    # The newer release is in the directory too (the role takes its files by name, not by apt's choice).
-    newer = next(v for v in spec.load("lustre").package("lustre-client-modules-dkms").versions if v != f"{version}-1")
+    newer = next(v for v in spec.load("lustre").package("lustre-client-modules-dkms").versions if v != f"{LUSTRE}-1")
     listing = urllib.request.urlopen(lustre_url, timeout=10).read().decode()
     assert f"lustre-client-modules-dkms_{newer}_amd64.deb" in listing
-    on("gpu1", f"{MODPROBE} ko2iblnd")
-    # Whamcloud's build for this kernel, on a node whose ib_core is DOCA's.
-    deb = f"lustre-client-modules-{release}_{version}-1_amd64.deb"
+    release = on("gpu2", "uname -r").stdout.strip()
+    deb = f"lustre-client-modules-{release}_{LUSTRE}-1_amd64.deb"
     on("gpu2", f"python3 -c 'import urllib.request; urllib.request.urlretrieve(\"{lustre_url}{deb}\", \"/tmp/{deb}\")'")
     on("gpu2", f"{APT} install /tmp/{deb}", timeout=300)
     refused = on("gpu2", f"{MODPROBE} ko2iblnd", check=False)
@@ -270,15 +187,16 @@ def test_lustre_from_dkms_builds_ko2iblnd_against_doca_and_the_prebuilt_modules_
 
 
 def test_a_new_doca_release_moves_mlnx_ofed_and_rebuilds_peermem_against_it_before_the_reboot(tmp_path):
-    """gpu1 (the whole role above, at the newer driver) moves to the second DOCA release of the lab's
-    repository, a directory of its own as NVIDIA publishes them: the role moves MLNX_OFED's kernel stack to
-    that release's builds, rebuilds the driver's modules against it, reboots, and its checks pass with
-    nvidia_peermem loaded at boot."""
+    """gpu1 (the role's install above, its reboot still due) moves to the second DOCA release of the lab's
+    repository, a directory of its own as NVIDIA publishes them: the whole role, its reboot allowed, moves
+    MLNX_OFED's kernel stack to that release's builds, rebuilds the driver's modules against it, reboots,
+    and its checks pass with nvidia_peermem loaded at boot. (A driver version change through Slurm's reboot
+    is the provision tier's rollout: test_provision_4_nodes.py.)"""
     doca = spec.load("doca")
     ofed = doca.package("mlnx-ofed-kernel-dkms").versions[1]
     booted = boot_id("gpu1")
     run = run_role("gpu1", tmp_path, "nvidia_role.yml",
-                   whole_role_vars(nvidia_driver_version=spec.upstream(NEWER), nvidia_doca_version=doca.releases[1]))
+                   whole_role_vars(nvidia_doca_version=doca.releases[1]))
     assert run.returncode == 0 and "failed=0" in run.stdout, run.stdout[-5000:]
     assert "Rebuild the driver's kernel modules against the new MLNX_OFED" in run.stdout
     assert boot_id("gpu1") != booted

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from opsctl.slurm.hostlist import hostlist_expression
-from opsctl_lab.hardware import DRIVER_VERSION
+from opsctl_lab.vendor_repos import spec
 from tests.integration.provision.support import (
     BIN,
     ENV,
@@ -25,13 +25,61 @@ from tests.integration.provision.support import (
     playbook,
     wait_until,
 )
+from tests.vendor_stack import (
+    BRANCH,
+    DPKG_QUERY,
+    LUSTRE,
+    NEWER,
+    PINNED,
+    branch_builds,
+    installed,
+    platform_packages,
+)
 
 pytestmark = [NEEDS_ROOT]
+LAB_GPU_VARS = yaml.safe_load((INVENTORY / "group_vars" / "gpu_nodes.yml").read_text())
+MODPROBE = " ".join(LAB_GPU_VARS["nvidia_modprobe_command"])  # the lab kernel's module loading
+LOADED_MODULES = LAB_GPU_VARS["nvidia_loaded_modules_dir"]
+
+
+@pytest.mark.provision
+@NEEDS_MACHINES
+def test_the_first_run_installed_the_vendor_stack_at_its_pins_from_the_lab_repositories(machines):
+    """`make provision` installed DOCA, the driver, fabric manager, NSCQ, DCGM and the Lustre client on every
+    GPU machine from the lab's vendor repositories with real apt, and rebooted them: every package of the
+    driver's branch, named or pulled in, is at the pinned build although a newer one is in the repository;
+    DCGM is at its pin; nvidia_peermem and Lustre's ko2iblnd were built against DOCA's MLNX_OFED and are
+    loaded; the common role holds them."""
+    ofed = spec.load("doca").package("mlnx-ofed-kernel-dkms").versions[0]
+    named = platform_packages("driver_packages") + platform_packages("fabric_packages")
+    for node in machines.gpu_nodes:
+        packages = installed(machines.ssh(node, DPKG_QUERY).stdout)
+        assert {wanted.split("=")[0]: packages.get(wanted.split("=")[0]) for wanted in named} == \
+            {name: version for name, version in (wanted.split("=") for wanted in named)}, node
+        branch = {name: v for name, v in packages.items() if v.startswith(f"{BRANCH}.")}
+        assert len(branch) > len(named) and not branch_builds(packages, PINNED), (node, branch)
+        assert NEWER in machines.ssh(node, "apt-cache policy nvidia-driver-cuda").stdout
+        assert packages["mlnx-ofed-kernel-dkms"] == ofed, node
+        assert packages["datacenter-gpu-manager-4-core"] == "1:4.2.3" and "1:4.4.1-1" in machines.ssh(
+            node, "apt-cache policy datacenter-gpu-manager-4-core").stdout, node
+        assert machines.ssh(node, "systemctl is-active nvidia-dcgm").stdout.strip() == "active"
+        assert packages["lustre-client-modules-dkms"] == packages["lustre-client-utils"] == f"{LUSTRE}-1", node
+        # DKMS needs the running kernel's headers and image: from the lab's kernel repository, held.
+        release = machines.ssh(node, "uname -r").stdout.strip()
+        assert packages["linux-image-amd64"] == packages[f"linux-image-{release}"] == f"{release}-1", node
+        modules = machines.ssh(node, "cat /lib/modules/$(uname -r)/updates/dkms/nvidia-peermem.ko "
+                                     "/lib/modules/$(uname -r)/updates/kernel/net/lustre/ko2iblnd.ko").stdout.split()
+        assert modules.count(f"ib_core={ofed}") == 2, (node, modules)
+        # Loaded at the boot after the install (nvidia_peermem: modules-load.d), or now (ko2iblnd).
+        machines.ssh(node, f"test -d {LOADED_MODULES}/nvidia_peermem && {MODPROBE} ko2iblnd")
+        held = set(machines.ssh(node, "apt-mark showhold").stdout.split())
+        assert {"nvidia-driver-cuda", "libnvidia-ml1", "datacenter-gpu-manager-4-core", "mlnx-ofed-kernel-dkms",
+                "linux-image-amd64"} <= held
 
 
 class OutOfService(threading.Thread):
-    """Samples the GPU machines' Slurm states every second while a run goes on: every sample's drained
-    machines, with their reasons."""
+    """Samples the GPU machines' Slurm states every second while a run goes on: every sample's machines out
+    of service (drained, down or rebooting), with their states and reasons."""
 
     def __init__(self, machines):
         super().__init__(daemon=True)
@@ -42,7 +90,8 @@ class OutOfService(threading.Thread):
         while not self.done.is_set():
             out = self.machines.ssh(self.machines.head, f"sinfo -h -N -n {names} -o '%N|%T|%E'", check=False).stdout
             rows = [line.split("|", 2) for line in out.splitlines() if line.count("|") == 2]
-            self.samples.append({node: (state, reason) for node, state, reason in rows if "drain" in state})
+            self.samples.append({node: (state, reason) for node, state, reason in rows
+                                 if any(word in state for word in ("drain", "down", "reboot"))})
             self.done.wait(1.0)
 
 
@@ -52,20 +101,23 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
     """A new driver version while a job runs on every GPU machine (as the lab's user; each ends by itself
     10 s after its machine is drained): the nvidia role leaves the change of a node in service to the
     rollout play, which drains one batch at a time (here 1: the lab's 3 GPU machines / 8, rounded up),
-    waits for its job to end, changes the emulated driver,
-    checks, and puts it back. No job is killed (each writes its last line), no more machines are out of
-    service than the batch at any time, a job submitted meanwhile starts on a machine not being changed,
-    and every machine ends on the new version, in service. The boot files are written again on the way."""
+    waits for its job to end, moves every package of the branch to the new build (held by the first run's
+    common role), has Slurm reboot the machine (`scontrol reboot` through opsctl), checks what booted, and
+    puts it back. No job is killed (each writes its last line), no more machines are out of service than
+    the batch at any time, a job submitted meanwhile starts on a machine not being changed, and every
+    machine ends on the new version, in service, its packages held again. The boot files are written again
+    on the way. The machines stay on the new build: no later test reads the driver's version."""
     gpus = machines.gpu_nodes
-    new, old = "570.172.08", DRIVER_VERSION
+    new = NEWER.rsplit("-", 1)[0]
     machines.ssh(gpus[0], "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
+    booted = {node: machines.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout for node in gpus}
     # Each job runs until the rollout has drained its machine, then a little longer, and ends by itself:
     # however long the run takes to reach a batch, the drain meets a running job and must wait for it.
     job = ("timeout 600 sh -c 'until scontrol show node $SLURMD_NODENAME | grep -q \"State=[A-Z_+]*DRAIN\"; "
            "do sleep 1; done; sleep 10' && echo finished")
     jobs = {node: machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /tmp/rollout-%j.out -w {node} "
                                    f"--wrap {shlex.quote(job)}").strip() for node in gpus}
-    sampler, versions = OutOfService(machines), {}
+    sampler = OutOfService(machines)
     try:
         wait_until(lambda: all(machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R" for job in jobs.values()),
                    60, "a job running on every GPU machine")
@@ -78,31 +130,39 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
                             "the job submitted during the run started")[0]
         # The machine it runs on is not one being changed (drained: out of service with no job left).
         assert machines.node_state(ran_on)[0] != "drained", ran_on
-        proc = run.result(timeout=900)
+        proc = run.result(timeout=1200)
     finally:
         sampler.done.set()
         for job in jobs.values():
             machines.on_head(f"scancel {job}", check=False)
-        for node in gpus:  # the inventory's version again, without another rollout (checked first below)
-            versions[node] = machines.ssh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
-            machines.ssh(node, f"/usr/local/sbin/opsctl-hw driver {old}")
     assert proc.returncode == 0, proc.stdout[-8000:]
-    drained = [sample for sample in sampler.samples if sample]
-    assert max(len(sample) for sample in drained) == 1, drained
-    assert {node for sample in drained for node in sample} == set(gpus), drained
-    assert all(reason.startswith(f"opsctl:provision nvidia driver {new}") for sample in drained
-               for _, reason in sample.values()), drained
-    assert {node for sample in drained for node, (state, _) in sample.items() if state == "draining"} == set(gpus), \
-        drained  # each drain waited for its machine's job
+    out = [sample for sample in sampler.samples if sample]
+    assert max(len(sample) for sample in out) == 1, out
+    assert {node for sample in out for node in sample} == set(gpus), out
+    assert all(reason.startswith(f"opsctl:provision nvidia driver {new}") for sample in out
+               for _, reason in sample.values()), out
+    assert {node for sample in out for node, (state, _) in sample.items() if state == "draining"} == set(gpus), \
+        out  # each drain waited for its machine's job
     text = " ".join(proc.stdout.split())
+    rebooted = {host for task, host in changed_tasks(proc.stdout)
+                if task == "handler nvidia : Reboot the node through Slurm and wait until it registers again"}
+    assert rebooted == set(gpus), sorted(changed_tasks(proc.stdout))
     for node in gpus:
         assert f"drained {node}: opsctl:provision nvidia driver {new}" in text
-        assert (f"{node}: the NVIDIA driver or its kernel modules changed, which needs a reboot; skipped: this "
-                "node's GPUs are emulated (nvidia_emulated)") in text
         assert f"resumed {node}: the rollout's change passed its checks" in text
         assert machines.ssh(node, f"cat /tmp/rollout-{jobs[node]}.out").stdout == "finished\n"
-        assert set(versions[node].split()) == {new}, versions
+        assert machines.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout != booted[node]
+        # What booted: the new build of every package, its driver and its nvidia_peermem loaded.
+        assert not branch_builds(installed(machines.ssh(node, DPKG_QUERY).stdout), NEWER), node
+        smi = machines.ssh(node, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+        assert set(smi.split()) == {new}, (node, smi)
+        assert machines.ssh(node, f"cat {LOADED_MODULES}/nvidia_peermem/version").stdout.strip() == new
+        # apt dropped the holds of what it moved; the run's last play held them again.
+        assert {"nvidia-driver-cuda", "libnvidia-ml1"} <= set(machines.ssh(node, "apt-mark showhold").stdout.split())
     assert proc.stdout.count("PLAY [NVIDIA driver rollout, a batch of GPU nodes at a time]") == len(gpus)
+    # The boot file rewritten on gpus[0] outside the rollout waited for its reboot there: no job was ended.
+    assert (f"{gpus[0]}: a boot file of the GPU stack changed; the node runs jobs, so it applies at the node's "
+            "next boot") in text
     machines.ssh(gpus[0], "grep -x 'blacklist nouveau' /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
     wait_until(lambda: all(machines.node_state(n)[0] in ("idle", "mixed") for n in gpus), 90, "every GPU machine back")
 
