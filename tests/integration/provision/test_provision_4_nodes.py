@@ -40,6 +40,7 @@ pytestmark = [NEEDS_ROOT]
 LAB_GPU_VARS = yaml.safe_load((INVENTORY / "group_vars" / "gpu_nodes.yml").read_text())
 MODPROBE = " ".join(LAB_GPU_VARS["nvidia_modprobe_command"])  # the lab kernel's module loading
 LOADED_MODULES = LAB_GPU_VARS["nvidia_loaded_modules_dir"]
+BATCH = 2  # GPU machines per batch of the driver rollout
 
 
 @pytest.mark.provision
@@ -73,8 +74,8 @@ def test_the_first_run_installed_the_vendor_stack_at_its_pins_from_the_lab_repos
         # Loaded at the boot after the install (nvidia_peermem: modules-load.d), or now (ko2iblnd).
         machines.ssh(node, f"test -d {LOADED_MODULES}/nvidia_peermem && {MODPROBE} ko2iblnd")
         held = set(machines.ssh(node, "apt-mark showhold").stdout.split())
-        assert {"nvidia-driver-cuda", "libnvidia-ml1", "datacenter-gpu-manager-4-core", "mlnx-ofed-kernel-dkms",
-                "linux-image-amd64"} <= held
+        assert {"nvidia-driver-cuda", "libnvidia-ml1", "libcuda1", "datacenter-gpu-manager-4-core",
+                "mlnx-ofed-kernel-dkms", "linux-image-amd64"} <= held
 
 
 class OutOfService(threading.Thread):
@@ -100,13 +101,15 @@ class OutOfService(threading.Thread):
 def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines):
     """A new driver version while a job runs on every GPU machine (as the lab's user; each ends by itself
     10 s after its machine is drained): the nvidia role leaves the change of a node in service to the
-    rollout play, which drains one batch at a time (here 1: the lab's 3 GPU machines / 8, rounded up),
-    waits for its job to end, moves every package of the branch to the new build (held by the first run's
-    common role), has Slurm reboot the machine (`scontrol reboot` through opsctl), checks what booted, and
-    puts it back. No job is killed (each writes its last line), no more machines are out of service than
-    the batch at any time, a job submitted meanwhile starts on a machine not being changed, and every
-    machine ends on the new version, in service, its packages held again. The boot files are written again
-    on the way. The machines stay on the new build: no later test reads the driver's version."""
+    rollout play, which drains one batch at a time (here 2 machines, `provision_batch`: the default, 1 of
+    the lab's 3 GPU machines, would take a third batch of drain, install and reboot), waits for its jobs to
+    end, moves every package of the branch to the new build (held by the first run's common role), has
+    Slurm reboot the machine (`scontrol reboot` through opsctl), checks what booted, and puts it back. No
+    job is killed (each writes its last line, in /var/tmp: a reboot empties /tmp), no more machines are
+    out of service than the batch at any time, a job submitted meanwhile starts on a machine not being
+    changed, and every machine ends on the new version, in service, its packages held again. The boot
+    files are written again on the way. The machines stay on the new build: no later test reads the
+    driver's version."""
     gpus = machines.gpu_nodes
     new = NEWER.rsplit("-", 1)[0]
     machines.ssh(gpus[0], "rm /etc/modprobe.d/opsctl-nvidia-blacklist.conf")
@@ -115,7 +118,8 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
     # however long the run takes to reach a batch, the drain meets a running job and must wait for it.
     job = ("timeout 600 sh -c 'until scontrol show node $SLURMD_NODENAME | grep -q \"State=[A-Z_+]*DRAIN\"; "
            "do sleep 1; done; sleep 10' && echo finished")
-    jobs = {node: machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /tmp -o /tmp/rollout-%j.out -w {node} "
+    jobs = {node: machines.on_head(f"runuser -u labuser -- sbatch --parsable -D /var/tmp -o /var/tmp/rollout-%j.out "
+                                   f"-w {node} "
                                    f"--wrap {shlex.quote(job)}").strip() for node in gpus}
     sampler = OutOfService(machines)
     try:
@@ -123,7 +127,7 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
                    60, "a job running on every GPU machine")
         sampler.start()
         run = concurrent.futures.ThreadPoolExecutor(1).submit(playbook, "--tags", "nvidia", "-e",
-                                                              f"nvidia_driver_version={new}")
+                                                              f"nvidia_driver_version={new} provision_batch={BATCH}")
         wait_until(lambda: any(sampler.samples), 240, "a machine drained")
         during = machines.on_head("runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null --wrap 'sleep 10'")
         ran_on = wait_until(lambda: machines.on_head(f"squeue -h -j {during.strip()} -o '%t %N'").split()[1:], 60,
@@ -137,7 +141,7 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
             machines.on_head(f"scancel {job}", check=False)
     assert proc.returncode == 0, proc.stdout[-8000:]
     out = [sample for sample in sampler.samples if sample]
-    assert max(len(sample) for sample in out) == 1, out
+    assert max(len(sample) for sample in out) == BATCH, out
     assert {node for sample in out for node in sample} == set(gpus), out
     assert all(reason.startswith(f"opsctl:provision nvidia driver {new}") for sample in out
                for _, reason in sample.values()), out
@@ -150,7 +154,7 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
     for node in gpus:
         assert f"drained {node}: opsctl:provision nvidia driver {new}" in text
         assert f"resumed {node}: the rollout's change passed its checks" in text
-        assert machines.ssh(node, f"cat /tmp/rollout-{jobs[node]}.out").stdout == "finished\n"
+        assert machines.ssh(node, f"cat /var/tmp/rollout-{jobs[node]}.out").stdout == "finished\n"
         assert machines.ssh(node, "cat /proc/sys/kernel/random/boot_id").stdout != booted[node]
         # What booted: the new build of every package, its driver and its nvidia_peermem loaded.
         assert not branch_builds(installed(machines.ssh(node, DPKG_QUERY).stdout), NEWER), node
@@ -159,7 +163,7 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
         assert machines.ssh(node, f"cat {LOADED_MODULES}/nvidia_peermem/version").stdout.strip() == new
         # apt dropped the holds of what it moved; the run's last play held them again.
         assert {"nvidia-driver-cuda", "libnvidia-ml1"} <= set(machines.ssh(node, "apt-mark showhold").stdout.split())
-    assert proc.stdout.count("PLAY [NVIDIA driver rollout, a batch of GPU nodes at a time]") == len(gpus)
+    assert proc.stdout.count("PLAY [NVIDIA driver rollout, a batch of GPU nodes at a time]") == -(-len(gpus) // BATCH)
     # The boot file rewritten on gpus[0] outside the rollout waited for its reboot there: no job was ended.
     assert (f"{gpus[0]}: a boot file of the GPU stack changed; the node runs jobs, so it applies at the node's "
             "next boot") in text
@@ -168,8 +172,11 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
 
 
 # Debian 12's own archive key (debian-archive-keyring), armored: a key the lab machines have, for a
-# repository they can reach. The fingerprint is the primary key's, B8B8...; 4CB5... is its subkey.
-DEBIAN_KEY = {"name": "opsctl-test-debian", "uris": "http://deb.debian.org/debian", "suites": "bookworm-updates",
+# repository they can reach. The fingerprint is the primary key's, B8B8...; 4CB5... is its subkey. A suite
+# no other sources file names: the nvidia role's (Debian's contrib) already has bookworm and bookworm-updates
+# with Debian's keyring, and apt refuses one suite signed by two keys ("Conflicting values set for option
+# Signed-By").
+DEBIAN_KEY = {"name": "opsctl-test-debian", "uris": "http://deb.debian.org/debian", "suites": "bookworm-backports",
               "components": "main", "key_url": "file:///etc/apt/trusted.gpg.d/debian-archive-bookworm-automatic.asc",
               "key_fingerprint": "B8B80B5B623EAB6AD8775C45B7C5D7D6350947F8"}
 
@@ -203,7 +210,7 @@ def test_a_repository_is_added_only_with_the_expected_key(machines, tmp_path):
         assert added.returncode == 0, added.stdout[-4000:]
         assert "Signed-By: /etc/apt/keyrings/opsctl-test-debian.asc" in machines.ssh(node, f"cat {sources}").stdout
         policy = machines.ssh(node, "apt-cache policy").stdout
-        assert "http://deb.debian.org/debian bookworm-updates/main amd64 Packages" in policy
+        assert "http://deb.debian.org/debian bookworm-backports/main amd64 Packages" in policy
     finally:
         machines.ssh(node, f"rm -f {sources} /etc/apt/keyrings/opsctl-test-debian.asc", check=False)
 
