@@ -304,6 +304,21 @@ def test_inventories_differ_only_in_variables():
     assert all(repository.search(name) for name in lab_vars), sorted(lab_vars)
 
 
+def test_every_acting_opsctl_rollout_call_asks_again_while_another_opsctl_holds_the_lock():
+    """opsctl's run lock never waits: the rollout's drain, reboot and resume on the head meet the health
+    timer, and the reboots of one batch's nodes (one command per node) meet each other. Each asks again."""
+    calls = []
+    for path in sorted((ROLES / "nvidia" / "tasks").glob("*.yml")):
+        for task in load_yaml(path) or []:
+            command = task.get("ansible.builtin.command")
+            argv = command.get("argv") if isinstance(command, dict) else None
+            if isinstance(argv, list) and argv[1:2] == ["rollout"]:
+                calls.append((path.name, argv[2], task))
+    assert sorted(verb for _, verb, _ in calls) == ["drain", "reboot", "resume"], calls
+    for name, verb, task in calls:
+        assert "another acting opsctl holds" in task.get("until", "") and task.get("retries", 0) >= 5, (name, verb)
+
+
 def test_the_holds_play_is_last_and_runs_with_every_tag():
     """apt drops the hold of a package it moves (--allow-change-held-packages): a tagged run that moves one
     (the driver's rollout, `--tags nvidia`) must end with the holds play too, or the new build stays unheld."""
