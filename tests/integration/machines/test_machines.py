@@ -28,11 +28,14 @@ from tests.integration.machines.support import ENV, GPUS, LAB_DIR, MACHINES_MARK
 pytestmark = MACHINES_MARKS
 
 
-def test_up_is_idempotent_and_quick():
-    began = time.monotonic()
+def test_up_is_idempotent_and_restarts_nothing():
+    """`up` on running machines starts nothing again: the same machine processes, "already up". Its wall time
+    (2-3 s on an idle host, docs/lab-machines.md) is not asserted: beside the provisioning stream's first run
+    it took 15.7 s, all of it the SSH logins waiting for the CPU."""
+    before = {name: nspawn.running_pid(SETTINGS, name) for name in NAMES}
     out = opsctl("up")
     assert out.returncode == 0 and "already up" in out.stdout
-    assert time.monotonic() - began < 15
+    assert all(before.values()) and {name: nspawn.running_pid(SETTINGS, name) for name in NAMES} == before
     assert opsctl("status").returncode == 0  # every machine and the apt cache run
 
 
