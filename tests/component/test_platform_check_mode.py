@@ -174,7 +174,7 @@ def test_a_reboot_that_is_not_allowed_stops_that_node_with_one_line(run):
 
 def test_packages_of_each_platform(run):
     assert run.apt_names("head01") >= {f"slurmctld={SLURM}", f"slurmdbd={SLURM}", "mariadb-server",
-                                       "munge>=0.5.15-4ubuntu0.1", "prometheus-alertmanager>=0.26.0",
+                                       "munge>=0.5.15-4ubuntu0.1", "prometheus-alertmanager>=0.26.0+ds-1",
                                        "prometheus>=2.45.3+ds-2ubuntu0.3", "prometheus-node-exporter>=1.7.0-1ubuntu0.3"}
     assert run.apt_names("gpu001") >= UBUNTU_GPU_PACKAGES | {
         "linux-headers-6.8.0-52-generic", f"slurmd={SLURM}", f"slurm-client={SLURM}", f"libpam-slurm-adopt={SLURM}",
