@@ -112,7 +112,7 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     assert list(paths.textfile("gpu001").iterdir()) == []
     assert resumed == [["gpu001", "gpu003"]] and restarted == [1]
     # The new Prometheus scrapes every target, then opsctl's --watch starts again and is scraped too.
-    assert forgotten == [paths] and waited == [(3, False), (3,)] and watching == [10]
+    assert forgotten == [paths] and waited == [(3, False), (3,)] and watching == [cluster.WATCH_INTERVAL_S]
     for node in ("gpu002", "gpu003"):
         hw = NodeHardware.load(paths.hardware(node), node)
         assert (hw.active, hw.accum, hw.last_xid) == ([], {}, {}), node

@@ -131,7 +131,8 @@ def test_opsctl_status_per_node_shows_the_unknown_and_the_failing_node(lab, faul
         got = {s["metric"]["slurm_node"]: float(s["value"][1]) for s in lab.query(expr)}
         return got if got.get("gpu029") == 3 and got.get("gpu020") == 2 else None
 
-    got = lab.wait_until(statuses, 40, "the lab's opsctl --watch to judge gpu029 unknown and gpu020 failing", 2)
+    # The watch judges every 30 s (opsctl_lab.cluster.WATCH_INTERVAL_S), Prometheus scrapes it 5 s later.
+    got = lab.wait_until(statuses, 90, "the lab's opsctl --watch to judge gpu029 unknown and gpu020 failing", 2)
     assert got["gpu001"] in (0, 1, 2) and len(got) == lab.nodes
 
 

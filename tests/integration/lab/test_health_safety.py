@@ -127,11 +127,17 @@ def test_a_run_that_finds_the_lock_held_acts_on_nothing(h):
 
 def test_two_concurrent_drain_runs_never_both_act(h):
     h.inject("gpu057", "xid:79", gpu=1)
-    h.wait_statuses("gpu057", {"gpu057": "fail"})
-    runs = [h.popen("health", "--drain", "--nodes", "gpu057") for _ in range(2)]
-    outputs = [p.communicate(timeout=60) for p in runs]
-    codes = sorted(p.returncode for p in runs)
-    drains = [r for r in h.audit() if r["event"] == "drain" and r["node"] == "gpu057"]
+    for _ in range(3):
+        h.wait_statuses("gpu057", {"gpu057": "fail"})
+        runs = [h.popen("health", "--drain", "--nodes", "gpu057") for _ in range(2)]
+        outputs = [p.communicate(timeout=60) for p in runs]
+        codes = sorted(p.returncode for p in runs)
+        drains = [r for r in h.audit() if r["event"] == "drain" and r["node"] == "gpu057"]
+        if drains or not set(codes) <= {0, 4}:
+            break
+        # Neither acted and the lock's holder found no failing node: on a loaded host a scrape of gpu057 can
+        # miss (the emulator answered after the scrape timeout), and a run never acts on missing data. The
+        # lock is what this test is about: again, once gpu057 reads failing again.
     assert len(drains) == 1 and h.slurm()["gpu057"].drained, (codes, outputs, h.audit())
     assert codes in ([1, 1], [1, 4])  # the other saw it drained already, or found the lock held
 
