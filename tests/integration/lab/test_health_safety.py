@@ -135,9 +135,9 @@ def test_two_concurrent_drain_runs_never_both_act(h):
         drains = [r for r in h.audit() if r["event"] == "drain" and r["node"] == "gpu057"]
         if drains or not set(codes) <= {0, 4}:
             break
-        # Neither acted and the lock's holder found no failing node: on a loaded host a scrape of gpu057 can
-        # miss (the emulator answered after the scrape timeout), and a run never acts on missing data. The
-        # lock is what this test is about: again, once gpu057 reads failing again.
+        # Neither acted, and the lock's holder found gpu057 not failing: on a loaded host its data can go
+        # missing or stale between the check above and these runs (a late scrape), and a run never acts then.
+        # The lock is what this test is about: again, once gpu057 reads failing again.
     assert len(drains) == 1 and h.slurm()["gpu057"].drained, (codes, outputs, h.audit())
     assert codes in ([1, 1], [1, 4])  # the other saw it drained already, or found the lock held
 
