@@ -1,6 +1,7 @@
 """The product wheel (what the opsctl role installs on head nodes) carries no lab code; the lab is its
 own distribution that joins `opsctl` through an entry point."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -22,8 +23,14 @@ def build_wheel(source: Path, out: Path) -> zipfile.ZipFile:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, zipfile.ZipFile]:
+    """Both wheels, built from a copy of the tree: setuptools stages a build in <source>/build, which `make
+    provision` (the opsctl role, on the control host) clears and fills while another stream of `make test`
+    may run this test on the same checkout."""
     tmp = tmp_path_factory.mktemp("wheels")
-    return {"opsctl": build_wheel(REPO, tmp / "opsctl"), "opsctl-lab": build_wheel(REPO / "lab", tmp / "lab")}
+    source = tmp / "source"
+    caches = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".ssh", ".facts")
+    shutil.copytree(REPO, source, ignore=caches)
+    return {"opsctl": build_wheel(source, tmp / "opsctl"), "opsctl-lab": build_wheel(source / "lab", tmp / "lab")}
 
 
 @pytest.fixture(scope="module")
