@@ -25,46 +25,27 @@ MINIMUMS = [("munge", "_munge_platform", "munge"), ("prometheus", "_prometheus_p
 def _order(char: str) -> int:
     """dpkg's lexical order (lib/dpkg/version.c, order()): `~` before the end, the end before letters,
     letters before every other character."""
-    if char == "~":
-        return -1
-    if char.isalpha():
-        return ord(char)
-    return ord(char) + 256 if char else 0
+    return -1 if char == "~" else ord(char) if char.isalpha() else ord(char) + 256
 
 
-def _compare_part(a: str, b: str) -> int:
-    """dpkg's verrevcmp(): alternating non-digit and digit runs, the first by _order, the second as numbers."""
-    while a or b:
-        while (a and not a[0].isdigit()) or (b and not b[0].isdigit()):
-            left, right = _order(a[0] if a and not a[0].isdigit() else ""), _order(b[0] if b and not b[0].isdigit()
-                                                                                   else "")
-            if left != right:
-                return left - right
-            a, b = a[1:], b[1:]
-        digits_a, digits_b = re.match(r"\d*", a).group(), re.match(r"\d*", b).group()
-        if int(digits_a or 0) != int(digits_b or 0):
-            return int(digits_a or 0) - int(digits_b or 0)
-        a, b = a[len(digits_a):], b[len(digits_b):]
-    return 0
+def _part_key(part: str) -> tuple:
+    """dpkg's verrevcmp() as a key: alternating non-digit and digit runs, the first by _order (0 marks its
+    end), the second as a number."""
+    runs = re.findall(r"(\D*)(\d*)", part)
+    return tuple((tuple(map(_order, text)) + (0,), int(digits or 0)) for text, digits in runs)
 
 
-def _split(version: str) -> tuple[int, str, str]:
+def version_key(version: str) -> tuple:
+    """Epoch, upstream version and Debian revision, in the order `dpkg --compare-versions` sorts them."""
     epoch, _, rest = version.partition(":") if ":" in version else ("0", "", version)
     upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "0")
-    return int(epoch), upstream, revision
+    return int(epoch), _part_key(upstream), _part_key(revision)
 
 
 def compare_versions(a: str, b: str) -> int:
-    """Negative, zero or positive as Debian version a sorts before, with or after b (`dpkg --compare-versions`)."""
-    (epoch_a, upstream_a, revision_a), (epoch_b, upstream_b, revision_b) = _split(a), _split(b)
-    return (epoch_a - epoch_b) or _compare_part(upstream_a, upstream_b) or _compare_part(revision_a, revision_b)
-
-
-class _Version(str):
-    """A version string that sorts as dpkg sorts it (for max())."""
-
-    def __lt__(self, other: str) -> bool:
-        return compare_versions(self, other) < 0
+    """Negative, zero or positive as Debian version a sorts before, with or after b."""
+    key_a, key_b = version_key(a), version_key(b)
+    return (key_a > key_b) - (key_a < key_b)
 
 
 @pytest.mark.parametrize("lower,higher", [
@@ -99,7 +80,7 @@ def test_each_minimum_is_met_by_its_platforms_archive_and_is_one_of_its_builds(p
     builds = archive_builds(platform, package)
     assert builds, (platform, package)
     assert minimum in builds, (minimum, builds)
-    assert compare_versions(max(builds, key=_Version), minimum) >= 0
+    assert compare_versions(max(builds, key=version_key), minimum) >= 0
 
 
 @pytest.mark.parametrize("platform", sorted(SUPPORTED))
@@ -107,7 +88,7 @@ def test_the_platforms_slurm_build_is_the_one_its_archive_carries(platform):
     """The preflight compares the platform's own Slurm with the release a site asks for (Ubuntu 22.04's
     21.08 is too old: a site repository is required there)."""
     version = load_yaml(ROLES / "slurm_common" / "vars" / f"{platform}.yml")["_slurm_platform"]["distribution_version"]
-    assert version == max(archive_builds(platform, "slurmctld"), key=_Version)
+    assert version == max(archive_builds(platform, "slurmctld"), key=version_key)
 
 
 def test_the_slurm_user_has_the_uid_the_distribution_packages_give_it():
