@@ -2,7 +2,7 @@
 
 Every command turns an error into one line on stderr and its documented exit code (see
 opsctl/errors.py and opsctl/commands/exit.py). What a command talks to (config, Prometheus, Slurm)
-is built in one place, opsctl.commands.context.Clients, carried in click's context object.
+is built in one place, opsctl.clients.Clients, carried in click's context object.
 Commands of separately installed packages join through the entry point
 group `opsctl.commands`: the lab (`opsctl lab ...`, package opsctl-lab in lab/) is one.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from opsctl import __version__
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.exit import one_line_errors
 from opsctl.errors import ConfigError
 

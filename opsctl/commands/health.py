@@ -1,22 +1,22 @@
 """`opsctl health`: one run or `--watch`, rendered as a table, JSON or the changes since the last run.
 
 opsctl/cli.py parses the arguments and calls `health` with the Clients of the invocation; it calls the
-core (opsctl.remediation.run), echoes the rendered result and returns the exit code.
+core (opsctl.health.run), echoes the rendered result and returns the exit code.
 """
 
 
 import click
 
-from opsctl.commands.changes import ChangeLog, run_kind
-from opsctl.commands.context import Clients
+from opsctl.health.changes import ChangeLog, run_kind
+from opsctl.clients import Clients
 from opsctl.commands.exit import error_json
 from opsctl.commands.render import iso_time, render_json, render_table
 from opsctl.commands.watch import PASSING, watch
 from opsctl.errors import ConfigError, ExitCode, OpsctlError
 from opsctl.metrics import RunRecorder
 from opsctl.prom.client import redact
-from opsctl.remediation.run import RunOptions, RunResult, run_health
-from opsctl.remediation.state import StateDir
+from opsctl.health.run import RunOptions, RunResult, run_health
+from opsctl.actor.state import State
 
 
 def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: bool, watch_s: float | None,
@@ -26,7 +26,7 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
                           "leave out --json and --all")
     config = clients.config(acting=(drain or resume) and not dry_run)
     recorder = RunRecorder(config.metrics, serve=watch_s is not None, warn=lambda line: click.echo(line, err=True))
-    changes = ChangeLog(StateDir(config.state_dir), run_kind(drain, resume, dry_run, scope)) if changes_only else None
+    changes = ChangeLog(State(config.state_dir), run_kind(drain, resume, dry_run, scope)) if changes_only else None
 
     @recorder.wrap
     def once() -> RunResult:

@@ -4,10 +4,10 @@ import json
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import render_history
 from opsctl.errors import ExitCode
-from opsctl.remediation.audit import AuditLog
+from opsctl.actor.audit import AuditLog
 
 
 def history(clients: Clients, node: str | None, limit: int, as_json: bool) -> ExitCode:

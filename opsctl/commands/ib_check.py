@@ -7,7 +7,7 @@ import json
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA, table
 from opsctl.errors import ExitCode
 from opsctl.ib.check import RailChoice, Report

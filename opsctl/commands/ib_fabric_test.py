@@ -14,15 +14,15 @@ from typing import Any
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, SourceUnavailable, worst
 from opsctl.fabrictest.inventory import Inventory
 from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, Isolator, RailVerdict, Thresholds
 from opsctl.fabrictest.runner import FabricRunner, ParamikoRemote
 from opsctl.health.evaluate import Check
-from opsctl.remediation.findings import drain_findings, failing_check, shared_cause
-from opsctl.remediation.outcome import Outcome
+from opsctl.health.findings import drain_findings, failing_check, shared_cause
+from opsctl.actor.result import Outcome
 
 RULE = "ib-fabric"
 _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}

@@ -25,13 +25,13 @@ from typing import Any
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, SourceUnavailable
 from opsctl.health.evaluate import Check
-from opsctl.remediation.findings import failing_check, quarantine_outcome, shared_cause
-from opsctl.remediation.outcome import Outcome
+from opsctl.health.findings import failing_check, quarantine_outcome, shared_cause
+from opsctl.actor.result import Outcome
 from opsctl.slurm import Slurm
 
 RULE = "ib-precheck"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, worst
 from opsctl.gpu.kmsg import SXid, Xid
 from opsctl.ib.report import check_report, report_dict
 from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
 from opsctl.nodecheck.kernel_log import CHECK, KernelLogReport, check_kernel_log
-from opsctl.nodecheck.ladder_step import take_step
-from opsctl.remediation.outcome import Outcome
+from opsctl.ladder.node_step import take_step
+from opsctl.actor.result import Outcome
 from opsctl.storage.check import StorageReport, storage_report
 
 

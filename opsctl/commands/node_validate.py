@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.rails import HCA_NAME
 from opsctl.errors import ExitCode

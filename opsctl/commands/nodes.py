@@ -4,11 +4,11 @@ import json
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import render_nodes
 from opsctl.errors import ExitCode
-from opsctl.remediation.manual import manual_drain, manual_resume
-from opsctl.remediation.outcome import Outcome
+from opsctl.health.manual import manual_drain, manual_resume
+from opsctl.actor.result import Outcome
 
 
 def nodes(clients: Clients, as_json: bool) -> ExitCode:

@@ -9,12 +9,12 @@ import json
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import iso_time, table
 from opsctl.commands.watch import watch
 from opsctl.errors import ExitCode
-from opsctl.remediation.ladder_plan import LadderDecision
-from opsctl.remediation.remediate import RemediateResult, remediate, set_hold
+from opsctl.ladder.plan import LadderDecision
+from opsctl.ladder.remediate import RemediateResult, remediate, set_hold
 
 
 def remediate_or_watch(clients: Clients, dry_run: bool, as_json: bool, watch_s: float | None) -> ExitCode:

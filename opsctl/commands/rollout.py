@@ -1,5 +1,5 @@
 """`opsctl rollout drain|resume`: the head node's side of provisioning's rolling changes (what they do:
-opsctl/remediation/rollout.py; who runs them: playbooks/roles/nvidia/tasks/rolling.yml).
+opsctl/rollout/batch.py; who runs them: playbooks/roles/nvidia/tasks/rolling.yml).
 
 `drain` exit codes: 0 every node of the batch is out of service and runs no job (change them), 1 a node
 is skipped (its jobs outlasted --wait, or Slurm changed under the decision): it is back in service and
@@ -12,10 +12,10 @@ import json
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
-from opsctl.remediation.rollout import drain_batch, reboot_batch, resume_batch
+from opsctl.rollout.batch import drain_batch, reboot_batch, resume_batch
 
 
 def drain(clients: Clients, hostlist: str, change: str, wait_s: float, as_json: bool) -> ExitCode:

@@ -3,7 +3,7 @@ Grafana dashboard, or one line a rule."""
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.dashboards import gpu_dashboard
 from opsctl.errors import ExitCode
 from opsctl.health.catalog import load_catalog

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA, render_json, render_table
 from opsctl.errors import ExitCode, worst
-from opsctl.remediation.run import RunOptions, run_health
+from opsctl.health.run import RunOptions, run_health
 from opsctl.slurm.hostlist import hostlist_expression
 from opsctl.validate.preflight import Preflight, default_spares, run_preflight
 from opsctl.validate.sweep import Sweep, run_sweep

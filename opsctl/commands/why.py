@@ -13,13 +13,13 @@ from pathlib import Path
 
 import click
 
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.prom.client import PromRangeQuery
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.state import StateDir
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.state import State
 from opsctl.slurm.accounting import FinishedJob
 from opsctl.slurm.base import SlurmAccounting
 from opsctl.why import suspicion
@@ -174,10 +174,10 @@ def suspects(clients: Clients, queue: bool, as_json: bool) -> ExitCode:
     found = [s for s in scores.values() if s.suspect(config)]
     queued: list[str] = []
     if queue and found:
-        state = StateDir(config.state_dir)
-        waiting = state.validate_queue()
+        state = State(config.state_dir)
+        waiting = state.validate_queue.load()
         queued = [s.node for s in found if s.node not in waiting]
-        state.save_validate_queue({**waiting, **{s.node: {"since": now, "why": s.words()} for s in found
+        state.validate_queue.save({**waiting, **{s.node: {"since": now, "why": s.words()} for s in found
                                                  if s.node in queued}})
     if as_json:
         click.echo(json.dumps({"suspects": [s.node for s in found], "queued": queued, "jobs": len(jobs),

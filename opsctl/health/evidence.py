@@ -10,7 +10,7 @@ of them without a series, or NaN, makes the evidence `no-data`, whatever the oth
 drained for `ib-down mlx5_3` stays drained while mlx5_3 has no series, even if seven rails read ACTIVE.
 
 The devices a drain named come from its Slurm reason, `opsctl:<rule-ids> <evidence>; <evidence>`
-(opsctl.remediation.plan.drain_reason): each evidence starts with its device (Rule.format_evidence).
+(opsctl.health.plan.drain_reason): each evidence starts with its device (Rule.format_evidence).
 The reason is the record of the drain that the planner itself trusts (it reads the rule ids from it);
 the report cannot name a device whose series is gone, since a missing series yields no check. A piece of
 the reason counts for a rule only when it reads as that rule's evidence template with a device of the

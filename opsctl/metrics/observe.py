@@ -2,7 +2,7 @@
 
 from opsctl.health.catalog import Rule
 from opsctl.metrics.state import RunFacts
-from opsctl.remediation.run import RunResult
+from opsctl.health.run import RunResult
 from opsctl.slurm.base import SlurmNode
 
 

@@ -18,7 +18,7 @@ from opsctl.errors import ConfigError, OpsctlError, SafetyStop
 from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.metrics.observe import run_facts
 from opsctl.metrics.state import MetricsState
-from opsctl.remediation.run import RunResult
+from opsctl.health.run import RunResult
 
 Run = Callable[[], RunResult]
 

@@ -10,9 +10,9 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.ib.check import Report
 from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
-from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
-from opsctl.remediation.outcome import Outcome
-from opsctl.remediation.plan import out_of_service_room
+from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
+from opsctl.actor.result import Outcome
+from opsctl.health.plan import out_of_service_room
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 from opsctl.storage.check import CHECKS as STORAGE_CHECKS

@@ -32,7 +32,7 @@ from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.gpu.kmsg import Record, SXid, Xid, parse_record, parse_records, parse_sxid, parse_xid
 from opsctl.gpu.nvidia_smi import GpuIndexes, NvidiaSmiImpl
-from opsctl.remediation.state import secure_dir
+from opsctl.actor.lock import secure_dir
 
 CHECK = "kernel-log"
 STATE_FILE = "kernel_log.json"

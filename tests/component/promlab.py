@@ -219,7 +219,7 @@ def verdicts(report) -> dict:
 
 def drain_decisions(report, rules, slurm_nodes) -> dict:
     from opsctl.config import parse_config
-    from opsctl.remediation.plan import plan_drains
+    from opsctl.health.plan import plan_drains
     from opsctl.slurm import SlurmNode
 
     cluster = {n: SlurmNode(n, "idle", partitions=("gpu",), gres="gpu:8") for n in slurm_nodes}

@@ -15,7 +15,7 @@ from opsctl.health.evaluate import evaluate
 from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
 from opsctl.prom import PromClientImpl
-from opsctl.remediation.memory import Handled, HandledMemory
+from opsctl.actor.memory import Handled, HandledMemory
 from opsctl_lab.dcgm_emulator import send_body
 from tests.component.promlab import (
     HAVE_NODE_EXPORTER,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.health import precomputed

@@ -1,4 +1,4 @@
-"""The one actor (opsctl/remediation/act.py): it alone changes nodes in Slurm; its limits survive a crash
+"""The one actor (opsctl/actor/act.py): it alone changes nodes in Slurm; its limits survive a crash
 after scontrol, a full audit disk and Ctrl-C; compare and set rests on flags and reason; the safety limits
 count GPU nodes; `--resume` honours the unknown stop; actions refuse a private state directory. Over
 fakes of the Slurm and PromQuery protocols; the lab tier kills a real run right after its scontrol."""
@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import ExitCode
-from opsctl.remediation.act import REBOOT_REFUSED, Actor, Change
-from opsctl.remediation.findings import drain_findings, failing_check
-from opsctl.remediation.state import StateDir
+from opsctl.actor.act import REBOOT_REFUSED, Actor, Change
+from opsctl.health.findings import drain_findings, failing_check
+from opsctl.actor.state import State
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
 
 PACKAGE = Path(__file__).resolve().parents[2] / "opsctl"
@@ -35,7 +35,7 @@ def test_only_the_actor_calls_the_slurm_clients_drain_resume_and_set_reason():
     """The backends (opsctl/slurm/) implement them; every other module goes through the actor."""
     callers = [call for path in sorted(PACKAGE.rglob("*.py")) if path.parent.name != "slurm"
                for call in calls_of_slurm_changes(path)]
-    assert callers and all(c.startswith("opsctl/remediation/act.py:") for c in callers), callers
+    assert callers and all(c.startswith("opsctl/actor/act.py:") for c in callers), callers
 
 
 class Killed(BaseException):
@@ -56,10 +56,10 @@ def test_a_run_killed_right_after_scontrol_has_already_counted_the_drain_and_its
         CliRunner().invoke(main, ["health", "--drain"], obj=Clients(world.config, world.prom, world.slurm),
                            catch_exceptions=False)
     assert world.slurm.nodes()["gpu040"].drained
-    state = StateDir(world.config.state_dir)
+    state = State(world.config.state_dir)
     budget = json.loads((Path(world.config.state_dir) / "budget.json").read_text())
     assert len(budget["drains"]) == 1
-    assert [(r.node, r.rule) for r in state.handled().records] == [("gpu040", "xid-79")]
+    assert [(r.node, r.rule) for r in state.handled.load().records] == [("gpu040", "xid-79")]
 
 
 def test_the_budget_holds_across_runs_whose_audit_disk_is_full(tmp_path):
@@ -141,7 +141,7 @@ def test_a_reboot_is_refused_where_slurm_would_return_the_node_before_its_checks
     else:
         assert acted.dropped == [(reboot, REBOOT_REFUSED)] and slurm.calls == []
         assert [(r["event"], r["detail"]) for r in audit] == [("refuse", REBOOT_REFUSED)]
-        assert not StateDir(config.state_dir).recent("reboots", NOW)  # no budget spent on it
+        assert not State(config.state_dir).budgets.recent("reboots", NOW)  # no budget spent on it
 
 
 def test_resume_alone_honours_the_too_many_unknown_stop(tmp_path):

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 
 import opsctl.commands.ib_fabric_test as fabric_command
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.fabrictest.inventory import Inventory, expand_host_pattern
-from opsctl.remediation.audit import AuditLog
+from opsctl.actor.audit import AuditLog
 from tests.conftest import FIXTURES
 from tests.unit.fakes import FakeSlurm, gpu_nodes
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.remediation.state import StateDir
+from opsctl.actor.state import State
 from tests.unit.fakes import IB_REASON, ISO, World, node
 
 XID = "xid-79 gpu3 xid=79 count=1"
@@ -106,8 +106,8 @@ def test_the_breaker_prints_its_refusal_and_the_safety_stop_and_keeps_the_record
 def test_a_failed_run_prints_its_one_line_and_keeps_the_previous_record(world):
     world.prom.breach("xid-79", "gpu040", "3")
     changes(world, "--drain")
-    state = StateDir(world.tmp / "state")
-    kept = state.last_run("drain")
+    state = State(world.tmp / "state")
+    kept = state.last_runs.get("drain")
     world.prom.breaching = {}
     world.prom.fail_with = SourceUnavailable("cannot connect to http://p:9090: connection refused")
     assert world.run("health", "--changes-only", "--drain") == 3
@@ -116,7 +116,7 @@ def test_a_failed_run_prints_its_one_line_and_keeps_the_previous_record(world):
     out = changes(world, "--drain")  # exit 3 with a result: no node changes from a partial answer
     assert world.code == 3 and out[0].startswith("64 nodes: 64 ok") and len(out) > 1
     assert all(line.startswith("warning: the source may have answered partially") for line in out[1:])
-    assert state.last_run("drain") == kept and list(kept["nodes"]) == ["gpu040"]
+    assert state.last_runs.get("drain") == kept and list(kept["nodes"]) == ["gpu040"]
     world.prom.partial, world.prom.warnings = [], []
     assert changes(world, "--drain")[:-1] == ["gpu040 fail -> ok"]  # against the last complete run
 
@@ -126,9 +126,9 @@ def test_each_kind_of_run_has_its_own_record(world):
     changes(world)  # a read-only run by hand
     assert changes(world, "--dry-run")[:-1] == [f"gpu040 fail: {XID}", f"would-drain gpu040: opsctl:{XID}"]
     assert changes(world, "--nodes", "gpu[040-041]")[0] == f"gpu040 fail: {XID}"
-    state = StateDir(world.tmp / "state")
-    assert all(state.last_run(kind) for kind in ("drain dry-run", "read-only", "read-only nodes=gpu[040-041]"))
-    assert state.last_run("drain") is None
+    state = State(world.tmp / "state")
+    assert all(state.last_runs.get(kind) for kind in ("drain dry-run", "read-only", "read-only nodes=gpu[040-041]"))
+    assert state.last_runs.get("drain") is None
 
 
 def test_a_watch_round_prints_its_changes_and_keeps_the_record(world):

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.remediation.state import RunLock, StateDir
+from opsctl.actor.lock import RunLock
+from opsctl.actor.state import HandledEvents, State
 from tests.unit.fakes import IB_REASON, ISO, World, node
 
 
@@ -41,7 +42,7 @@ def test_drain_drains_audits_values_and_remembers_the_event(world):
     [record] = world.audit()
     assert record["event"] == "drain" and record["values"] == [
         {"rule": "xid-79", "device": "gpu3", "value": 1.0, "threshold": 0.0}]
-    [handled] = StateDir(world.tmp / "state").handled().records
+    [handled] = State(world.tmp / "state").handled.load().records
     assert (handled.node, handled.rule, handled.device, handled.settled) == ("gpu040", "xid-79", "gpu3", True)
 
 
@@ -180,7 +181,7 @@ def test_a_refused_scontrol_forgets_the_intent_and_exits_3(world):
     world.prom.breach("xid-79", "gpu040", "3")
     world.slurm.fail_change = 1
     assert world.run("health", "--drain") == 3
-    assert StateDir(world.tmp / "state").handled().records == []  # not drained: nothing to remember
+    assert State(world.tmp / "state").handled.load().records == []  # not drained: nothing to remember
     assert [r["event"] for r in world.audit()][:1] == ["drain-failed"]
 
 
@@ -324,16 +325,16 @@ def test_a_drain_only_run_keeps_the_healthy_clock_of_a_resume_run(tmp_path):
     w = World(tmp_path, raw={"safety": {"resume_after": "10m"}},
               gpu040=node("gpu040", flags=("DRAIN",), reason=IB_REASON))
     w.json("--resume")
-    since = StateDir(tmp_path / "state").healthy_since()
+    since = State(tmp_path / "state").healthy_since.load()
     assert list(since) == ["gpu040"]
     w.json("--drain")  # e.g. a separate timer: it must not reset the clock
-    assert StateDir(tmp_path / "state").healthy_since() == since
+    assert State(tmp_path / "state").healthy_since.load() == since
 
 
 def test_a_crash_between_scontrol_and_settling_never_re_drains_after_a_persons_resume(world, monkeypatch):
     world.prom.breach("xid-79", "gpu040", "3")
     saves = []
-    original = StateDir.save_handled
+    original = HandledEvents.save
 
     def save_handled(self, memory):
         saves.append(1)
@@ -341,11 +342,11 @@ def test_a_crash_between_scontrol_and_settling_never_re_drains_after_a_persons_r
             raise OSError(28, "No space left on device")
         original(self, memory)
 
-    monkeypatch.setattr(StateDir, "save_handled", save_handled)
+    monkeypatch.setattr(HandledEvents, "save", save_handled)
     assert world.run("health", "--drain") == 3
     assert world.stdout == "done before the error: drain gpu040: opsctl:xid-79 gpu3 xid=79 count=1\n"
     assert world.audit()[0]["event"] == "drain" and world.audit()[-1]["event"] == "error"
-    monkeypatch.setattr(StateDir, "save_handled", original)
+    monkeypatch.setattr(HandledEvents, "save", original)
     world.slurm.resume(["gpu040"])  # a person repaired the GPU and resumed the node
     code, nodes, _ = world.json("--drain")
     assert nodes["gpu040"]["action"] == "none" and nodes["gpu040"]["checks"][0]["status"] == "handled"

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.commands.watch import watch
 from opsctl.config import parse_config
 from opsctl.config.schema import MappingConfig

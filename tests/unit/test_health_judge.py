@@ -13,7 +13,7 @@ from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import judge
 from opsctl.health.identity import Identities
 from opsctl.prom.client import Sample
-from opsctl.remediation.memory import Handled, HandledMemory
+from opsctl.actor.memory import Handled, HandledMemory
 
 CONFIG = parse_config({}, "t", {})
 RULES = {rule.id: rule for rule in load_catalog(CONFIG)}

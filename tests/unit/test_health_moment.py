@@ -6,7 +6,7 @@ import pytest
 
 from opsctl.config import parse_config
 from opsctl.health.evaluate import evaluate
-from opsctl.remediation.state import StateDir
+from opsctl.actor.state import State
 from tests.unit.fakes import FakeProm, World, gpu_nodes, node
 
 NODES = gpu_nodes(4)
@@ -98,7 +98,7 @@ def test_a_node_opsctl_resumed_after_the_data_was_scraped_is_not_drained_on_it(t
     world.prom.record_all(age=20.0)
     world.prom.breach("row-remap-pending", "gpu040", "2")
     world.prom.breach("row-remap-pending", "gpu041", "5")
-    StateDir(world.config.state_dir).record_resumes(["gpu040"], world.prom.now - 40.0)
+    State(world.config.state_dir).resumes.record(["gpu040"], world.prom.now - 40.0)
     code, nodes, _ = world.json("--drain")
     assert (nodes["gpu040"]["action"], nodes["gpu041"]["action"]) == ("skip:resumed-since-data", "drain")
     assert not world.slurm.state["gpu040"].drained and world.slurm.state["gpu041"].drained
@@ -112,4 +112,4 @@ def test_a_node_opsctl_resumed_after_the_data_was_scraped_is_not_drained_on_it(t
 def test_every_resume_opsctl_makes_is_recorded_for_that_check(tmp_path):
     world = World(tmp_path, gpu040=node("gpu040", flags=("DRAIN",), reason="opsctl:manual fan swap"))
     assert world.run("resume", "gpu040") == 0
-    assert set(StateDir(world.config.state_dir).resumed()) == {"gpu040"}
+    assert set(State(world.config.state_dir).resumes.load()) == {"gpu040"}

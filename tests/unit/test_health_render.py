@@ -8,8 +8,8 @@ from opsctl.cli import main
 from opsctl.commands.render import render_history, render_json, render_table
 from opsctl.errors import ExitCode
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.remediation.plan import Decision, Plan
-from opsctl.remediation.run import RunOptions, RunResult
+from opsctl.health.plan import Decision, Plan
+from opsctl.health.run import RunOptions, RunResult
 
 
 def result():

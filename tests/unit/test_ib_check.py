@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.ib.check import Finding, h200_ndr, judge

@@ -6,7 +6,7 @@ import json
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.slurm import SlurmNode
 from tests.unit.fakes import FakeSlurm, gpu_nodes, node, run_with_results

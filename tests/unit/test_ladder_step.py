@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opsctl.config import parse_config
-from opsctl.nodecheck.ladder_step import take_step
+from opsctl.ladder.node_step import take_step
 from opsctl.slurm import SlurmNode
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools.dcgmi import diag_document, styled
@@ -157,7 +157,7 @@ def test_slurm_unreadable_is_a_line_not_an_error(tmp_path):
 
 def test_the_head_resumes_what_the_node_validated(tmp_path):
     """The node's answer is what the head's ladder reads: a pass is resumed."""
-    from opsctl.remediation.remediate import remediate
+    from opsctl.ladder.remediate import remediate
 
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 ecc-dbe-new dbe_increase=1", "dbe")
     take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)

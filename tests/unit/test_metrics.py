@@ -16,8 +16,8 @@ from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
 from opsctl.metrics import FAMILIES, MetricsState, RunRecorder
 from opsctl.metrics.observe import run_facts
-from opsctl.remediation.plan import plan_drains, plan_resumes
-from opsctl.remediation.run import RunOptions, RunResult
+from opsctl.health.plan import plan_drains, plan_resumes
+from opsctl.health.run import RunOptions, RunResult
 from opsctl.slurm import SlurmNode
 
 CONFIG = parse_config({}, "t", {})

@@ -10,7 +10,7 @@ from opsctl.errors import ExitCode
 from opsctl.ib.check import h200_ndr, judge
 from opsctl.ib.collect import live_snapshot
 from opsctl.nodecheck import REASON_PREFIX, CheckResult, drain_self, results
-from opsctl.remediation.audit import AuditLog
+from opsctl.actor.audit import AuditLog
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.unit.fakes import FakeSlurm, gpu_nodes, node

@@ -229,7 +229,7 @@ def _command(monkeypatch, tmp_path, handed_over: list[str], health_code, wanted=
 
     from opsctl.cli import main
     from opsctl.commands import validate as command
-    from opsctl.commands.context import Clients
+    from opsctl.clients import Clients
     from opsctl.errors import ExitCode
 
     def preflight(config, slurm, jobs, prom, n, scope, reservation, users, spares, dry_run, warn=None):

@@ -7,8 +7,8 @@ import time
 from dataclasses import replace
 
 from opsctl.health.xid import xid_catalog
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.ladder import fault_of, rung_of, validated_reason
+from opsctl.actor.audit import AuditLog
+from opsctl.ladder.reasons import fault_of, rung_of, validated_reason
 from tests.unit.fakes import ISO, World, node
 
 

@@ -11,10 +11,11 @@ from opsctl.errors import ConfigError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.memory import Handled, HandledMemory, records_for
-from opsctl.remediation.plan import breaker_limit, drain_reason, plan_drains, plan_resumes, resume_candidates
-from opsctl.remediation.state import RunLock, StateDir
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.memory import Handled, HandledMemory, records_for
+from opsctl.health.plan import breaker_limit, drain_reason, plan_drains, plan_resumes, resume_candidates
+from opsctl.actor.lock import RunLock
+from opsctl.actor.state import State
 from tests.unit.fakes import node
 
 SAFETY = parse_config({}, "t", {}).safety
@@ -297,21 +298,21 @@ def test_level_records_end_when_the_rule_reads_ok_and_windows_expire():
 
 # ---- state directory, lock, audit log -------------------------------------------------------------
 def test_state_budget_and_handled_events_persist(tmp_path):
-    state = StateDir(tmp_path / "state")
-    assert state.recent("drains", NOW) == [] and state.handled().records == []
-    state.record("drains", 2, NOW - 3700)
-    state.record("drains", 3, NOW)
-    state.record("resumes", 1, NOW)
-    assert len(state.recent("drains", NOW)) == 3 and len(state.recent("resumes", NOW)) == 1
-    state.save_handled(HandledMemory(records_for("gpu040", [xid79()], NOW)))
-    assert StateDir(tmp_path / "state").handled().records == records_for("gpu040", [xid79()], NOW)
+    state = State(tmp_path / "state")
+    assert state.budgets.recent("drains", NOW) == [] and state.handled.load().records == []
+    state.budgets.record("drains", 2, NOW - 3700)
+    state.budgets.record("drains", 3, NOW)
+    state.budgets.record("resumes", 1, NOW)
+    assert len(state.budgets.recent("drains", NOW)) == 3 and len(state.budgets.recent("resumes", NOW)) == 1
+    state.handled.save(HandledMemory(records_for("gpu040", [xid79()], NOW)))
+    assert State(tmp_path / "state").handled.load().records == records_for("gpu040", [xid79()], NOW)
     assert os.stat(tmp_path / "state").st_mode & 0o777 == 0o700
 
 
 def test_corrupt_state_is_a_clear_error(tmp_path):
     (tmp_path / "budget.json").write_text("{")
     with pytest.raises(ConfigError, match="budget.json is unreadable"):
-        StateDir(tmp_path).recent("drains", NOW)
+        State(tmp_path).budgets.recent("drains", NOW)
 
 
 def test_a_symlink_in_place_of_a_state_file_is_never_followed(tmp_path):
@@ -320,13 +321,13 @@ def test_a_symlink_in_place_of_a_state_file_is_never_followed(tmp_path):
     (tmp_path / "elsewhere.json").write_text("[]")
     (state / "handled.json").symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(ConfigError, match="handled.json is unreadable"):
-        StateDir(state).handled()
+        State(state).handled.load()
     (state / "lock").symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(ConfigError, match="lock"):
         RunLock(state).__enter__()
     os.symlink(tmp_path / "nowhere", tmp_path / "linked")
     with pytest.raises(ConfigError, match="not a directory"):
-        StateDir(tmp_path / "linked").handled()
+        State(tmp_path / "linked").handled.load()
 
 
 def test_audit_log_appends_json_lines_with_values(tmp_path):

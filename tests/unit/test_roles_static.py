@@ -15,6 +15,7 @@ Rendering the Slurm files and checking them with slurmd: tests/component/test_sl
 import functools
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import click
@@ -231,8 +232,20 @@ def test_hostlist_expression():
     assert hostlist(range(17001, 17065)) == ["[17001-17064]"]  # slurm.conf Port= ranges
 
 
+def load_ansible_module(name: str):
+    """A module of playbooks/library, with the files of playbooks/module_utils importable as
+    ansible.module_utils.<name>, as AnsiballZ bundles them with the module."""
+    for path in sorted((PLAYBOOKS / "module_utils").glob("*.py")):
+        qualified = f"ansible.module_utils.{path.stem}"
+        if qualified not in sys.modules:
+            spec = importlib.util.spec_from_file_location(qualified, path)
+            sys.modules[qualified] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[qualified])
+    return load_module(PLAYBOOKS / "library" / f"{name}.py", name)
+
+
 # Loaded at import: Ansible's module_utils ask ldconfig for libraries once, which a unit test may not run.
-HW_FACTS = load_module(PLAYBOOKS / "library" / "opsctl_hw_facts.py", "opsctl_hw_facts")
+HW_FACTS = load_ansible_module("opsctl_hw_facts")
 
 
 def test_hw_facts_reads_minor_numbers_of_the_real_capture():

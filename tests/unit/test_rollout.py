@@ -10,9 +10,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config.schema import parse_config
-from opsctl.remediation.rollout import drain_batch, reboot_batch, resume_batch
+from opsctl.rollout.batch import drain_batch, reboot_batch, resume_batch
 from tests.unit.fakes import FakeSlurm, gpu_nodes, node
 
 CHANGE = "nvidia driver 570.172.08"

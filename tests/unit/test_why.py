@@ -9,12 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from opsctl.cli import main
-from opsctl.commands.context import Clients
+from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.prom.client import Series
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.state import StateDir
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.state import State
 from opsctl.slurm.accounting import FinishedJob
 from opsctl.validate.sweep import choose
 from opsctl.why import suspicion
@@ -243,7 +243,7 @@ def test_suspects_queue_uses_recorded_answers_and_never_drains(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert (doc["suspects"], doc["queued"]) == (["gpu007"], ["gpu007"])
-    assert "6 of its 10 jobs failed" in StateDir(cfg.state_dir).validate_queue()["gpu007"]["why"]
+    assert "6 of its 10 jobs failed" in State(cfg.state_dir).validate_queue.load()["gpu007"]["why"]
     asked = prom.queries
     # A failed job that `why --record` explained is read from the audit log, not queried again.
     audit = AuditLog(cfg.audit_log)

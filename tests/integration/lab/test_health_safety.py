@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from opsctl.remediation.state import RunLock
+from opsctl.actor.lock import RunLock
 from tests.component.promlab import FakeProm, free_port
 from tests.integration.lab.health_support import HealthLab
 

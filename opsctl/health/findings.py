@@ -14,9 +14,9 @@ import time
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.remediation.act import DRAIN, RESUME, Actor, Change
-from opsctl.remediation.outcome import Outcome
-from opsctl.remediation.plan import plan_drains
+from opsctl.actor.act import DRAIN, RESUME, Actor, Change
+from opsctl.actor.result import Outcome
+from opsctl.health.plan import plan_drains
 from opsctl.slurm import Slurm
 from opsctl.slurm.partitions import select_partitions
 
@@ -56,7 +56,7 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
         cluster = select_partitions(actor.nodes(), config.slurm.partitions)
         report = Report(nodes={n: NodeVerdict(n, status="fail", checks=list(c), in_slurm=n in cluster)
                                for n, c in found.items() if c}, rules=[])
-        plan = plan_drains(report, cluster, [], config.safety, len(actor.state.recent("drains", now)), dry_run)
+        plan = plan_drains(report, cluster, [], config.safety, len(actor.state.budgets.recent("drains", now)), dry_run)
         for decision in plan.refusals():
             actor.refuse(decision.node, decision.detail, [c.id for c in found[decision.node]], decision.seen,
                          dry_run=dry_run)

@@ -29,13 +29,14 @@ from types import TracebackType
 
 from opsctl.config.schema import Config
 from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.memory import Handled, HandledMemory
-from opsctl.remediation.state import RunLock, StateDir
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.memory import Handled, HandledMemory
+from opsctl.actor.lock import RunLock
+from opsctl.actor.state import State
 from opsctl.slurm import Slurm, SlurmNode
 
 DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
-# The remediation ladder's steps that re-word opsctl's own drain (opsctl/remediation/ladder.py): ask the
+# The remediation ladder's steps that re-word opsctl's own drain (opsctl/ladder/reasons.py): ask the
 # node for a GPU reset, record its checks' result, hand the node to the vendor (RMA) or to a person.
 RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
 # At ReturnToService=2 slurmctld returns a node that registers after a reboot to service, whatever nextstate
@@ -65,7 +66,7 @@ class Change:
     handled: tuple[Handled, ...] = ()  # handled-event records, written as an intent before scontrol
     healthy_s: float | None = None  # a resume: how long the node has been healthy
     detail: str = ""  # why, in words, for the audit record
-    # Spends the drain or resume budget. A planned rollout's changes do not (remediation/rollout.py):
+    # Spends the drain or resume budget. A planned rollout's changes do not (rollout/batch.py):
     # its batch size bounds them, and the budget stays for faults.
     budget: bool = True
 
@@ -92,7 +93,7 @@ class Actor:
                  done: list[str] | None = None, lock: bool = True):
         self.config, self.slurm, self.now = config, slurm, now
         self.audit = AuditLog(config.audit_log)
-        self.state = StateDir(config.state_dir)
+        self.state = State(config.state_dir)
         self.memory = memory
         self.done = [] if done is None else done
         self._lock: contextlib.AbstractContextManager[object] = (
@@ -190,11 +191,11 @@ class Actor:
         if self.memory is not None:
             for change in batch:
                 self.memory.add(change.handled)
-            self.state.save_handled(self.memory)
+            self.state.handled.save(self.memory)
         kind = BUDGET.get(batch[0].event)
         spent = sum(1 for change in batch if change.budget)
         if kind and spent:
-            self.state.record(kind, spent, self.now)
+            self.state.budgets.record(kind, spent, self.now)
 
     def _made(self, batch: list[Change], acted: Acted) -> None:
         for change in batch:  # first what was done, so that a failing audit write still lists it
@@ -203,12 +204,12 @@ class Actor:
         for change in batch:
             self._audit_made(change)
         resumed = [c.node for c in batch if c.event == RESUME]
-        if resumed:  # a later run does not drain them on data older than this (remediation/plan.py)
+        if resumed:  # a later run does not drain them on data older than this (health/plan.py)
             with contextlib.suppress(OpsctlError):
-                self.state.record_resumes(resumed, self.now)
+                self.state.resumes.record(resumed, self.now)
         if self.memory is not None:
             self.memory.settle(c.node for c in batch)
-            self.state.save_handled(self.memory)
+            self.state.handled.save(self.memory)
         with contextlib.suppress(SourceUnavailable):
             acted.nodes = self.slurm.nodes()
 
@@ -235,7 +236,7 @@ class Actor:
         acted.failed += [c for c in batch if c not in made]
         if self.memory is not None:
             self.memory.drop_intents(c.node for c in batch if c not in made)
-            self.state.save_handled(self.memory)
+            self.state.handled.save(self.memory)
         if made:
             self._made(made, acted)
         for change in acted.failed:

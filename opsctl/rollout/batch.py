@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
-from opsctl.remediation.act import DRAIN, REBOOT, Actor, Change, cap_reason
-from opsctl.remediation.findings import resume_own
+from opsctl.actor.act import DRAIN, REBOOT, Actor, Change, cap_reason
+from opsctl.health.findings import resume_own
 from opsctl.slurm import OWNED_PREFIX, Slurm, SlurmNode
 
 RULE = "provision"

@@ -1,7 +1,7 @@
 """Pure decisions of `opsctl remediate`: the next step of each node on the remediation ladder.
 
-Nothing here talks to Slurm; `opsctl.remediation.remediate` reads what this needs and carries out the plan
-through the actor. The steps and their reasons are opsctl/remediation/ladder.py's; docs/remediation.md
+Nothing here talks to Slurm; `opsctl.ladder.remediate` reads what this needs and carries out the plan
+through the actor. The steps and their reasons are opsctl/ladder/reasons.py's; docs/remediation.md
 has the ladder as a whole.
 
 Safety, as for drains: a node with any reason opsctl did not set, a person's `opsctl:manual` drain, a node
@@ -20,8 +20,8 @@ from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.health.xid import XidCatalog
-from opsctl.remediation.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
-from opsctl.remediation.ladder import (
+from opsctl.actor.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
+from opsctl.ladder.reasons import (
     REBOOT,
     RESET,
     RMA,
@@ -33,7 +33,7 @@ from opsctl.remediation.ladder import (
     rung_of,
     step_reason,
 )
-from opsctl.remediation.plan import counted_nodes
+from opsctl.health.plan import counted_nodes
 from opsctl.slurm.base import SlurmNode
 
 WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs
@@ -65,7 +65,7 @@ class LadderPlan:
 
 @dataclass(frozen=True)
 class Budgets:
-    """The steps already taken in the last hour (StateDir.recent)."""
+    """The steps already taken in the last hour (State.recent)."""
 
     resets: int = 0
     reboots: int = 0

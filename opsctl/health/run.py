@@ -2,7 +2,7 @@
 
 Order matters for safety: the lock is taken first, Slurm and Prometheus are read completely, and only
 then is anything changed. Any failure to read, and any answer that Prometheus marks as partial, stops
-the run before a single node is touched. The changes go through the one actor (remediation/act.py),
+the run before a single node is touched. The changes go through the one actor (actor/act.py),
 which compares and sets against Slurm, writes the intent (handled events, budgets) before scontrol and
 audits after it.
 """
@@ -17,11 +17,11 @@ from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.health.evidence import Evidence, read_evidence
 from opsctl.prom.client import PromQuery, redact
-from opsctl.remediation.act import DRAIN, ESCALATE, RESUME, Actor, Change
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.memory import HandledMemory, records_for
-from opsctl.remediation.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
-from opsctl.remediation.state import StateDir
+from opsctl.actor.act import DRAIN, ESCALATE, RESUME, Actor, Change
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.memory import HandledMemory, records_for
+from opsctl.health.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
+from opsctl.actor.state import State
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 
@@ -96,13 +96,13 @@ class Run:
                  now: float, started: float):
         self.config, self.options, self.rules, self.prom = config, options, rules, prom
         self.actor, self.now, self.started = actor, now, started  # started: time.monotonic() at the run's start
-        self.state = StateDir(config.state_dir)
+        self.state = State(config.state_dir)
 
     def execute(self) -> RunResult:
         every = self.actor.nodes()
         cluster = select_partitions(every, self.config.slurm.partitions)
         scope = self._scope(cluster)
-        memory = self.state.handled()
+        memory = self.state.handled.load()
         memory.prune(self.now)
         # Intents whose drain is in Slurm now: the change was made, a crash came before settling it.
         memory.settle(n for n, node in cluster.items() if node.owned)
@@ -160,16 +160,16 @@ class Run:
         options, safety = self.options, self.config.safety
         plan = Plan()
         if options.drains:
-            plan = plan_drains(report, cluster, self.rules, safety, len(self.state.recent("drains", self.now)),
+            plan = plan_drains(report, cluster, self.rules, safety, len(self.state.budgets.recent("drains", self.now)),
                                options.dry_run, scope, self._resumed_after(report))
         if options.resume:
             # Too many nodes without data stops resumes too: the same monitoring failure that would hide a
             # fault from --drain would hide it from the resume evidence.
             stop = unknown_stop(report, cluster, safety)
             plan.stop, plan.breaker = plan.stop or stop, plan.breaker or bool(stop)
-            plan = plan_resumes(report, cluster, self.rules, evidence, self.state.healthy_since(),
+            plan = plan_resumes(report, cluster, self.rules, evidence, self.state.healthy_since.load(),
                                 duration_seconds(safety.resume_after), safety,
-                                len(self.state.recent("resumes", self.now)), options.dry_run, self.now, scope, plan)
+                                len(self.state.budgets.recent("resumes", self.now)), options.dry_run, self.now, scope, plan)
         for decision in plan.refusals():
             self.actor.refuse(decision.node, decision.detail, [c.id for c in decision.checks], decision.seen,
                               dry_run=options.dry_run)
@@ -181,7 +181,7 @@ class Run:
         if report.data_time is None:
             return {}
         scraped = report.data_time - duration_seconds(self.config.prometheus.scrape_interval)
-        return {n: t for n, t in self.state.resumed().items() if t > scraped}
+        return {n: t for n, t in self.state.resumes.load().items() if t > scraped}
 
     def _act(self, plan: Plan, memory: HandledMemory, cluster: dict[str, SlurmNode]) -> dict[str, SlurmNode]:
         """Carry the plan out through the actor; the judged nodes as Slurm shows them after."""
@@ -189,12 +189,12 @@ class Run:
             for decision in plan.with_action("would-drain", "would-resume", "would-escalate"):
                 self.actor.would(self._change(decision, decision.action.removeprefix("would-")))
             return cluster
-        self.state.save_handled(memory)
+        self.state.handled.save(memory)
         changes = [self._change(d, DRAIN) for d in plan.with_action("drain")]
         changes += [self._change(d, ESCALATE) for d in plan.with_action("escalate")]
         if self.options.resume:
             resumes = plan.with_action("resume")
-            self.state.save_healthy_since({n: t for n, t in plan.healthy_since.items()
+            self.state.healthy_since.save({n: t for n, t in plan.healthy_since.items()
                                            if n not in {d.node for d in resumes}})
             changes += [self._change(d, RESUME) for d in resumes]
         if not changes:

@@ -15,7 +15,7 @@ one line that matters. With --changes-only a run prints, each line starting with
   that the audit log records (nodes refused for the same reason share one line), every run;
 - the table's summary line, then its safety-stop and warning lines.
 
-The verdicts live in the state directory (StateDir.last_run), one record per kind of run (its
+The verdicts live in the state directory (State.last_run), one record per kind of run (its
 --drain, --resume, --dry-run and --nodes), so that a read-only run by hand never hides a change from
 the timer. Only a complete run (exit 0 or 1) replaces the record: after a partial answer (exit 3) or
 a safety stop (exit 4) the next run compares against the last complete one again, and a run that
@@ -28,8 +28,8 @@ from typing import Any
 from opsctl.commands.render import evidence_text, iso_time, node_name, summary_lines
 from opsctl.errors import ExitCode
 from opsctl.health.evaluate import NodeVerdict
-from opsctl.remediation.plan import Decision, Plan
-from opsctl.remediation.state import StateDir
+from opsctl.health.plan import Decision, Plan
+from opsctl.actor.state import State
 
 RECORD_SCHEMA = 1
 ACTIONS = ("drain", "resume", "escalate", "would-drain", "would-resume", "would-escalate")
@@ -108,12 +108,12 @@ class ChangeLog:
     """The record of one kind of run: read before the run (so an unreadable one stops it before it acts),
     replaced after a complete run."""
 
-    def __init__(self, state: StateDir, kind: str):
+    def __init__(self, state: State, kind: str):
         self.state, self.kind = state, kind
         self.previous: dict[str, Any] | None = None
 
     def read(self) -> None:
-        self.previous = self.state.last_run(self.kind)
+        self.previous = self.state.last_runs.get(self.kind)
 
     def render(self, result) -> str:
         return render_changes(result, self.previous)
@@ -121,4 +121,4 @@ class ChangeLog:
     def keep(self, result) -> None:
         if result.exit_code in COMPLETE:
             self.previous = verdict_record(result)
-            self.state.save_last_run(self.kind, self.previous)
+            self.state.last_runs.save(self.kind, self.previous)

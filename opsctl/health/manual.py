@@ -8,9 +8,9 @@ import time
 
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
-from opsctl.remediation.act import DRAIN, RESUME, Actor, Change, cap_reason
-from opsctl.remediation.audit import AuditLog
-from opsctl.remediation.outcome import Outcome
+from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.result import Outcome
 from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 

@@ -28,9 +28,9 @@ from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.fileio import write_atomic
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
-from opsctl.remediation.act import VALIDATED, Actor, Change, cap_reason
-from opsctl.remediation.ladder import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
-from opsctl.remediation.state import secure_dir
+from opsctl.actor.act import VALIDATED, Actor, Change, cap_reason
+from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
+from opsctl.actor.lock import secure_dir
 from opsctl.slurm import Slurm, SlurmNode
 
 # dcgmi's own limit per level is minutes (level 2) to an hour (level 4); the node check's unit allows this.

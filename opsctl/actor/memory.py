@@ -17,13 +17,26 @@ person resumed the node.
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
-
-from opsctl.health.evaluate import Check
+from typing import Any, Protocol
 
 # Level records (and the last-XID gauge, which never reads ok for a code it once showed) are kept
 # this long at most; window records until their window has passed.
 LEVEL_KEEP_S = 90 * 86400.0
+
+
+class Check(Protocol):
+    """What a record needs of a health check (opsctl.health.evaluate.Check): the actor imports no feature."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def value(self) -> float | None: ...
+    @property
+    def memory(self) -> str: ...
+    @property
+    def window_s(self) -> float: ...
 
 
 @dataclass(frozen=True)

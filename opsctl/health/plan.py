@@ -1,7 +1,7 @@
 """Pure decisions: which nodes to drain, resume or escalate, and when the safety limits say stop.
 
 Nothing here talks to Slurm or Prometheus, and nothing here changes a verdict: the plan is a set of
-Decisions, one per node that gets an action; `opsctl.remediation.run` carries it out.
+Decisions, one per node that gets an action; `opsctl.health.run` carries it out.
 
 The safety limits count the whole judged cluster (every GPU node in `slurm.partitions`; every node
 there when none has a GPU), whatever `--nodes` narrows the acting to: two scoped runs never drain what
@@ -15,7 +15,7 @@ from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.remediation.act import cap_reason
+from opsctl.actor.act import cap_reason
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 

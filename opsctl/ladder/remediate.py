@@ -1,5 +1,5 @@
 """One `opsctl remediate` run, and `opsctl hold`: read Slurm, the audit log and the holds; plan each node's next
-step on the ladder (opsctl/remediation/ladder_plan.py); make the steps through the actor; write an RMA
+step on the ladder (opsctl/ladder/plan.py); make the steps through the actor; write an RMA
 bundle for each node handed to the vendor.
 
 The actor takes the run lock (the health run's: the two never act at once), compares and sets against
@@ -17,15 +17,16 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.fileio import write_atomic
 from opsctl.health.xid import xid_catalog
-from opsctl.remediation.act import REBOOT, RMA, Actor, Change
-from opsctl.remediation.audit import AuditLog, current_user
-from opsctl.remediation.ladder import serial_of
-from opsctl.remediation.ladder_plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
-from opsctl.remediation.state import StateDir, secure_dir
+from opsctl.actor.act import REBOOT, RMA, Actor, Change
+from opsctl.actor.audit import AuditLog, current_user
+from opsctl.ladder.reasons import serial_of
+from opsctl.ladder.plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
+from opsctl.actor.lock import secure_dir
+from opsctl.actor.state import State
 from opsctl.slurm import Slurm
 
 RMA_DIR = "rma"
-# Where the node keeps its side of the evidence (opsctl/nodecheck/ladder_step.py): the head never logs in.
+# Where the node keeps its side of the evidence (opsctl/ladder/node_step.py): the head never logs in.
 NODE_EVIDENCE = ("on the node: <state_dir>/validation/<UTC time>-<step>/ (dcgmi-diag.json, nvidia-smi-q.txt, "
                  "nvidia-bug-report.log.gz)")
 
@@ -49,9 +50,9 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
         cluster = actor.nodes()
         records, _ = AuditLog(config.audit_log).read()
         state = actor.state
-        budgets = Budgets(resets=len(state.recent("resets", now)), reboots=len(state.recent("reboots", now)),
-                          resumes=len(state.recent("resumes", now)))
-        plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds()), budgets, config, now)
+        budgets = Budgets(resets=len(state.budgets.recent("resets", now)), reboots=len(state.budgets.recent("reboots", now)),
+                          resumes=len(state.budgets.recent("resumes", now)))
+        plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds.load()), budgets, config, now)
         if any(d.action == REBOOT for d in plan.decisions) and actor.refuses_reboots():  # asked only if needed
             refuse_reboots(plan)
         result = RemediateResult(plan, dry_run=dry_run)
@@ -79,7 +80,7 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
 
 def _change(decision: LadderDecision) -> Change:
     assert decision.seen is not None and decision.fault is not None
-    # The ladder's steps are the actor's events by the same names (opsctl/remediation/act.py).
+    # The ladder's steps are the actor's events by the same names (opsctl/actor/act.py).
     return Change(node=decision.node, event=decision.action, seen=decision.seen, reason=decision.reason,
                   checks=(decision.fault.rule,), evidence=decision.fault.gpu, detail=decision.detail)
 
@@ -130,8 +131,8 @@ def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: 
         unknown = [n for n in names if n not in known]
         if unknown:
             raise ConfigError(f"unknown Slurm node(s): {', '.join(unknown)}")
-        state: StateDir = actor.state
-        holds = state.holds()
+        state: State = actor.state
+        holds = state.holds.load()
         lines = []
         for name in names:
             if release:
@@ -142,7 +143,7 @@ def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: 
             else:
                 holds[name] = {"since": now, "user": current_user(), "why": why}
                 lines.append(f"held {name}: the remediation ladder leaves it alone")
-        state.save_holds(holds)
+        state.holds.save(holds)
         for name in names:
             actor.audit.write("release" if release else "hold", node=name, detail=why, now=now,
                               state=known[name].state_text, reason=known[name].reason)

@@ -1,0 +1,1 @@
+"""`opsctl rollout drain|reboot|resume`: provisioning's rolling changes, a batch of GPU nodes at a time."""
