@@ -7,6 +7,14 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
+# The PCIe-tree rule of `opsctl ib check`, one copy for both: playbooks/module_utils/opsctl_pcie_tree.py is a
+# symlink to opsctl/hw/pcie_tree.py (stdlib only, Python 3.10+). This module runs on the node, where the
+# checkout is not, so it cannot load that file by path as the filter plugins do on the control host.
+# AnsiballZ bundles each ansible.module_utils.* import it finds into the payload it ships with the module,
+# reading the file through the symlink; ansible.cfg names playbooks/module_utils in `module_utils`, so the
+# import resolves for any playbook run with that config, not only for the playbooks beside the directory.
+from ansible.module_utils.opsctl_pcie_tree import near_gpu, read_pci_tree
+
 DOCUMENTATION = r"""
 ---
 module: opsctl_hw_facts
@@ -35,8 +43,8 @@ options:
       - The site's pin of the compute rails, a regular expression of their names (searched, so anchor it).
         When set it alone decides each HCA's C(compute) flag.
       - Empty (the default), an HCA is a compute rail when its ports are InfiniBand and it sits behind
-        the same PCIe switch as a GPU, the rule of C(opsctl ib check) (opsctl/ib/rails.py; this module
-        runs on the node with the system python, so it carries its own copy of the rule).
+        the same PCIe switch as a GPU, the rule of C(opsctl ib check) (opsctl/ib/rails.py), from the same
+        code (opsctl/hw/pcie_tree.py, shipped with this module as module_utils/opsctl_pcie_tree.py).
     type: str
     default: ""
   gpu_node:
@@ -251,55 +259,22 @@ def gpus(module, nvidia_smi, gpu_node=True, seconds=30):
     return found, lost
 
 
-# A GPU in sysfs: vendor NVIDIA, class 3D controller (SXM boards) or VGA controller (a PCIe card in
-# display mode); the NVSwitches are NVIDIA's too, but bridges (0x0680).
-NVIDIA_VENDOR = "0x10de"
-GPU_CLASSES = ("0x0302", "0x0300")
-BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-
-
-def pci_path(device_dir):
-    """The bdfs on the resolved path of a PCI device (/sys/devices/pci0000:15/0000:15:01.0/...), root port first."""
-    return [part for part in os.path.realpath(device_dir).split(os.sep) if BDF.match(part)]
-
-
-def gpu_paths(sysfs_root):
-    paths = []
-    for dev in sorted(glob.glob(os.path.join(sysfs_root, "bus", "pci", "devices", "*"))):
-        if (read(os.path.join(dev, "vendor")).lower() == NVIDIA_VENDOR
-                and read(os.path.join(dev, "class")).lower().startswith(GPU_CLASSES)):
-            paths.append(pci_path(dev))
-    return paths
-
-
-def share_switch(first, second):
-    """Whether two PCI paths meet below the root port, behind one PCIe switch (PIX or PXB in topo -m)."""
-    common = 0
-    for a, b in zip(first[:-1], second[:-1], strict=False):
-        if a != b:
-            break
-        common += 1
-    return common >= 2
-
-
-def is_rail(dev, gpus):
+def is_rail(dev, name, tree):
     """InfiniBand on every port, and behind a GPU's PCIe switch (opsctl ib check's rule)."""
     layers = {read(os.path.join(port, "link_layer")) for port in glob.glob(os.path.join(dev, "ports", "*"))}
-    device = os.path.join(dev, "device")
-    return (layers == {"InfiniBand"} and os.path.exists(device)
-            and any(share_switch(pci_path(device), gpu) for gpu in gpus))
+    return layers == {"InfiniBand"} and near_gpu(name, tree)
 
 
 def hcas(sysfs_root, pattern=""):
     """Every HCA, `compute` by the site's pattern when it gives one, else by what the HCA is."""
     found = []
-    gpus = gpu_paths(sysfs_root) if not pattern else []
+    tree = read_pci_tree(sysfs_root) if not pattern else None
     for dev in sorted(glob.glob(os.path.join(sysfs_root, "class", "infiniband", "*"))):
         name = os.path.basename(dev)
         port = os.path.join(dev, "ports", "1")
         found.append({
             "name": name,
-            "compute": bool(re.search(pattern, name)) if pattern else is_rail(dev, gpus),
+            "compute": bool(re.search(pattern, name)) if tree is None else is_rail(dev, name, tree),
             "fw_ver": read(os.path.join(dev, "fw_ver")),
             "rate": read(os.path.join(port, "rate")),
             "link_layer": read(os.path.join(port, "link_layer")),

@@ -4,14 +4,17 @@ and its nvidia-smi calls against a fake of the module's own interface (run_comma
 get_bin_path). That the module runs under Ansible is proven in the component and lab tiers.
 """
 
-import importlib.util
+import ast
 from pathlib import Path
 
 import pytest
 
+from opsctl.hw import pcie_tree
+from opsctl.ib import rails
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.pcie_tree import build_sysfs
+from tests.unit.test_roles_static import load_ansible_module
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
@@ -19,15 +22,8 @@ TOPO_H100 = (GPU_FIXTURES / "nvidia-smi_topo_-m_8xH100_HGX_NV18.txt").read_text(
 Q_H200 = (GPU_FIXTURES / "nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt").read_text()
 
 
-def load_module(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # Loaded at import: Ansible's module_utils ask ldconfig for libraries once, which a unit test may not run.
-HW = load_module(REPO / "playbooks" / "library" / "opsctl_hw_facts.py", "opsctl_hw_facts_under_test")
+HW = load_ansible_module("opsctl_hw_facts")
 
 # The capture's cells after NIC5, as `cat -A` shows them (^I is a tab):
 #   GPU0^I...^INODE^I^I0^I^IN/A   -> CPU Affinity "", NUMA Affinity "0", "", GPU NUMA ID "N/A"
@@ -204,3 +200,21 @@ def test_the_sites_pattern_wins_over_discovery(tmp_path):
 def test_no_gpu_in_the_pci_tree_makes_no_rail(tmp_path):
     hca = "pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0 0x020700 0x15b3 mlx5_0 InfiniBand"
     assert compute_hcas(HW.hcas(str(build_sysfs(hca, tmp_path)))) == []
+
+
+def test_the_module_and_opsctl_ib_check_run_one_copy_of_the_pcie_tree_rule():
+    """The module's PCIe-tree code is opsctl/hw/pcie_tree.py, through the module_utils link that AnsiballZ
+    ships, and rails.py uses the same; neither defines a function of that module again (rails.py's
+    read_pci_tree only adds opsctl's error for a root without PCI devices)."""
+    shared = Path(pcie_tree.__file__).resolve()
+    for name in ("read_pci_tree", "near_gpu"):
+        assert Path(getattr(HW, name).__code__.co_filename).resolve() == shared, name
+    assert rails.near_gpu is pcie_tree.near_gpu and rails.read_sysfs_pci_tree is pcie_tree.read_pci_tree
+    shared_functions = functions(shared)
+    assert {"pci_path", "share_switch", "near_gpu", "read_pci_tree"} <= shared_functions
+    assert not shared_functions & functions(REPO / "playbooks" / "library" / "opsctl_hw_facts.py")
+    assert shared_functions & functions(Path(rails.__file__)) == {"read_pci_tree"}
+
+
+def functions(path: Path) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)}

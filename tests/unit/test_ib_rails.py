@@ -4,8 +4,9 @@ lab's HGX tree, and on captures that have no PCIe tree."""
 
 import pytest
 
+from opsctl.hw.pcie_tree import share_switch
 from opsctl.ib.collect import capture_snapshot, live_snapshot
-from opsctl.ib.rails import discover_rails, natural_key, read_pci_tree, share_switch
+from opsctl.ib.rails import discover_rails, natural_key, read_pci_tree
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.conftest import FIXTURES

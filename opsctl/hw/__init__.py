@@ -1,0 +1,1 @@
+"""Hardware discovery checks and the hardware quarantine."""

@@ -1,0 +1,1 @@
+../../opsctl/hw/pcie_tree.py
