@@ -31,6 +31,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
 from opsctl.actor.audit import AuditLog
 from opsctl.actor.memory import Handled, HandledMemory
+from opsctl.actor.result import ActionResult
 from opsctl.actor.lock import RunLock
 from opsctl.actor.state import State
 from opsctl.slurm import Slurm, SlurmNode
@@ -87,15 +88,18 @@ class Acted:
 
 
 class Actor:
-    """`with Actor(config, slurm, now) as actor: actor.apply(changes)`; `actor.done` lists what was done."""
+    """`with Actor(config, slurm, now) as actor: actor.apply(changes)`; `actor.result` says what was done,
+    would be done, refused and skipped (actor/result.py); `actor.done` is its list of changes made."""
 
     def __init__(self, config: Config, slurm: Slurm, now: float, memory: HandledMemory | None = None,
-                 done: list[str] | None = None, lock: bool = True):
+                 done: list[str] | None = None, lock: bool = True, result: ActionResult | None = None):
         self.config, self.slurm, self.now = config, slurm, now
         self.audit = AuditLog(config.audit_log)
         self.state = State(config.state_dir)
         self.memory = memory
-        self.done = [] if done is None else done
+        self.result = ActionResult() if result is None else result
+        if done is not None:  # the caller's list, which it shows if the run fails
+            self.result.done = done
         self._lock: contextlib.AbstractContextManager[object] = (
             RunLock(config.state_dir) if lock else contextlib.nullcontext())
         self._return_to_service: int | None = None
@@ -107,6 +111,10 @@ class Actor:
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  trace: TracebackType | None) -> None:
         self._lock.__exit__(kind, err, trace)
+
+    @property
+    def done(self) -> list[str]:
+        return self.result.done
 
     def nodes(self) -> dict[str, SlurmNode]:
         return self.slurm.nodes()
@@ -120,12 +128,14 @@ class Actor:
     def refuse(self, node: str, detail: str, checks: tuple[str, ...] | list[str] = (), seen: SlurmNode | None = None,
                dry_run: bool = False, evidence: str = "") -> None:
         """An audit record of a change opsctl decided not to make, and why."""
+        self.result.refused.append(f"{node}: {detail}" if node else detail)
         self.audit.write("refuse", node=node, checks=checks, detail=detail, dry_run=dry_run, now=self.now,
                          reason=seen.reason if seen else "", state=seen.state_text if seen else "",
                          evidence=evidence)
 
     def would(self, change: Change) -> None:
         """The audit record of a --dry-run: what apply would have done."""
+        self.result.would.append(change.line)
         self.audit.write(f"would-{change.event}", node=change.node, checks=change.checks, dry_run=True,
                          reason=change.reason or change.seen.reason, values=change.values, now=self.now)
 
@@ -180,8 +190,14 @@ class Actor:
             raise
         self._made(kept, acted)
 
+    def skip(self, node: str, why: str) -> None:
+        """A node left alone on purpose before any change was planned for it (no audit record: nothing was
+        refused)."""
+        self.result.skipped.append(f"{node}: {why}")
+
     def _drop(self, change: Change, why: str, acted: Acted, seen: SlurmNode | None) -> None:
         acted.dropped.append((change, why))
+        self.result.refused.append(f"{change.node}: {why}")
         self.audit.write("refuse", node=change.node, detail=why, now=self.now,
                          state=seen.state_text if seen else "gone", reason=seen.reason if seen else "",
                          checks=change.checks)

@@ -1,17 +1,38 @@
-"""The one result of every command that acts on nodes outside `opsctl health` (which returns a RunResult
-with its verdicts): `drain`, `resume`, `ib quarantine`, `ib fabric-test --drain` and `node check
---drain-self`. Each command's renderer prints `lines` (JSON carries them as `actions`) and exits with
-`exit_code`."""
+"""The one result of what an acting command did, whichever command: the actor fills it as it acts.
+
+- `done`: a line per change made, in the order made (`drain gpu007: opsctl:xid-79 gpu3 ...`): what the
+  error of a failing run lists as done before it too;
+- `would`: with --dry-run, a line per change the run would have made, in the same words;
+- `refused`: `<node>: <why>` per change opsctl decided not to make (someone else's drain, a safety
+  limit, Slurm changed since the plan), each also an audit record;
+- `skipped`: `<node>: <why>` per node left alone on purpose before any change was planned for it (not a
+  Slurm node, held by a person, in a reboot someone else asked for).
+
+Each feature's own result wraps one (`RunResult.action`, `RemediateResult.action`, ...), and every acting
+command's --json carries its fields (docs/json.md). `lines`, `drained` and `resumed` are what the older
+commands (`drain`, `resume`, `ib quarantine`, `ib fabric-test --drain`, `node check --drain-self`) print.
+"""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from opsctl.errors import ExitCode
 
 
 @dataclass
-class Outcome:
+class ActionResult:
+    done: list[str] = field(default_factory=list)
+    would: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)  # a line per change, refusal or stop, in the order they came
     drained: list[str] = field(default_factory=list)  # drained (with --dry-run: would be)
     resumed: list[str] = field(default_factory=list)  # resumed (with --dry-run: would be)
     stop: str = ""  # the safety stop, when a limit stopped (some of) the changes
     exit_code: ExitCode = ExitCode.OK
+
+    def fields(self) -> dict[str, Any]:
+        """The fields every acting command's --json has."""
+        return {"done": list(self.done), "would": list(self.would), "refused": list(self.refused),
+                "skipped": list(self.skipped)}
+

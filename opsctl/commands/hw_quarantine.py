@@ -29,7 +29,7 @@ from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, SourceUnavailable
 from opsctl.health.findings import failing_check, quarantine_outcome, shared_cause
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.slurm import Slurm
 
 RULE = "hw-mismatch"
@@ -51,7 +51,7 @@ def read_mismatches(path: str) -> dict[str, str]:
 
 
 def decide(config: Config, slurm: Slurm, mismatches: dict[str, str], dry_run: bool,
-           now: float | None = None) -> Outcome:
+           now: float | None = None) -> ActionResult:
     now = time.time() if now is None else now
     found = {node: [failing_check(RULE, "", why)] for node, why in sorted(mismatches.items()) if why}
     stop = shared_cause(len(found), len(mismatches), config.safety.breaker_fraction,

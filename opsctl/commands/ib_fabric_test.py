@@ -22,7 +22,7 @@ from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, Isolator, RailV
 from opsctl.fabrictest.runner import FabricRunner, ParamikoRemote
 from opsctl.health.evaluate import Check
 from opsctl.health.findings import drain_findings, failing_check, shared_cause
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 
 RULE = "ib-fabric"
 _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}
@@ -53,7 +53,7 @@ def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, gro
     # Unresolved rails count too: when a rail fails everywhere, no node can be shown good to judge the others.
     not_good = sum(1 for rails in verdicts.values() if any(v.verdict != GOOD for v in rails.values()))
     stop = shared_cause(not_good, len(hosts), ib.max_fail_fraction, "the fabric test")
-    actions = Outcome()
+    actions = ActionResult()
     if found and (drain or dry_run):
         actions = drain_findings(config, clients.slurm(), found, stop, dry_run)
     elif stop:
@@ -131,7 +131,7 @@ def _measurements(node: str, verdict: RailVerdict, rounds: Rounds) -> list[dict[
 
 
 def _json(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: list[str], summary: dict[str, Any],
-          actions: Outcome) -> dict[str, Any]:
+          actions: ActionResult) -> dict[str, Any]:
     nodes: list[dict[str, Any]] = []
     culprits: list[dict[str, str]] = []
     for node, by_rail in sorted(verdicts.items()):
@@ -146,7 +146,7 @@ def _json(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: li
 
 
 def _table(verdicts: dict[str, dict[int, RailVerdict]], rounds: Rounds, rails: list[str], summary: dict[str, Any],
-           actions: Outcome) -> str:
+           actions: ActionResult) -> str:
     lines = []
     for node, by_rail in sorted(verdicts.items()):
         bad = [(rail, v) for rail, v in sorted(by_rail.items()) if v.verdict != GOOD]

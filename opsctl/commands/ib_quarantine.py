@@ -31,7 +31,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, SourceUnavailable
 from opsctl.health.evaluate import Check
 from opsctl.health.findings import failing_check, quarantine_outcome, shared_cause
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.slurm import Slurm
 
 RULE = "ib-precheck"
@@ -81,7 +81,7 @@ def verdicts(reports: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
 
 
 def decide(config: Config, slurm: Slurm, reports: dict[str, dict[str, Any]], dry_run: bool,
-           now: float | None = None) -> Outcome:
+           now: float | None = None) -> ActionResult:
     now = time.time() if now is None else now
     failing, passed = verdicts(reports)
     found = {node: findings(reports[node]) for node in failing}

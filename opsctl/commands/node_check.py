@@ -20,7 +20,7 @@ from opsctl.ib.report import check_report, report_dict
 from opsctl.nodecheck import drain_self, metrics_text, results, storage_results, write_textfile
 from opsctl.nodecheck.kernel_log import CHECK, KernelLogReport, check_kernel_log
 from opsctl.ladder.node_step import take_step
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.storage.check import StorageReport, storage_report
 
 
@@ -36,7 +36,7 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
     if textfile:
         write_textfile(Path(textfile), metrics_text(found, now, storage, kernel))
     code = ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING
-    outcome = Outcome()
+    outcome = ActionResult()
     if drain:
         # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
         outcome = drain_self(clients.config(), clients.slurm(), node or socket.gethostname().split(".")[0], found,

@@ -8,7 +8,7 @@ from opsctl.clients import Clients
 from opsctl.commands.render import render_nodes
 from opsctl.errors import ExitCode
 from opsctl.health.manual import manual_drain, manual_resume
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 
 
 def nodes(clients: Clients, as_json: bool) -> ExitCode:
@@ -30,7 +30,7 @@ def resume(clients: Clients, hostlist: str, force: bool) -> ExitCode:
     return _show(manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force))
 
 
-def _show(outcome: Outcome) -> ExitCode:
+def _show(outcome: ActionResult) -> ExitCode:
     for line in outcome.lines:
         click.echo(line, err=line.startswith("refused"))
     return outcome.exit_code

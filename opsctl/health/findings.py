@@ -15,7 +15,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.actor.act import DRAIN, RESUME, Actor, Change
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.health.plan import plan_drains
 from opsctl.slurm import Slurm
 from opsctl.slurm.partitions import select_partitions
@@ -37,14 +37,14 @@ def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str,
 
 
 def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], stop: str, dry_run: bool,
-                   now: float | None = None) -> Outcome:
+                   now: float | None = None) -> ActionResult:
     """Drain the nodes of `found` (node -> its failing checks) unless `stop` (the caller's breaker) is set.
 
     A node that is not a Slurm node of the judged partitions (an inventory that names nodes by FQDN while
     slurm.conf uses short names) is named `skip:not-in-slurm` and makes the result exit 2: a culprit that
     cannot be drained must never read as a clean run."""
     now = time.time() if now is None else now
-    result = Outcome()
+    result = ActionResult()
     with Actor(config, slurm, now) as actor:
         if stop:
             for node, checks in sorted(found.items()):
@@ -110,10 +110,10 @@ def resume_own(config: Config, slurm: Slurm, passed: list[str], rule: str, detai
 
 
 def quarantine_outcome(config: Config, slurm: Slurm, found: dict[str, list[Check]], passed: list[str], stop: str,
-               rule: str, detail: str, dry_run: bool, now: float) -> Outcome:
+               rule: str, detail: str, dry_run: bool, now: float) -> ActionResult:
     """A provisioning check's decision for all its nodes: drain those of `found` unless `stop`, then
     resume the `passed` ones from `rule`'s own drain (`detail` says why). Exit 1 when a node failed."""
-    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else Outcome()
+    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else ActionResult()
     outcome.drained.sort()
     if not stop:
         resumed, lines = resume_own(config, slurm, passed, rule, detail, dry_run, now)

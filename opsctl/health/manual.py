@@ -10,7 +10,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
 from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
 from opsctl.actor.audit import AuditLog
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 
@@ -24,7 +24,7 @@ def _targets(slurm: Slurm, hostlist: str) -> tuple[list[str], dict[str, SlurmNod
 
 
 def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
-                 max_length: int | None = None) -> Outcome:
+                 max_length: int | None = None) -> ActionResult:
     text = " ".join(text.split())
     if not text:
         raise ConfigError("--reason must not be empty")
@@ -32,12 +32,12 @@ def manual_drain(config: Config, slurm: Slurm, hostlist: str, text: str,
     return _act(config, slurm, hostlist, DRAIN, reason, text, force=False)
 
 
-def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> Outcome:
+def manual_resume(config: Config, slurm: Slurm, hostlist: str, force: bool = False) -> ActionResult:
     return _act(config, slurm, hostlist, RESUME, "", "", force)
 
 
 def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, text: str,
-         force: bool) -> Outcome:
+         force: bool) -> ActionResult:
     """A person's drain or resume of the nodes of `hostlist`, through the actor; a node drained by someone
     else is refused (a resume with --force takes it anyway, and the audit record says so)."""
     now = time.time()
@@ -66,7 +66,7 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
     else:
         lines += [f"refused {n}: drained by someone else ({nodes[n].reason}); --force resumes it" for n in refused]
     done = [c.node for c in made]
-    return Outcome(lines=lines, drained=done if event == DRAIN else [], resumed=done if event == RESUME else [],
+    return ActionResult(lines=lines, drained=done if event == DRAIN else [], resumed=done if event == RESUME else [],
                    exit_code=ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK)
 
 

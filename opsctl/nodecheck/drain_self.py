@@ -11,7 +11,7 @@ from opsctl.errors import ConfigError, ExitCode
 from opsctl.ib.check import Report
 from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
 from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
-from opsctl.actor.result import Outcome
+from opsctl.actor.result import ActionResult
 from opsctl.health.plan import out_of_service_room
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
@@ -47,7 +47,7 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
 
 
 def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult],
-               report: Report | None = None) -> Outcome:
+               report: Report | None = None) -> ActionResult:
     """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
 
     Through the actor (the lock, compare and set, the audit). A failure shaped like a shared cause
@@ -65,33 +65,33 @@ def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]
         if own:
             return _drain(config, actor, nodes, current, own)
         if shaped:
-            return Outcome([f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides"],
+            return ActionResult([f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides"],
                            exit_code=ExitCode.FAILING)
         if current.resumable and current.reason_rules() == [RULE] and not any(r.failed for r in found):
             made = actor.apply([Change(node=node, event=RESUME, seen=current, checks=(RULE,),
                                        detail="every node check passes")]).made
             if made:
-                return Outcome([f"resumed {node}: every node check passes"], resumed=[node])
-            return Outcome([f"{node} not resumed: Slurm changed it meanwhile"])
-    return Outcome()
+                return ActionResult([f"resumed {node}: every node check passes"], resumed=[node])
+            return ActionResult([f"{node} not resumed: Slurm changed it meanwhile"])
+    return ActionResult()
 
 
 def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: SlurmNode,
-           own: list[CheckResult]) -> Outcome:
+           own: list[CheckResult]) -> ActionResult:
     node, failing = current.name, ExitCode.FAILING
     if current.out_of_service or current.reason:
         if current.reason.startswith(REASON_PREFIX):
-            return Outcome([f"{node} stays drained: {current.reason}"], exit_code=failing)
-        return Outcome([f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"],
+            return ActionResult([f"{node} stays drained: {current.reason}"], exit_code=failing)
+        return ActionResult([f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"],
                        exit_code=failing)
     room, full = out_of_service_room(select_partitions(nodes, config.slurm.partitions), config.safety,
                                      only_opsctl=True)
     if room < 1:
         actor.refuse(node, f"out-of-service-limit: {full}", [RULE], current)
-        return Outcome([f"{node} not drained: {full}"], stop=full, exit_code=failing)
+        return ActionResult([f"{node} not drained: {full}"], stop=full, exit_code=failing)
     reason = self_reason(own, config.safety.reason_max_length)
     made = actor.apply([Change(node=node, event=DRAIN, seen=current, reason=reason, checks=(RULE,),
                                evidence=", ".join(sorted({r.check for r in own})))]).made
     if made:
-        return Outcome([f"drained {node}: {reason}"], drained=[node], exit_code=failing)
-    return Outcome([f"{node} not drained: Slurm changed it meanwhile"], exit_code=failing)
+        return ActionResult([f"drained {node}: {reason}"], drained=[node], exit_code=failing)
+    return ActionResult([f"{node} not drained: Slurm changed it meanwhile"], exit_code=failing)
