@@ -33,10 +33,19 @@ $(BIN)/opsctl: pyproject.toml lab/pyproject.toml
 venv: $(BIN)/opsctl
 
 # Installs only what is missing, so a warm machine pays nothing.
+# The install starts no service (MariaDB, slurmdbd, VictoriaMetrics, Prometheus, apt-cacher-ng would):
+# the lab and the tests run their own, and a service running here is not ours to stop. A
+# /usr/sbin/policy-rc.d that exits 101 (invoke-rc.d(8): action forbidden) is in place for the install only,
+# and only where there is none: an existing one is never replaced, and ours is removed after, even on
+# Ctrl-C. It is made aside and linked into place, which fails if one appeared meanwhile.
 define apt_ensure
 	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:" $$missing; \
+	  policy=/usr/sbin/policy-rc.d; ours=; \
+	  if [ ! -e $$policy ] && printf '#!/bin/sh\nexit 101\n' >$$policy.opsctl && chmod 755 $$policy.opsctl \
+	     && ln $$policy.opsctl $$policy 2>/dev/null; then ours=1; fi; rm -f $$policy.opsctl; \
+	  trap '[ -z "$$ours" ] || rm -f $$policy' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
 	  apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
@@ -44,67 +53,18 @@ endef
 
 deps-lab:
 	$(call apt_ensure,$(LAB_DEBS))
-	@# The packages enable MariaDB (on :3306) and slurmdbd as services; the lab runs its own.
-	@systemctl disable --now mariadb slurmdbd >/dev/null 2>&1 || true
 
 deps-machines:
 	$(call apt_ensure,$(MACHINES_DEBS))
 
 deps-test:
 	$(call apt_ensure,$(TEST_DEBS))
-	@# The packages enable services (victoria-metrics on :8428, MariaDB on :3306, slurmdbd) that nothing
-	@# here uses; the lab and the tests run their own.
-	@systemctl disable --now victoria-metrics mariadb slurmdbd >/dev/null 2>&1 || true
 
-# Every tier (README, "Tests") and the linters; pytest prints each tier's wall time at the end, the
-# linters' time included.
-# The tiers run as three streams at once, because most of their wall time is waiting (scrapes, SSH,
-# systemd), not CPU:
-# - the provisioning of the lab machines, with a lab directory of their own, so that no stream sees
-#   another's processes;
-# - the simulated cluster (the lab tier);
-# - the linters, then the component, machines and unit tiers, in that order (the component tier's
-#   Prometheus, exporters and Slurm chroots take addresses, ports and chroot indexes apart from the lab's:
-#   tests/component/promlab.py, paths.py; the machines tier's machines live in a directory and network
-#   of their own, see test_machines.py, and find the image the provisioning stream built by then).
-# The lab and provisioning streams take about as long; the third, shorter one carries the machines tier.
-# Beside them, from the start, the Slurm chroots of the newer releases are built (debootstrap, mostly
-# waiting on the mirror), which the component and lab tiers use a few minutes in: a test then finds its
-# chroot built, or waits on the build's lock; a build that fails here fails again, with its message, in
-# the first test that needs it.
-# The provisioning stream is the longest, so the others yield the CPU to it: they run in a cpu cgroup
-# of their own that weighs as much as one session (tests/low_cpu_share.sh says why nice alone does not
-# do it), and at nice 5 within it. They wait where all want the CPU, and still end first. A linter's
-# failure stops all three. The other streams' output follows the linters' stream's. PYTEST_ARGS, when
-# set, runs the linters and then one plain pytest instead.
-MACHINES_TIERS := provision
-LAB_TIERS := lab
-MACHINES_LAB_DIR ?= /var/lib/opsctl-lab-machines-tests
-BACKGROUND := tests/low_cpu_share.sh nice -n 5
-# Each stream's slowest tests, after its results: where a stream's time goes.
-STREAM_PYTEST := $(BIN)/pytest -p no:cacheprovider --durations=15
+# Every tier (README, "Tests") and the linters, as three streams named after their tiers, with each
+# stream's log, slowest tests and wall time and one exit code: tests/run.py says how. PYTEST_ARGS, when
+# set, runs the linters and then one plain pytest with them instead.
 test: deps-test venv
-	@start=$$(date +%s); \
-	if [ -n "$(PYTEST_ARGS)" ]; then \
-	  $(MAKE) --no-print-directory lint || exit 1; \
-	  OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) exec $(BIN)/pytest $(PYTEST_ARGS); \
-	fi; \
-	log=$$(mktemp); lab_log=$$(mktemp); \
-	$(BACKGROUND) $(BIN)/python -m opsctl_lab.slurm_chroot >/dev/null 2>&1 & chroots=$$!; \
-	OPSCTL_LAB_DIR=$(MACHINES_LAB_DIR) \
-	  $(STREAM_PYTEST) -m "$(MACHINES_TIERS)" tests/integration >$$log 2>&1 & machines=$$!; \
-	$(BACKGROUND) $(STREAM_PYTEST) -m "$(LAB_TIERS)" tests/integration >$$lab_log 2>&1 & lab=$$!; \
-	if ! $(BACKGROUND) $(MAKE) --no-print-directory lint; then \
-	  kill $$machines $$lab $$chroots; wait $$machines $$lab $$chroots; rm -f $$log $$lab_log; exit 1; \
-	fi; \
-	OPSCTL_LINT_SECONDS=$$(( $$(date +%s) - start )) \
-	  $(BACKGROUND) $(STREAM_PYTEST) -m "not ($(MACHINES_TIERS) or $(LAB_TIERS))"; rest=$$?; \
-	wait $$chroots; wait $$lab; lab_rc=$$?; \
-	echo "==== the lab stream ($(LAB_TIERS)) ===="; cat $$lab_log; rm -f $$lab_log; \
-	wait $$machines; machines_rc=$$?; \
-	echo "==== the provisioning stream ($(MACHINES_TIERS)) ===="; cat $$log; rm -f $$log; \
-	echo "== make test: $$(( $$(date +%s) - start )) s in all"; \
-	[ $$rest -eq 0 ] && [ $$lab_rc -eq 0 ] && [ $$machines_rc -eq 0 ]
+	$(BIN)/python tests/run.py -- $(PYTEST_ARGS)
 
 # Pure Python only: no root, no process, no socket; well under 30 s.
 test-unit: venv
