@@ -3,8 +3,8 @@ entry point group `opsctl.commands` (lab/pyproject.toml), so the product package
 
 import click
 
-from opsctl.commands.exit import one_line_errors
 from opsctl.errors import ExitCode
+from opsctl_lab.command_exit import one_line_errors
 
 
 @click.group()
@@ -106,7 +106,7 @@ def lab_machines() -> None:
 @one_line_errors
 def lab_machines_up(count: int, boot_timeout: int) -> ExitCode:
     """Start (or keep) the machines and write inventory/lab/; prints the time of each phase."""
-    from opsctl_lab.machines import up
+    from opsctl_lab.machines.lifecycle import up
 
     return up(count=count, echo=click.echo, boot_timeout=boot_timeout)
 
@@ -116,7 +116,7 @@ def lab_machines_up(count: int, boot_timeout: int) -> ExitCode:
 @one_line_errors
 def lab_machines_down(purge: bool) -> ExitCode:
     """Stop every machine; remove the lab's namespaces, bridge, guard route and apt cache daemon."""
-    from opsctl_lab.machines import down
+    from opsctl_lab.machines.lifecycle import down
 
     return down(echo=click.echo, purge=purge)
 
@@ -125,7 +125,7 @@ def lab_machines_down(purge: bool) -> ExitCode:
 @one_line_errors
 def lab_machines_status() -> ExitCode:
     """Show the machines and whether they run."""
-    from opsctl_lab.machines import status
+    from opsctl_lab.machines.lifecycle import status
 
     return status(echo=click.echo)
 
@@ -134,7 +134,7 @@ def lab_machines_status() -> ExitCode:
 @one_line_errors
 def lab_machines_reset() -> ExitCode:
     """Clear every fault, resume every drained or down node, empty opsctl's state and audit log on the head."""
-    from opsctl_lab.machines import reset
+    from opsctl_lab.machines.lifecycle import reset
 
     return reset(echo=click.echo)
 
@@ -148,7 +148,7 @@ def lab_machines_reset() -> ExitCode:
 def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | None) -> ExitCode:
     """Inject FAULT into MACHINE's emulated hardware (`opsctl lab faults` lists them); MACHINE `all`: every
     GPU machine at once."""
-    from opsctl_lab.machines import inject
+    from opsctl_lab.machines.lifecycle import inject
 
     return inject(machine, fault, gpu=gpu, hca=hca, echo=click.echo)
 
@@ -158,6 +158,6 @@ def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | No
 @one_line_errors
 def lab_machines_clear(machine: str) -> ExitCode:
     """Clear every fault on MACHINE (MACHINE `all`: on every GPU machine)."""
-    from opsctl_lab.machines import clear
+    from opsctl_lab.machines.lifecycle import clear
 
     return clear(machine, echo=click.echo)

@@ -145,7 +145,7 @@ def wait_ready(paths: lp.LabPaths, nodes: int, timeout: float = READY_TIMEOUT_S,
     """Every node idle (or as its drains leave it) in sinfo, every target that should answer up; with
     `watch`, also opsctl's --watch running and scraped."""
     deadline = time.monotonic() + timeout
-    problem = "not started"
+    problem: str | None = "not started"
     while time.monotonic() < deadline:
         problem = _not_ready(paths, nodes, watch)
         if problem is None:

@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,7 +52,7 @@ class Field:
     name: str
     kind: str  # gauge | counter
     help: str
-    value: object  # callable(gpu: GpuView) -> float | None (None: DCGM could not read it)
+    value: Callable[["GpuView"], float | None]  # None: DCGM could not read it
     fmt: str = "int"  # int | float
 
 
@@ -216,24 +217,25 @@ class EmulatedNode:
     storage_root: Path | None = None  # where the node's emulated mountinfo and mountstats go (storage_view)
     mount_base: Path | None = None  # under which its mount points are
     hw: NodeHardware | None = None
-    version: tuple = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
-    sysfs_version: tuple | None = None  # the version the sysfs tree was last written for
+    version: tuple[int, ...] = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
+    sysfs_version: tuple[int, ...] | None = None  # the version the sysfs tree was last written for
     server: ThreadingHTTPServer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def refresh(self) -> None:
+    def refresh(self) -> NodeHardware:
         """Re-read the state file if it changed. Scrape threads and the tick loop both call this, so
         whether the sysfs tree is current is judged by its own version, not by who read the file."""
         with self.lock:
+            version: tuple[int, ...]
             try:
                 stat = self.state.stat()
                 version = (stat.st_ino, stat.st_mtime_ns)
             except FileNotFoundError:
                 version = ()
-            if version == self.version and self.hw is not None:
-                return
-            self.hw = NodeHardware.load(self.state, self.node)
-            self.version = version
+            if version != self.version or self.hw is None:
+                self.hw = NodeHardware.load(self.state, self.node)
+                self.version = version
+            return self.hw
 
 
 class QuietHTTPServer(ThreadingHTTPServer):
@@ -246,8 +248,9 @@ class QuietHTTPServer(ThreadingHTTPServer):
         # HTTPServer.server_bind calls getfqdn(), which takes seconds per listener here.
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(self.server_address)
-        self.server_address = self.socket.getsockname()
-        self.server_name, self.server_port = self.server_address[:2]
+        address = self.socket.getsockname()  # (host, port)
+        self.server_address = address
+        self.server_name, self.server_port = address[:2]
 
 
 def send_body(handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str) -> None:
@@ -267,8 +270,7 @@ def _handler_for(node: EmulatedNode):
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
-            node.refresh()
-            send_body(self, 200, render(node.hw).encode(), METRICS_CONTENT_TYPE)
+            send_body(self, 200, render(node.refresh()).encode(), METRICS_CONTENT_TYPE)
 
         def log_message(self, *args):
             pass
@@ -291,8 +293,8 @@ def _stop(node: EmulatedNode) -> None:
 
 def tick(node: EmulatedNode, now: float) -> None:
     """Follow the node's state: stop or start its listener (exporter-down), keep its sysfs tree current."""
-    node.refresh()
-    down = node.hw.node_fault("exporter-down")
+    hw = node.refresh()
+    down = hw.node_fault("exporter-down")
     if down and node.server is not None:
         _stop(node)
     elif not down and node.server is None:
@@ -300,11 +302,11 @@ def tick(node: EmulatedNode, now: float) -> None:
             _start(node)
         except OSError as err:  # the address may still be held; try again next tick
             sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
-    rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in node.hw.active)
+    rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in hw.active)
     if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
-        write_tree(node.sysfs_root, node.hw, now)
+        write_tree(node.sysfs_root, hw, now)
         if node.storage_root is not None and node.mount_base is not None:
-            write_storage(node.storage_root, node.mount_base, node.hw)
+            write_storage(node.storage_root, node.mount_base, hw)
         node.sysfs_version = node.version
 
 

@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from opsctl_lab.errors import LabError
 from opsctl_lab.hca_layout import GPU_BUSES, HcaLayout
@@ -109,7 +110,12 @@ class FaultSpec:
     survives_reboot: bool = True
 
 
-_VOLATILE = {"survives_reset": False, "survives_reboot": False}
+class _Survives(TypedDict):
+    survives_reset: bool
+    survives_reboot: bool
+
+
+_VOLATILE: _Survives = {"survives_reset": False, "survives_reboot": False}
 FAULTS = {
     spec.name: spec
     for spec in [
@@ -320,6 +326,7 @@ class NodeHardware:
         if spec.name == "xid":
             self.last_xid[str(fault.gpu)] = xid
         elif spec.name == "xid-kernel":
+            assert fault.gpu is not None and xid is not None  # a GPU fault, and parse_fault requires its code
             self._log_xid(fault.gpu, xid, now)
         self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid) != (fault.fault, fault.gpu,
                                                                                     fault.hca, fault.xid)]

@@ -115,7 +115,7 @@ def write_node_tool(paths: lp.LabPaths, name: str) -> Path:
 
 def python_env() -> dict:
     """The emulator runs from these very packages, with the interpreter that runs opsctl."""
-    parents = dict.fromkeys(os.path.dirname(os.path.dirname(os.path.abspath(p.__file__))) for p in (opsctl, opsctl_lab))
+    parents = dict.fromkeys(os.path.dirname(os.path.abspath(p.__path__[0])) for p in (opsctl, opsctl_lab))
     return {"PYTHONPATH": os.pathsep.join(parents)}
 
 

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from opsctl.cli import main
 from opsctl_lab.errors import LabError
 from opsctl_lab.machines import aptcache, lifecycle, nspawn, readiness
+from opsctl_lab.machines import vendor_server as vendor_serve
 from opsctl_lab.machines.settings import PROVISIONING_USER, Settings, machine_names
-from opsctl_lab.vendor_repos import serve as vendor_serve
 
 # `systemctl list-jobs --no-legend --no-pager` on a Debian 12 machine (systemd 252) whose boot a
 # oneshot unit ordered before systemd-user-sessions.service holds; columns JOB UNIT TYPE STATE.
@@ -190,10 +190,8 @@ def test_without_root_ssh_the_boot_journal_read_from_the_host_names_them(tmp_pat
 
 
 def test_boot_timeout_is_an_option_of_up(monkeypatch):
-    import opsctl_lab.machines
-
     seen = {}
-    monkeypatch.setattr(opsctl_lab.machines, "up", lambda **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(lifecycle, "up", lambda **kwargs: seen.update(kwargs) or 0)
     result = CliRunner().invoke(main, ["lab", "machines", "up", "--boot-timeout", "20"])
     assert result.exit_code == 0, result.output
     assert seen["boot_timeout"] == 20

@@ -19,7 +19,7 @@ from opsctl_lab import hung_mount
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware
 from opsctl_lab.hwtools import admin, common
-from opsctl_lab.machines import hwinstall, lifecycle, nspawn
+from opsctl_lab.machines import hwinstall, lifecycle, nspawn, storage_mounts
 from opsctl_lab.machines.settings import HW_STATE, Settings
 
 STORAGE_FAULTS = ("lustre-ost-down", "mount-missing", "nfs-hung")
@@ -100,14 +100,14 @@ def test_the_storage_paths_are_next_to_the_machines_state_file(monkeypatch):
     assert admin.storage_root() == Path(hwinstall.STORAGE_ROOT) == Path("/var/lib/opsctl-hw/storage")
     assert (hwinstall.MOUNTINFO, hwinstall.MOUNTSTATS) == ("/var/lib/opsctl-hw/storage/mountinfo",
                                                            "/var/lib/opsctl-hw/storage/mountstats")
-    assert admin.export_dir(admin.storage_root(), "/shared") == Path(hwinstall.EXPORTS) / "shared"
+    assert storage_mounts.export_dir(admin.storage_root(), "/shared") == Path(hwinstall.EXPORTS) / "shared"
 
 
 @pytest.mark.parametrize("point, unit", [("/shared", "shared.mount"), ("/lustre", "lustre.mount"),
                                          ("/scratch/a-b", "scratch-a\\x2db.mount"), ("/.x/y.z", "\\x2ex-y.z.mount"),
                                          ("/", "-.mount")])
 def test_mount_unit_names_are_systemd_escape_p(point, unit):
-    assert admin.mount_unit(point) == unit
+    assert storage_mounts.mount_unit(point) == unit
 
 
 @pytest.fixture
@@ -125,9 +125,9 @@ def machine(tmp_path, monkeypatch):
 
     def systemctl(action, point):
         # The source is there while its unit starts, and still there when it stops (moved only after).
-        calls.append((action, point, admin.export_dir(storage, point).is_dir()))
+        calls.append((action, point, storage_mounts.export_dir(storage, point).is_dir()))
 
-    monkeypatch.setattr(admin, "_systemctl", systemctl)
+    monkeypatch.setattr(storage_mounts, "systemctl_mount", systemctl)
     return root, storage, calls
 
 
@@ -177,7 +177,7 @@ def test_outside_a_machine_no_unit_is_touched_and_the_mounts_are_under_the_stora
     monkeypatch.setenv("OPSCTL_HW_STATE", str(tmp_path / "hardware.json"))
     monkeypatch.setenv("OPSCTL_HW_SYSFS_ROOT", str(tmp_path / "sys"))
     monkeypatch.delenv("OPSCTL_HW_MOUNT_BASE", raising=False)
-    monkeypatch.setattr(admin, "_systemctl", lambda *a: pytest.fail(f"systemctl {a}"))
+    monkeypatch.setattr(storage_mounts, "systemctl_mount", lambda *a: pytest.fail(f"systemctl {a}"))
     assert admin.main(["inject", "mount-missing"]) == 0 and admin.main(["clear"]) == 0
     assert f"{tmp_path}/storage/mnt/shared" in table(tmp_path / "storage")
 

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from opsctl.cli import main
 from opsctl_lab.machines import aptcache, nspawn
+from opsctl_lab.machines import vendor_server as vendor_serve
 from opsctl_lab.machines.lifecycle import status
 from opsctl_lab.machines.settings import Settings
-from opsctl_lab.vendor_repos import serve as vendor_serve
 
 
 def machines(tmp_path, names=("head", "gpu1")) -> Settings:

@@ -305,8 +305,9 @@ def test_inventories_differ_only_in_variables():
             assert path.stem in {"all", "cluster", "controller", "gpu_nodes", "storage"}, path
     # The lab's second inventory source (vendor-repos.yml): repository URLs and keys only, each a variable
     # that a role documents in its defaults, so production sets the same ones to the vendors' own.
+    from opsctl_lab.machines import vendor_server as serve
     from opsctl_lab.machines.settings import Settings
-    from opsctl_lab.vendor_repos import build, serve
+    from opsctl_lab.vendor_repos import build
 
     settings = Settings(net=0, state_dir=Path("/nonexistent"), inventory_dir=Path("/nonexistent"),
                         apt_cache_dir=Path("/nonexistent"))

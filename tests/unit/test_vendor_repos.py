@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from opsctl_lab.hardware import NodeHardware
-from opsctl_lab.hwtools import admin
+from opsctl_lab.machines import boot
 from opsctl_lab.vendor_repos import behaviours, kmod, spec
 
 pytestmark = pytest.mark.unit
@@ -124,7 +124,7 @@ def test_a_boot_loads_the_installed_driver_and_the_modules_of_modules_load_d(tmp
     (loaded / "left_from_the_last_boot").mkdir(parents=True)
     hw = NodeHardware(node="gpu1")
     assert hw.driver_version != "570.172.08"
-    assert admin.boot(hw, tmp_path, loaded, RELEASE) == []
+    assert boot.boot(hw, tmp_path, loaded, RELEASE) == []
     assert hw.driver_version == "570.172.08"  # what nvidia-smi reports from now on
     assert sorted(p.name for p in loaded.iterdir()) == ["nvidia", "nvidia_peermem"]
 
@@ -133,7 +133,7 @@ def test_a_boot_names_a_module_the_kernel_refuses_and_keeps_an_emulated_driver_w
     _module(tmp_path, "nvidia_peermem", version="570.133.20", needs=kmod.PEER_SYMBOL, ib_core="")  # built before DOCA
     _modules_load(tmp_path, "usr/lib/modules-load.d", "opsctl-nvidia.conf", "nvidia_peermem\n")
     hw = NodeHardware(node="gpu1", driver_version="570.86.15")
-    failures = admin.boot(hw, tmp_path, tmp_path / "modules", RELEASE)
+    failures = boot.boot(hw, tmp_path, tmp_path / "modules", RELEASE)
     assert failures == ["Failed to insert module 'nvidia_peermem': modprobe: ERROR: could not insert "
                         "'nvidia_peermem': Invalid argument"]
     assert hw.driver_version == "570.86.15" and list((tmp_path / "modules").iterdir()) == []
@@ -143,7 +143,7 @@ def test_modules_load_d_a_file_in_etc_hides_the_same_name_in_usr_lib(tmp_path):
     _modules_load(tmp_path, "usr/lib/modules-load.d", "a.conf", "hidden\n")
     _modules_load(tmp_path, "etc/modules-load.d", "a.conf", "; comment\nfirst\n\n")
     _modules_load(tmp_path, "usr/lib/modules-load.d", "b.conf", "second\nfirst\n")
-    assert admin.modules_to_load(tmp_path) == ["first", "second"]
+    assert boot.modules_to_load(tmp_path) == ["first", "second"]
 
 
 def test_ko2iblnd_loads_only_against_the_ib_core_it_was_built_for(tmp_path):

@@ -112,7 +112,8 @@ def level_tests(level: int) -> list[tuple[str, str]]:
 
 def run_diag(hw: NodeHardware, level: int, gpus: list[int], now: float) -> list[TestRun]:
     """The tests of `level` on `gpus` (present GPUs), as nvvs reports them."""
-    runs, skipped = [], {}
+    runs: list[TestRun] = []
+    skipped: dict[int, str] = {}  # GPU: why the tests after the one that found it skip it
     for name, category in level_tests(level):
         run = TestRun(name, category)
         if name == "software":

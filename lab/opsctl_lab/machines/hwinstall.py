@@ -10,35 +10,11 @@ from pathlib import Path
 import opsctl
 import opsctl_lab
 from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
-from opsctl_lab.hung_mount import STAYS_ENV
-from opsctl_lab.hwtools.admin import BIND_MOUNTS, export_dir, mount_unit, place_exports
-from opsctl_lab.machines.settings import (
-    DCGM_PORT,
-    HW_CODE,
-    HW_ROOT,
-    HW_STATE,
-    HW_SYSFS_ROOT,
-    REVERSED_MINORS_MACHINE,
-)
+from opsctl_lab.installed_tools import HW_CODE, HW_ROOT, HW_STATE, HW_SYSFS_ROOT, TOOLS, tool_wrapper
+from opsctl_lab.machines.settings import DCGM_PORT, REVERSED_MINORS_MACHINE
+from opsctl_lab.machines.storage_mounts import BIND_MOUNTS, export_dir, mount_unit, place_exports
 from opsctl_lab.storage_view import MOUNTS
 
-# Real install paths: nvidia-smi from the NVIDIA driver, dcgmi from datacenter-gpu-manager, ibstat from
-# infiniband-diags, ibv_devinfo from ibverbs-utils, ib_write_bw from perftest, lctl, lfs and lnetctl from the
-# Lustre client, all_reduce_perf where nccl-tests builds it (as Azure's health checks install it).
-ADMIN_TOOL = "/usr/local/sbin/opsctl-hw"
-ADMIN_ENV = f"OPSCTL_HW_MOUNT_BASE=/ {STAYS_ENV}=1 "
-TOOLS = {
-    "/usr/bin/nvidia-smi": "opsctl_lab.hwtools.nvidia_smi",
-    "/usr/bin/dcgmi": "opsctl_lab.hwtools.dcgmi",
-    "/usr/sbin/ibstat": "opsctl_lab.hwtools.ibstat",
-    "/usr/bin/ibv_devinfo": "opsctl_lab.hwtools.ibv_devinfo",
-    "/usr/bin/ib_write_bw": "opsctl_lab.hwtools.ib_write_bw",
-    "/opt/nccl-tests/build/all_reduce_perf": "opsctl_lab.hwtools.all_reduce_perf",
-    "/usr/sbin/lctl": "opsctl_lab.hwtools.lctl",
-    "/usr/bin/lfs": "opsctl_lab.hwtools.lfs",
-    "/usr/sbin/lnetctl": "opsctl_lab.hwtools.lnetctl",
-    ADMIN_TOOL: "opsctl_lab.hwtools.admin",
-}
 # The node's storage as `opsctl node check` reads it (storage.mountinfo_path, storage.mountstats_path):
 # written by `opsctl-hw` at boot and on every inject and clear. The mount points are the machine's own
 # (/home, /shared, /lustre); /shared and /lustre are bind mounts of EXPORTS/<name>.
@@ -61,11 +37,6 @@ ExecStart=/bin/sleep infinity
 [Install]
 WantedBy=multi-user.target
 """
-
-
-def wrapper(module: str, env: str = "") -> str:
-    return (f"#!/bin/sh\n# Emulated hardware tool of the opsctl lab (state: {HW_STATE}).\n"
-            f"{env}PYTHONPATH={HW_CODE} exec /usr/bin/python3 -m {module} \"$@\"\n")
 
 
 def mount_unit_text(point: str) -> str:
@@ -131,14 +102,12 @@ def install(upper: Path, name: str, address: str) -> None:
     shutil.rmtree(code, ignore_errors=True)
     # The emulated tools are opsctl_lab modules; they need opsctl for its error types only.
     for package in (opsctl, opsctl_lab):
-        source = Path(package.__file__).parent
+        source = Path(package.__path__[0])
         shutil.copytree(source, code / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "templates"))
-    for path, module in TOOLS.items():
+    for path in TOOLS:
         target = upper / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        # opsctl-hw writes the mount points of the machine itself (storage_view with base /), and the hung
-        # /home of nfs-hung outlives it (opsctl_lab.hung_mount): it lasts until clear, as the fault does.
-        target.write_text(wrapper(module, ADMIN_ENV if path == ADMIN_TOOL else ""))
+        target.write_text(tool_wrapper(path))
         target.chmod(0o755)
     state = upper / HW_STATE.lstrip("/")
     # Keep injected faults across a restart, as hardware would; the minor numbers are the machine's own.

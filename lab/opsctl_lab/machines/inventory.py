@@ -42,7 +42,7 @@ VENDOR_VARS = "vendor-repos.yml"
 
 def write_vendor_vars(settings: Settings, variables: dict) -> None:
     """A second inventory source beside hosts.yml: where the lab serves the vendors' repositories and the
-    key that signs them (opsctl_lab.vendor_repos.serve.vendor_vars), the only variables a lab inventory
+    key that signs them (opsctl_lab.machines.vendor_server.vendor_vars), the only variables a lab inventory
     has that a production one sets to the vendors' own."""
     settings.inventory_dir.mkdir(parents=True, exist_ok=True)
     header = ("---\n# Written by `opsctl lab machines up`: the lab's vendor repositories (URLs on the bridge, the\n"

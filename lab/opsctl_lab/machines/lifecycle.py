@@ -17,10 +17,10 @@ from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, parse_fault
 from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn, readiness
+from opsctl_lab.machines import vendor_server as vendor_serve
 from opsctl_lab.machines.settings import MAX_GPU_NODES, STORAGE_MACHINE, Settings, is_gpu_machine, machine_names
 from opsctl_lab.processes import stop_pids
 from opsctl_lab.vendor_repos import build as vendor_build
-from opsctl_lab.vendor_repos import serve as vendor_serve
 
 Echo = Callable[[str], None]
 NEEDED = ["ip", "debootstrap", "systemd-nspawn", "apt-cacher-ng", "ssh", "ssh-keygen", "chroot"]

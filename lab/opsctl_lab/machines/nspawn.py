@@ -49,7 +49,7 @@ def prepare_layer(settings: Settings, name: str, names: list[str], client_pubkey
     # cluster whose nodes use a site proxy.
     proxy = top / "etc/apt/apt.conf.d/01opsctl-proxy"
     proxy.parent.mkdir(parents=True, exist_ok=True)
-    # The vendors' repositories are on the bridge itself (opsctl_lab.vendor_repos.serve): no proxy there.
+    # The vendors' repositories are on the bridge itself (opsctl_lab.machines.vendor_server): no proxy there.
     proxy.write_text(f'Acquire::http::Proxy "{settings.apt_proxy}";\n'
                      f'Acquire::http::Proxy::{settings.bridge_addr} "DIRECT";\n')
     if kernel_key:

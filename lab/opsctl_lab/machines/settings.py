@@ -15,6 +15,13 @@ from pathlib import Path
 
 import opsctl
 
+# Paths inside every GPU machine (opsctl_lab.installed_tools); the provisioning roles point here.
+from opsctl_lab.installed_tools import HW_CODE as HW_CODE
+from opsctl_lab.installed_tools import HW_KERNEL_LOG as HW_KERNEL_LOG
+from opsctl_lab.installed_tools import HW_ROOT as HW_ROOT
+from opsctl_lab.installed_tools import HW_STATE as HW_STATE
+from opsctl_lab.installed_tools import HW_SYSFS_ROOT as HW_SYSFS_ROOT
+
 PREFIX_LEN = 24
 # Not apt-cacher-ng's default 3142: installing the Debian package starts a system instance on
 # 0.0.0.0:3142 on hosts with systemd, which would answer in place of the lab's own.
@@ -43,14 +50,6 @@ STORAGE_MACHINE = "stor1"
 # driver allows: the roles must key gres.conf and the epilog by minor number (docs/lab-machines.md).
 REVERSED_MINORS_MACHINE = "gpu2"
 
-# Paths inside every GPU machine; the provisioning roles point here (docs/lab-machines.md).
-HW_ROOT = "/var/lib/opsctl-hw"
-HW_STATE = f"{HW_ROOT}/hardware.json"
-HW_SYSFS_ROOT = f"{HW_ROOT}/sys"
-# The machine's kernel log, /dev/kmsg records one a line (`opsctl node check`'s gpu.kernel_log_path): the NVIDIA
-# driver's XID lines of the xid-kernel fault (opsctl_lab.hardware.write_kernel_log), next to the state file.
-HW_KERNEL_LOG = f"{HW_ROOT}/kmsg"
-HW_CODE = "/opt/opsctl-hw"
 DCGM_PORT = 9400
 
 
@@ -76,14 +75,16 @@ def _net_index() -> int:
 
 @dataclass(frozen=True)
 class Settings:
+    # state_dir, apt_cache_dir and inventory_dir: None (the default) is a default that depends on `net` (and
+    # inventory_dir's on state_dir), set in __post_init__; every Settings has all three.
     net: int = field(default_factory=_net_index)
-    state_dir: Path | None = None
+    state_dir: Path = None  # type: ignore[assignment]  # set in __post_init__
     image_dir: Path = field(default_factory=lambda: _env_path("OPSCTL_LAB_IMAGE_DIR", "/var/cache/opsctl/lab-images"))
-    apt_cache_dir: Path | None = None
-    inventory_dir: Path | None = None
+    apt_cache_dir: Path = None  # type: ignore[assignment]  # set in __post_init__
+    inventory_dir: Path = None  # type: ignore[assignment]  # set in __post_init__
     mirror: str = DEFAULT_MIRROR
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Another lab network gets its own state (and inventory) by default: two labs must never share one.
         if self.state_dir is None:
             name = "machines" if self.net == 0 else f"machines-{self.net}"

@@ -4,6 +4,7 @@ nothing). Scripts are POSIX sh, as dpkg runs them, and fail where the real ones 
 
 from dataclasses import dataclass, field
 
+from opsctl_lab.installed_tools import tool_wrapper
 from opsctl_lab.vendor_repos import kmod
 
 
@@ -173,9 +174,7 @@ def _unit(description: str) -> str:
 
 def tool(path: str) -> Contents:
     """The lab's emulated tool at the real tool's path, as the machines' hardware install writes it."""
-    from opsctl_lab.machines import hwinstall  # noqa: PLC0415 - the machines package imports this one
-
-    return Contents(files={path: (0o755, hwinstall.wrapper(hwinstall.TOOLS[path]))})
+    return Contents(files={path: (0o755, tool_wrapper(path))})
 
 
 def unit(name: str, description: str) -> Contents:

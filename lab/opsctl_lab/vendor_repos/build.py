@@ -64,8 +64,8 @@ def recipe(names: list[str], release: str, fingerprint: str) -> str:
     for path in sorted(HERE.glob("*.py")) + [spec.DATA / f"{n}.yml" for n in names]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(f"{release}\0{fingerprint}\0{','.join(names)}".encode())
-    # The emulated tools' wrappers come from the machines' hardware install.
-    digest.update((HERE.parent / "machines" / "hwinstall.py").read_bytes())
+    # The emulated tools' wrappers, which the packages install.
+    digest.update((HERE.parent / "installed_tools.py").read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -1,5 +1,6 @@
-"""The built repositories over HTTP on the bridge address, as a vendor's server or a site mirror serves
-them: a plain static file server (Python's http.server) as a daemon of this tier, with its own PID file.
+"""The built vendor repositories (opsctl_lab.vendor_repos) over HTTP on the bridge address, as a vendor's
+server or a site mirror serves them: a plain static file server (Python's http.server) as a daemon of this
+tier, beside apt-cacher-ng (aptcache.py), with its own PID file.
 The machines reach it directly (their apt proxy setting exempts the bridge address); vendor_vars says
 where each repository is and which key signs it, in the roles' variables."""
 
