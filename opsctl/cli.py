@@ -127,27 +127,29 @@ def nodes_cmd(clients, as_json, config_path):
 @main.command("drain")
 @click.argument("hostlist", metavar="NODES")
 @click.option("--reason", required=True, help="Why; stored as `opsctl:manual <reason>`.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done, refused and skipped as JSON.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def drain_cmd(clients, hostlist, reason, config_path):
+def drain_cmd(clients, hostlist, reason, as_json, config_path):
     """Drain NODES (a Slurm hostlist such as gpu[001-004]) by hand."""
     from opsctl.commands.nodes import drain
 
-    return drain(clients.use(config_path), hostlist, reason)
+    return drain(clients.use(config_path), hostlist, reason, as_json)
 
 
 @main.command("resume")
 @click.argument("hostlist", metavar="NODES")
 @click.option("--force", is_flag=True, help="Also resume nodes drained by someone else.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done, refused and skipped as JSON.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def resume_cmd(clients, hostlist, force, config_path):
+def resume_cmd(clients, hostlist, force, as_json, config_path):
     """Resume NODES by hand."""
     from opsctl.commands.nodes import resume
 
-    return resume(clients.use(config_path), hostlist, force)
+    return resume(clients.use(config_path), hostlist, force, as_json)
 
 
 @main.command("remediate")

@@ -11,6 +11,7 @@ Exit codes (documented in README.md, "Exit codes"):
 Precedence when several apply: 130 > 2 > 3 > 4 > 1.
 """
 
+import re
 from enum import IntEnum
 
 
@@ -75,3 +76,12 @@ class Interrupted(OpsctlError):
     def __init__(self, done: list[str]):
         super().__init__("interrupted" + (f" after {len(done)} change(s)" if done else "; nothing was changed"))
         self.done = done
+
+
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?]*)\?\S*")
+
+
+def redact(text: str) -> str:
+    """Credentials in a URL (https://user:pass@host, ?token=...) never reach a message or the audit log."""
+    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1***@", text))

@@ -27,13 +27,12 @@ import contextlib
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from opsctl.config.schema import Config
-from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
-from opsctl.actor.audit import AuditLog
+from opsctl.actor.ledger import Ledger
+from opsctl.actor.lock import RunLock
 from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.actor.result import ActionResult
-from opsctl.actor.lock import RunLock
-from opsctl.actor.state import State
+from opsctl.config.schema import Config
+from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
 from opsctl.slurm import Slurm, SlurmNode
 
 DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
@@ -94,8 +93,8 @@ class Actor:
     def __init__(self, config: Config, slurm: Slurm, now: float, memory: HandledMemory | None = None,
                  done: list[str] | None = None, lock: bool = True, result: ActionResult | None = None):
         self.config, self.slurm, self.now = config, slurm, now
-        self.audit = AuditLog(config.audit_log)
-        self.state = State(config.state_dir)
+        self.ledger = Ledger(config)
+        self.audit, self.state = self.ledger.audit_log, self.ledger.state
         self.memory = memory
         self.result = ActionResult() if result is None else result
         if done is not None:  # the caller's list, which it shows if the run fails
@@ -128,7 +127,7 @@ class Actor:
     def refuse(self, node: str, detail: str, checks: tuple[str, ...] | list[str] = (), seen: SlurmNode | None = None,
                dry_run: bool = False, evidence: str = "") -> None:
         """An audit record of a change opsctl decided not to make, and why."""
-        self.result.refused.append(f"{node}: {detail}" if node else detail)
+        self.result.refused[node or "*"] = detail
         self.audit.write("refuse", node=node, checks=checks, detail=detail, dry_run=dry_run, now=self.now,
                          reason=seen.reason if seen else "", state=seen.state_text if seen else "",
                          evidence=evidence)
@@ -193,11 +192,11 @@ class Actor:
     def skip(self, node: str, why: str) -> None:
         """A node left alone on purpose before any change was planned for it (no audit record: nothing was
         refused)."""
-        self.result.skipped.append(f"{node}: {why}")
+        self.result.skipped[node] = why
 
     def _drop(self, change: Change, why: str, acted: Acted, seen: SlurmNode | None) -> None:
         acted.dropped.append((change, why))
-        self.result.refused.append(f"{change.node}: {why}")
+        self.result.refused[change.node] = why
         self.audit.write("refuse", node=change.node, detail=why, now=self.now,
                          state=seen.state_text if seen else "gone", reason=seen.reason if seen else "",
                          checks=change.checks)

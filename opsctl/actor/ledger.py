@@ -92,3 +92,8 @@ class Ledger:
 
 def stamp(now: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+
+def read_history(config: Config, node: str | None, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """`opsctl history`: the audit log's last `limit` records (of one node), and warnings about torn lines."""
+    return AuditLog(config.audit_log).read(node=node, limit=limit)

@@ -18,8 +18,7 @@ from typing import Any
 import click
 
 from opsctl.commands.render import JSON_SCHEMA
-from opsctl.errors import ExitCode, OpsctlError
-from opsctl.prom.client import redact
+from opsctl.errors import ExitCode, OpsctlError, redact
 
 
 def _debug() -> bool:

@@ -7,45 +7,39 @@ core (opsctl.health.run), echoes the rendered result and returns the exit code.
 
 import click
 
-from opsctl.health.changes import ChangeLog, run_kind
 from opsctl.clients import Clients
+from opsctl.commands.changes import render_changes
 from opsctl.commands.exit import error_json
 from opsctl.commands.render import iso_time, render_json, render_table
 from opsctl.commands.watch import PASSING, watch
-from opsctl.errors import ConfigError, ExitCode, OpsctlError
+from opsctl.errors import ExitCode, OpsctlError, redact
+from opsctl.health.run import RunOptions, RunResult
+from opsctl.health.session import HealthSession, check_changes_only
 from opsctl.metrics import RunRecorder
-from opsctl.prom.client import redact
-from opsctl.health.run import RunOptions, RunResult, run_health
-from opsctl.actor.state import State
 
 
 def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: bool, watch_s: float | None,
            all_nodes: bool, scope: str | None = None, changes_only: bool = False) -> ExitCode:
-    if changes_only and (as_json or all_nodes):
-        raise ConfigError("--changes-only prints what changed since the last run, not every node: "
-                          "leave out --json and --all")
-    config = clients.config(acting=(drain or resume) and not dry_run)
-    recorder = RunRecorder(config.metrics, serve=watch_s is not None, warn=lambda line: click.echo(line, err=True))
-    changes = ChangeLog(State(config.state_dir), run_kind(drain, resume, dry_run, scope)) if changes_only else None
+    check_changes_only(changes_only, as_json, all_nodes)
+    session = HealthSession(clients, RunOptions(drain=drain, resume=resume, dry_run=dry_run, scope=scope),
+                            changes_only)
+    recorder = RunRecorder(session.config.metrics, serve=watch_s is not None,
+                           warn=lambda line: click.echo(line, err=True))
 
     @recorder.wrap
     def once() -> RunResult:
-        if changes is not None:
-            changes.read()
-        options = RunOptions(drain=drain, resume=resume, dry_run=dry_run, scope=scope)
-        return run_health(config, options, clients.fresh_prom(), clients.slurm())
+        return session.run_once()
 
     def show(result: RunResult, stamp: str = "") -> None:
         # Why some rules were queried directly: one line on stderr, so that the table and the JSON on
         # stdout keep their shape (the JSON has it in summary.rule_results_note).
         if result.report.rule_results_note:
             click.echo(f"{stamp}note: {result.report.rule_results_note}", err=True)
-        if changes is not None:
-            click.echo(changes.render(result))  # first what happened, then the record: a full disk loses no line
-            changes.keep(result)
+        if session.changes is not None:
+            click.echo(render_changes(result, session.changes.previous))
+            session.keep(result)
             return
         click.echo(render_json(result) if as_json else render_table(result, all_nodes))
-
     if watch_s is None:
         result = once()
         show(result)
@@ -55,7 +49,7 @@ def health(clients: Clients, drain: bool, dry_run: bool, resume: bool, as_json: 
     # journal or a terminal scrollback tells the rounds apart.
     def show_round(result: RunResult) -> None:
         stamp = iso_time(result.started)
-        if as_json or changes is not None:
+        if as_json or session.changes is not None:
             show(result, f"{stamp} ")
             return
         if result.report.rule_results_note:

@@ -4,14 +4,14 @@ import json
 
 import click
 
+from opsctl.actor.ledger import read_history
 from opsctl.clients import Clients
 from opsctl.commands.render import render_history
 from opsctl.errors import ExitCode
-from opsctl.actor.audit import AuditLog
 
 
 def history(clients: Clients, node: str | None, limit: int, as_json: bool) -> ExitCode:
-    records, warnings = AuditLog(clients.config().audit_log).read(node=node, limit=limit)
+    records, warnings = read_history(clients.config(), node, limit)
     for warning in warnings:
         click.echo(f"opsctl: warning: {warning}", err=True)
     if as_json:

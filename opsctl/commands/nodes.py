@@ -4,15 +4,15 @@ import json
 
 import click
 
-from opsctl.clients import Clients
-from opsctl.commands.render import render_nodes
-from opsctl.errors import ExitCode
-from opsctl.health.manual import manual_drain, manual_resume
 from opsctl.actor.result import ActionResult
+from opsctl.clients import Clients
+from opsctl.commands.render import JSON_SCHEMA, render_nodes
+from opsctl.errors import ExitCode
+from opsctl.health import manual
 
 
 def nodes(clients: Clients, as_json: bool) -> ExitCode:
-    found = clients.slurm().nodes()
+    found = manual.list_nodes(clients)
     if as_json:
         click.echo(json.dumps([{"node": n.name, "state": n.state, "flags": list(n.flags), "reason": n.reason,
                                 "owner": n.owner, "partitions": list(n.partitions)} for n in found.values()],
@@ -22,15 +22,19 @@ def nodes(clients: Clients, as_json: bool) -> ExitCode:
     return ExitCode.OK
 
 
-def drain(clients: Clients, hostlist: str, reason: str) -> ExitCode:
-    return _show(manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason))
+def drain(clients: Clients, hostlist: str, reason: str, as_json: bool = False) -> ExitCode:
+    return _show(manual.drain_nodes(clients, hostlist, reason), as_json)
 
 
-def resume(clients: Clients, hostlist: str, force: bool) -> ExitCode:
-    return _show(manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force))
+def resume(clients: Clients, hostlist: str, force: bool, as_json: bool = False) -> ExitCode:
+    return _show(manual.resume_nodes(clients, hostlist, force), as_json)
 
 
-def _show(outcome: ActionResult) -> ExitCode:
-    for line in outcome.lines:
+def _show(result: ActionResult, as_json: bool) -> ExitCode:
+    if as_json:
+        click.echo(json.dumps({"schema": JSON_SCHEMA, **result.fields(), "drained": result.drained,
+                               "resumed": result.resumed, "actions": result.lines}, indent=1))
+        return result.exit_code
+    for line in result.lines:
         click.echo(line, err=line.startswith("refused"))
-    return outcome.exit_code
+    return result.exit_code

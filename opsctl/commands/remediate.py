@@ -14,7 +14,8 @@ from opsctl.commands.render import iso_time, table
 from opsctl.commands.watch import watch
 from opsctl.errors import ExitCode
 from opsctl.ladder.plan import LadderDecision
-from opsctl.ladder.remediate import RemediateResult, remediate, set_hold
+from opsctl.ladder.remediate import RemediateResult, remediate_round
+from opsctl.ladder.remediate import hold as remediate_hold
 
 
 def remediate_or_watch(clients: Clients, dry_run: bool, as_json: bool, watch_s: float | None) -> ExitCode:
@@ -49,11 +50,12 @@ def remediate_once(clients: Clients, dry_run: bool, as_json: bool) -> ExitCode:
 
 
 def _round(clients: Clients, dry_run: bool) -> RemediateResult:
-    return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
+    return remediate_round(clients, dry_run)
 
 
 def result_dict(result: RemediateResult) -> dict:
     return {
+        **result.action.fields(),
         "dry_run": result.dry_run,
         "nodes": [{"node": d.node, "action": _shown(d, result), "gpu": d.fault.gpu if d.fault else "",
                    "rule": d.fault.rule if d.fault else "", "reason": d.reason, "detail": d.detail,
@@ -92,7 +94,6 @@ def _shown(decision: LadderDecision, result: RemediateResult) -> str:
 
 
 def hold(clients: Clients, hostlist: str, why: str, release: bool) -> ExitCode:
-    names = clients.slurm().expand(hostlist)
-    for line in set_hold(clients.config(acting=True), clients.slurm(), names, " ".join(why.split()), release):
+    for line in remediate_hold(clients, hostlist, why, release):
         click.echo(line)
     return ExitCode.OK

@@ -12,36 +12,39 @@ import json
 
 import click
 
+from opsctl.actor.result import ActionResult
 from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
-from opsctl.rollout.batch import drain_batch, reboot_batch, resume_batch
+from opsctl.rollout import batch
 
 
 def drain(clients: Clients, hostlist: str, change: str, wait_s: float, as_json: bool) -> ExitCode:
-    outcome = drain_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s)
+    outcome = batch.rollout_drain(clients, hostlist, change, wait_s)
     if as_json:
-        click.echo(json.dumps({"schema": JSON_SCHEMA, "ready": outcome.ready, "skipped": outcome.skipped,
-                               "drained": outcome.drained, "held": outcome.held, "actions": outcome.lines},
-                              indent=1))
+        click.echo(json.dumps({"schema": JSON_SCHEMA, **outcome.action.fields(), "ready": outcome.ready,
+                               "skipped": outcome.skipped, "drained": outcome.drained, "held": outcome.held,
+                               "actions": outcome.lines}, indent=1))
     else:
         click.echo("\n".join(outcome.lines))
     return outcome.exit_code
 
 
 def reboot(clients: Clients, hostlist: str, change: str, wait_s: float, as_json: bool) -> ExitCode:
-    back, lines = reboot_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s)
-    return _print(as_json, "back", back, lines, "nothing to reboot")
+    back, lines, action = batch.rollout_reboot(clients, hostlist, change, wait_s)
+    return _print(as_json, "back", back, lines, "nothing to reboot", action)
 
 
 def resume(clients: Clients, hostlist: str, as_json: bool) -> ExitCode:
-    resumed, lines = resume_batch(clients.config(acting=True), clients.slurm(), hostlist)
-    return _print(as_json, "resumed", resumed, lines, "nothing to resume: no node of these is drained by a rollout")
+    resumed, lines, action = batch.rollout_resume(clients, hostlist)
+    return _print(as_json, "resumed", resumed, lines, "nothing to resume: no node of these is drained by a rollout",
+                  action)
 
 
-def _print(as_json: bool, field: str, nodes: list[str], lines: list[str], nothing: str) -> ExitCode:
+def _print(as_json: bool, field: str, nodes: list[str], lines: list[str], nothing: str,
+           action: ActionResult) -> ExitCode:
     if as_json:
-        click.echo(json.dumps({"schema": JSON_SCHEMA, field: nodes, "actions": lines}, indent=1))
+        click.echo(json.dumps({"schema": JSON_SCHEMA, **action.fields(), field: nodes, "actions": lines}, indent=1))
     else:
         click.echo("\n".join(lines) if lines else nothing)
     return ExitCode.FAILING if any(line.startswith(("refused ", "not back ")) for line in lines) else ExitCode.OK

@@ -6,11 +6,12 @@ take the same lock as automatic runs and refuse to touch a node drained by someo
 
 import time
 
+from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
+from opsctl.actor.ledger import Ledger
+from opsctl.actor.result import ActionResult
+from opsctl.clients import Clients
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode, SafetyStop
-from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
-from opsctl.actor.audit import AuditLog
-from opsctl.actor.result import ActionResult
 from opsctl.slurm import MANUAL_PREFIX, Slurm, SlurmNode
 
 
@@ -41,8 +42,9 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
     """A person's drain or resume of the nodes of `hostlist`, through the actor; a node drained by someone
     else is refused (a resume with --force takes it anyway, and the audit record says so)."""
     now = time.time()
+    result = ActionResult()
     try:
-        with Actor(config, slurm, now) as actor:
+        with Actor(config, slurm, now, result=result) as actor:
             names, nodes = _targets(slurm, hostlist)
             refused = [n for n in names if _foreign(nodes[n], event) and not force]
             for name in refused:
@@ -56,7 +58,7 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
                        for n in names if n not in refused]
             acted = actor.apply(changes) if changes else None
     except SafetyStop as err:
-        AuditLog(config.audit_log).write("refuse", node=hostlist, detail=str(err))
+        Ledger(config).audit("refuse", node=hostlist, detail=str(err))
         raise
     made = acted.made if acted else []
     lines = [f"drained {c.node}: {reason}" if event == DRAIN else f"resumed {c.node}" for c in made]
@@ -66,11 +68,26 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
     else:
         lines += [f"refused {n}: drained by someone else ({nodes[n].reason}); --force resumes it" for n in refused]
     done = [c.node for c in made]
-    return ActionResult(lines=lines, drained=done if event == DRAIN else [], resumed=done if event == RESUME else [],
-                   exit_code=ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK)
+    result.lines = lines
+    result.drained, result.resumed = (done, []) if event == DRAIN else ([], done)
+    result.exit_code = ExitCode.SAFETY_STOP if refused or (acted and acted.dropped) else ExitCode.OK
+    return result
 
 
 def _foreign(node: SlurmNode, event: str) -> bool:
     if event == RESUME:
         return bool(node.reason) and not node.owned
     return (node.out_of_service or bool(node.reason)) and not node.owned
+
+
+# ---- what `opsctl nodes`, `drain` and `resume` call ---------------------------------------------------------
+def list_nodes(clients: Clients) -> dict[str, SlurmNode]:
+    return clients.slurm().nodes()
+
+
+def drain_nodes(clients: Clients, hostlist: str, reason: str) -> ActionResult:
+    return manual_drain(clients.config(acting=True), clients.slurm(), hostlist, reason)
+
+
+def resume_nodes(clients: Clients, hostlist: str, force: bool) -> ActionResult:
+    return manual_resume(clients.config(acting=True), clients.slurm(), hostlist, force)

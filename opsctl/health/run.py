@@ -11,17 +11,16 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from opsctl.actor.act import DRAIN, ESCALATE, RESUME, Actor, Change
+from opsctl.actor.ledger import Ledger
+from opsctl.actor.memory import HandledMemory, records_for
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
+from opsctl.errors import ConfigError, ExitCode, OpsctlError, redact, worst
 from opsctl.health.catalog import Rule, load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.health.evidence import Evidence, read_evidence
-from opsctl.prom.client import PromQuery, redact
-from opsctl.actor.act import DRAIN, ESCALATE, RESUME, Actor, Change
-from opsctl.actor.audit import AuditLog
-from opsctl.actor.memory import HandledMemory, records_for
 from opsctl.health.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
-from opsctl.actor.state import State
+from opsctl.prom.client import PromQuery
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 
@@ -75,7 +74,7 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
     started = time.monotonic()
     done = [] if done is None else done
     now = time.time() if now is None else now
-    audit = AuditLog(config.audit_log)
+    ledger = Ledger(config)
     try:
         with Actor(config, slurm, now, done=done, lock=options.acting) as actor:
             return Run(config, options, load_catalog(config), prom, actor, now, started).execute()
@@ -83,9 +82,9 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
         if options.planning:
             with contextlib.suppress(OpsctlError):  # the audit log itself may be what failed
                 detail = str(err) if isinstance(err, OpsctlError) else f"unexpected error: {type(err).__name__}: {err}"
-                audit.write("refuse" if not done else "error",
-                            detail=redact(detail + (f"; done before it: {'; '.join(done)}" if done else "")),
-                            dry_run=options.dry_run)
+                ledger.audit("refuse" if not done else "error",
+                             detail=redact(detail + (f"; done before it: {'; '.join(done)}" if done else "")),
+                             dry_run=options.dry_run)
         if done and not isinstance(err, RunAborted):
             raise RunAborted(err, list(done)) from err
         raise
@@ -96,7 +95,7 @@ class Run:
                  now: float, started: float):
         self.config, self.options, self.rules, self.prom = config, options, rules, prom
         self.actor, self.now, self.started = actor, now, started  # started: time.monotonic() at the run's start
-        self.state = State(config.state_dir)
+        self.state = actor.state  # read here; written through actor.ledger
 
     def execute(self) -> RunResult:
         every = self.actor.nodes()
@@ -169,7 +168,8 @@ class Run:
             plan.stop, plan.breaker = plan.stop or stop, plan.breaker or bool(stop)
             plan = plan_resumes(report, cluster, self.rules, evidence, self.state.healthy_since.load(),
                                 duration_seconds(safety.resume_after), safety,
-                                len(self.state.budgets.recent("resumes", self.now)), options.dry_run, self.now, scope, plan)
+                                len(self.state.budgets.recent("resumes", self.now)), options.dry_run, self.now, scope,
+                                plan)
         for decision in plan.refusals():
             self.actor.refuse(decision.node, decision.detail, [c.id for c in decision.checks], decision.seen,
                               dry_run=options.dry_run)
@@ -189,12 +189,12 @@ class Run:
             for decision in plan.with_action("would-drain", "would-resume", "would-escalate"):
                 self.actor.would(self._change(decision, decision.action.removeprefix("would-")))
             return cluster
-        self.state.handled.save(memory)
+        self.actor.ledger.save_handled(memory)
         changes = [self._change(d, DRAIN) for d in plan.with_action("drain")]
         changes += [self._change(d, ESCALATE) for d in plan.with_action("escalate")]
         if self.options.resume:
             resumes = plan.with_action("resume")
-            self.state.healthy_since.save({n: t for n, t in plan.healthy_since.items()
+            self.actor.ledger.save_healthy_since({n: t for n, t in plan.healthy_since.items()
                                            if n not in {d.node for d in resumes}})
             changes += [self._change(d, RESUME) for d in resumes]
         if not changes:

@@ -20,26 +20,22 @@ JSON and `nvidia-smi -q -i N`, and after a reboot (the failure the head hands to
 import re
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from opsctl.actor.act import VALIDATED, Actor, Change, cap_reason
+from opsctl.actor.ledger import Ledger
 from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
-from opsctl.fileio import write_atomic
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
-from opsctl.actor.act import VALIDATED, Actor, Change, cap_reason
+from opsctl.gpu.tools import DIAG_TIMEOUT_S, Run, run_tool
 from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
-from opsctl.actor.lock import secure_dir
 from opsctl.slurm import Slurm, SlurmNode
 
-# dcgmi's own limit per level is minutes (level 2) to an hour (level 4); the node check's unit allows this.
-DIAG_TIMEOUT_S = {1: 120, 2: 600, 3: 2400, 4: 4800}
 RESET_TIMEOUT_S = 120
 # nvidia-bug-report.sh gathers logs for minutes on a busy node; within the node check unit's 15 minutes.
 BUG_REPORT_TIMEOUT_S = 300
 SERIAL = re.compile(r"^\s*Serial Number\s*:\s*(\S+)\s*$", re.MULTILINE)
-Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @dataclass(frozen=True)
@@ -82,8 +78,7 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
     """The reset (when asked), the checks, the answer; `other_failures` ("" when none) fails a passing diag."""
     gpu = rung.fault.gpu_index
     assert gpu is not None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    evidence = Path(config.state_dir) / "validation" / f"{stamp}-{rung.step}"
+    evidence = Evidence(Ledger(config), rung.step, now)
     if rung.step == RESET:
         reset = _reset(config.gpu.nvidia_smi, gpu, run)
         if reset.returncode != 0:
@@ -107,7 +102,7 @@ def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[s
         run_tool(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
 
 
-def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) -> tuple[str, str]:
+def _validate(config: Config, gpu: int, run: Run, evidence: "Evidence", after: str) -> tuple[str, str]:
     """The diag's result and its words; on anything but a pass, the evidence kept and the serial named."""
     level = config.remediation.validate_level
     diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
@@ -119,39 +114,32 @@ def _validate(config: Config, gpu: int, run: Run, evidence: Path, after: str) ->
     if result == "pass":
         return result, detail
     query = run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
-    _keep(evidence, {"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
+    evidence.keep({"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
     if after == REBOOT:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
     found = SERIAL.search(query.stdout)
     return result, f"{serial_word(found.group(1))} {detail}" if found else detail
 
 
-def _bug_report(program: str, run: Run, evidence: Path) -> None:
+def _bug_report(program: str, run: Run, evidence: "Evidence") -> None:
     """NVIDIA's `nvidia-bug-report.sh --output-file <evidence>/nvidia-bug-report.log` (it writes the file
     gzipped, `.log.gz`), which NVIDIA's support asks for with an RMA. Not installed (exit 127) or failing:
     the rest of the evidence stands alone."""
-    if evidence.is_dir():
-        run_tool(run, [program, "--output-file", str(evidence / "nvidia-bug-report.log")], BUG_REPORT_TIMEOUT_S)
+    if evidence.directory is not None and evidence.directory.is_dir():
+        run_tool(run, [program, "--output-file", str(evidence.directory / "nvidia-bug-report.log")],
+                 BUG_REPORT_TIMEOUT_S)
 
 
-def run_tool(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    try:
-        return run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} {argv[1]} timed out after {timeout:g}s")
-    except OSError as err:
-        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {err.strerror}")
+class Evidence:
+    """The failing diag's evidence for the vendor, kept through the ledger (a node that cannot write it still
+    answers); `directory` once kept."""
 
+    def __init__(self, ledger: Ledger, step: str, now: float):
+        self.ledger, self.step, self.now = ledger, step, now
+        self.directory: Path | None = None
 
-def _keep(directory: Path, files: dict[str, str]) -> None:
-    """The failing diag's evidence, for the vendor; a node that cannot write it still answers."""
-    try:
-        secure_dir(directory.parent, create=True)
-        directory.mkdir(mode=0o750)
-        for name, text in files.items():
-            write_atomic(directory / name, text, mode=0o640)
-    except (OSError, OpsctlError):
-        pass
+    def keep(self, files: dict[str, str]) -> None:
+        self.directory = self.ledger.keep_evidence(self.step, self.now, files)
 
 
 def _answer(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, result: str, detail: str,

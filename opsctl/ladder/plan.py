@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.config.schema import Config, duration_seconds
-from opsctl.health.xid import XidCatalog
 from opsctl.actor.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
+from opsctl.config.schema import Config, duration_seconds
+from opsctl.health.plan import counted_nodes
+from opsctl.health.xid import XidCatalog
 from opsctl.ladder.reasons import (
     REBOOT,
     RESET,
@@ -33,7 +34,6 @@ from opsctl.ladder.reasons import (
     rung_of,
     step_reason,
 )
-from opsctl.health.plan import counted_nodes
 from opsctl.slurm.base import SlurmNode
 
 WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs

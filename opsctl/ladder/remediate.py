@@ -13,19 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.actor.act import REBOOT, RMA, Actor, Change
+from opsctl.actor.audit import current_user
+from opsctl.actor.ledger import Ledger, stamp
+from opsctl.actor.result import ActionResult
+from opsctl.actor.state import State
+from opsctl.clients import Clients
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
-from opsctl.fileio import write_atomic
 from opsctl.health.xid import xid_catalog
-from opsctl.actor.act import REBOOT, RMA, Actor, Change
-from opsctl.actor.audit import AuditLog, current_user
-from opsctl.ladder.reasons import serial_of
 from opsctl.ladder.plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
-from opsctl.actor.lock import secure_dir
-from opsctl.actor.state import State
+from opsctl.ladder.reasons import serial_of
 from opsctl.slurm import Slurm
 
-RMA_DIR = "rma"
 # Where the node keeps its side of the evidence (opsctl/ladder/node_step.py): the head never logs in.
 NODE_EVIDENCE = ("on the node: <state_dir>/validation/<UTC time>-<step>/ (dcgmi-diag.json, nvidia-smi-q.txt, "
                  "nvidia-bug-report.log.gz)")
@@ -38,6 +38,7 @@ class RemediateResult:
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (node, why): Slurm changed since the plan
     bundles: list[Path] = field(default_factory=list)
     dry_run: bool = False
+    action: ActionResult = field(default_factory=ActionResult)  # what the actor did, refused and skipped
 
     @property
     def exit_code(self) -> ExitCode:
@@ -46,22 +47,26 @@ class RemediateResult:
 
 def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = None) -> RemediateResult:
     now = time.time() if now is None else now
-    with Actor(config, slurm, now) as actor:
+    action = ActionResult()
+    with Actor(config, slurm, now, result=action) as actor:
         cluster = actor.nodes()
-        records, _ = AuditLog(config.audit_log).read()
+        records, _ = actor.ledger.audit_records()
         state = actor.state
-        budgets = Budgets(resets=len(state.budgets.recent("resets", now)), reboots=len(state.budgets.recent("reboots", now)),
+        budgets = Budgets(resets=len(state.budgets.recent("resets", now)),
+                          reboots=len(state.budgets.recent("reboots", now)),
                           resumes=len(state.budgets.recent("resumes", now)))
         plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds.load()), budgets, config, now)
         if any(d.action == REBOOT for d in plan.decisions) and actor.refuses_reboots():  # asked only if needed
             refuse_reboots(plan)
-        result = RemediateResult(plan, dry_run=dry_run)
+        result = RemediateResult(plan, dry_run=dry_run, action=action)
         changes = [_change(d) for d in plan.changing()]
         for decision in plan.decisions:
             if decision.action.startswith("skip:") and decision.action not in ("skip:rma", "skip:unvalidated"):
                 actor.refuse(decision.node, f"{decision.action.removeprefix('skip:')}: {decision.detail}".rstrip(": "),
                              checks=(decision.fault.rule,) if decision.fault else (), seen=decision.seen,
                              dry_run=dry_run)
+            elif decision.action in ("skip:rma", "skip:unvalidated"):
+                actor.skip(decision.node, f"{decision.action.removeprefix('skip:')}: {decision.detail}")
         if dry_run:
             for change in changes:
                 actor.would(change)
@@ -72,9 +77,9 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
             result.dropped = [(c.node, why) for c, why in acted.dropped]
             rmas = [change for change in acted.made if change.event == RMA]
             if rmas:
-                records, _ = AuditLog(config.audit_log).read()  # with the RMA's own record
+                records, _ = actor.ledger.audit_records()  # with the RMA's own record
             for change in rmas:
-                result.bundles.append(write_bundle(config, change, records, now))
+                result.bundles.append(write_bundle(actor.ledger, change, records, now))
     return result
 
 
@@ -85,28 +90,20 @@ def _change(decision: LadderDecision) -> Change:
                   checks=(decision.fault.rule,), evidence=decision.fault.gpu, detail=decision.detail)
 
 
-def write_bundle(config: Config, change: Change, records: list[dict[str, Any]], now: float) -> Path:
+def write_bundle(ledger: Ledger, change: Change, records: list[dict[str, Any]], now: float) -> Path:
     """What a vendor ticket needs from the head: the node's history from the audit log, what the ladder knew
     of the fault, and the GPU's serial that the node's failed validation named. The node keeps its own side
     (the failing diagnostics' JSON, `nvidia-smi -q`, nvidia-bug-report where it exists) under its state
     directory, docs/remediation.md."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    bundle = Path(config.state_dir) / RMA_DIR / f"{change.node}-{stamp}"
-    try:
-        secure_dir(bundle.parent, create=True)
-        bundle.mkdir(mode=0o750)
-        history = [r for r in records if r.get("node") == change.node]
-        write_atomic(bundle / "history.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in history),
-                     mode=0o640)
-        summary = {"node": change.node, "gpu": change.evidence, "rule": change.checks[0] if change.checks else "",
-                   "reason": change.reason, "why": change.detail, "slurm_state": change.seen.state_text,
-                   "time": stamp, "by": current_user(), "xid_catalog": _catalog_entry(change),
-                   "gpu_serial": serial_of(change.seen.reason) or serial_of(change.reason),
-                   "node_evidence": NODE_EVIDENCE}
-        write_atomic(bundle / "summary.json", json.dumps(summary, indent=1, sort_keys=True) + "\n", mode=0o640)
-    except OSError as err:
-        raise ConfigError(f"RMA bundle {bundle}: {err.strerror}") from None
-    return bundle
+    history = [r for r in records if r.get("node") == change.node]
+    summary = {"node": change.node, "gpu": change.evidence, "rule": change.checks[0] if change.checks else "",
+               "reason": change.reason, "why": change.detail, "slurm_state": change.seen.state_text,
+               "time": stamp(now), "by": current_user(), "xid_catalog": _catalog_entry(change),
+               "gpu_serial": serial_of(change.seen.reason) or serial_of(change.reason),
+               "node_evidence": NODE_EVIDENCE}
+    return ledger.write_rma_bundle(change.node, now, {
+        "history.jsonl": "".join(json.dumps(r, sort_keys=True) + "\n" for r in history),
+        "summary.json": json.dumps(summary, indent=1, sort_keys=True) + "\n"})
 
 
 def _catalog_entry(change: Change) -> dict[str, Any] | None:
@@ -143,8 +140,18 @@ def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: 
             else:
                 holds[name] = {"since": now, "user": current_user(), "why": why}
                 lines.append(f"held {name}: the remediation ladder leaves it alone")
-        state.holds.save(holds)
+        actor.ledger.save_holds(holds)
         for name in names:
-            actor.audit.write("release" if release else "hold", node=name, detail=why, now=now,
-                              state=known[name].state_text, reason=known[name].reason)
+            actor.ledger.audit("release" if release else "hold", node=name, detail=why, now=now,
+                               state=known[name].state_text, reason=known[name].reason)
     return lines
+
+
+# ---- what `opsctl remediate` and `opsctl hold` call ---------------------------------------------------------
+def remediate_round(clients: Clients, dry_run: bool) -> RemediateResult:
+    return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
+
+
+def hold(clients: Clients, hostlist: str, why: str, release: bool) -> list[str]:
+    slurm = clients.slurm()
+    return set_hold(clients.config(acting=True), slurm, slurm.expand(hostlist), " ".join(why.split()), release)

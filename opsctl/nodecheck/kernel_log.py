@@ -4,8 +4,8 @@ since the last run, counted for node_exporter (opsctl.nodecheck.report). Some XI
 
 Each run reads the whole log (/dev/kmsg: one record per read(), from the oldest one the ring still holds;
 a regular file: one record per line) and counts the records after the last one it read. It keeps that
-record's sequence number and the boot id in <state_dir>/kernel_log.json, per log path, written as root
-writes state (opsctl.fileio: never through a symlink, replaced atomically). A new boot id (a reboot) or
+record's sequence number and the boot id in <state_dir>/kernel_log.json, per log path (opsctl.actor.node_state:
+never through a symlink, replaced atomically). A new boot id (a reboot) or
 a log whose newest record is older than that one (a file started again) is read from its start. The
 counts are cumulative across runs and reboots (Prometheus counters); the latest XID 154 recovery action
 of each GPU, and the GPUs' nvidia-smi indexes, hold for one boot.
@@ -16,28 +16,20 @@ reason in --json), never a failure: node check's exit code does not change and n
 
 import copy
 import errno
-import fcntl
-import json
 import os
 import stat
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsctl.actor.node_state import STATE_FILE, KernelLogPositions, PositionsUnreadable
 from opsctl.config.schema import GpuConfig
 from opsctl.errors import OpsctlError, SourceUnavailable
-from opsctl.fileio import read_nofollow, write_atomic
 from opsctl.gpu.kmsg import Record, SXid, Xid, parse_record, parse_records, parse_sxid, parse_xid
 from opsctl.gpu.nvidia_smi import GpuIndexes, NvidiaSmiImpl
-from opsctl.actor.lock import secure_dir
 
 CHECK = "kernel-log"
-STATE_FILE = "kernel_log.json"
-LOCK_FILE = "kernel_log.lock"
-STATE_VERSION = 1
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 # A record with its context is at most 8 KiB (CONSOLE_EXT_LOG_MAX); a read() into less fails EINVAL.
 READ_SIZE = 16384
@@ -163,38 +155,23 @@ def check_kernel_log(config: GpuConfig, state_dir: Path, now: float, gpus: GpuIn
     """Read what is new in the kernel log and keep the counts; never raises for what it cannot read."""
     report = KernelLogReport(source=config.kernel_log_path)
     try:
-        secure_dir(state_dir, create=True)
-        with _locked(state_dir):
-            logs = load_logs(state_dir)
+        positions = KernelLogPositions(state_dir)
+        with positions.locked():
+            logs = positions.load()
             report.state = _state_of(logs, report.source, state_dir)  # goes out even if the log cannot be read
             boot_id = _read_text(boot_id_path, "the boot id").strip()
             records, own = read_kernel_log(config.kernel_log_path)
             boot_time = now - time.clock_gettime(time.CLOCK_MONOTONIC) if own else None
             report.state, report.seen = advance(report.state, boot_id, records, now, boot_time)
             report.gpu_note = _learn_indexes(report, gpus or NvidiaSmiImpl(config.nvidia_smi))
-            save_logs(state_dir, {**logs, report.source: report.state.to_json()})
-    except (OpsctlError, _NotRead) as err:
+            positions.save({**logs, report.source: report.state.to_json()})
+    except (OpsctlError, _NotRead, PositionsUnreadable) as err:
         report.why = str(err)
     return report
 
 
 class _NotRead(Exception):
     pass
-
-
-@contextmanager
-def _locked(state_dir: Path) -> Iterator[None]:
-    """Two node checks at once (the timer's and one by hand) would each count the same new records."""
-    path = state_dir / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as err:
-        raise _NotRead(f"lock {path}: {_reason(err)}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _learn_indexes(report: KernelLogReport, gpus: GpuIndexes) -> str:
@@ -262,38 +239,12 @@ def _read_text(path: Path, what: str) -> str:
         raise _NotRead(f"cannot read {what} ({path}): {_reason(err)}") from None
 
 
-def load_logs(state_dir: Path) -> dict[str, Any]:
-    """Each kernel log's state (KernelLogState.to_json) by its path: in the simulated lab, the nodes of one
-    host read a file each and share one state directory."""
-    path = state_dir / STATE_FILE
-    try:
-        text = read_nofollow(path)  # a symlink planted there is refused, never followed
-        data = {"version": STATE_VERSION, "logs": {}} if text is None else json.loads(text)
-    except OSError as err:
-        raise _NotRead(f"state file {path}: {_reason(err)}; move it away to reset") from None
-    except ValueError as err:
-        raise _NotRead(f"state file {path} is unreadable ({err}); move it away to reset") from None
-    if not isinstance(data, dict) or data.get("version") != STATE_VERSION or not isinstance(data.get("logs"), dict):
-        raise _NotRead(f"state file {path} is unreadable (not a version {STATE_VERSION} kernel log state); move it "
-                       "away to reset")
-    logs: dict[str, Any] = data["logs"]
-    return logs
-
-
 def _state_of(logs: dict[str, Any], source: str, state_dir: Path) -> KernelLogState:
     try:
         return KernelLogState.from_json(logs[source]) if source in logs else KernelLogState()
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise _NotRead(f"state file {state_dir / STATE_FILE} is unreadable ({source}: {err!r}); move it away to "
                        "reset") from None
-
-
-def save_logs(state_dir: Path, logs: dict[str, Any]) -> None:
-    path = state_dir / STATE_FILE
-    try:
-        write_atomic(path, json.dumps({"version": STATE_VERSION, "logs": logs}, indent=1), mode=0o600)
-    except OSError as err:
-        raise _NotRead(f"state file {path}: {_reason(err)}") from None
 
 
 def _reason(err: OSError) -> str:

@@ -13,7 +13,6 @@ they are collected in the client's `warnings`, and a run that has any acts on no
 """
 
 import json
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Protocol
 import requests
 
 from opsctl.config.schema import PrometheusConfig
-from opsctl.errors import SourceUnavailable
+from opsctl.errors import SourceUnavailable, redact
 from opsctl.prom.failure import (
     QUERY_PATH,
     RANGE_PATH,
@@ -240,15 +239,6 @@ class PromClientImpl:
             with self._count:
                 self.warnings.extend(partial)
         return payload
-
-
-_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
-_QUERY = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?]*)\?\S*")
-
-
-def redact(text: str) -> str:
-    """Credentials in a URL (https://user:pass@host, ?token=...) never reach a message or the audit log."""
-    return _QUERY.sub(r"\1?...", _USERINFO.sub(r"\1***@", text))
 
 
 def _secret(path: str | None, key: str) -> str:

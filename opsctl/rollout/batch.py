@@ -20,9 +20,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opsctl.actor.act import DRAIN, REBOOT, Actor, Change, cap_reason
+from opsctl.actor.result import ActionResult
+from opsctl.clients import Clients
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
-from opsctl.actor.act import DRAIN, REBOOT, Actor, Change, cap_reason
 from opsctl.health.findings import resume_own
 from opsctl.slurm import OWNED_PREFIX, Slurm, SlurmNode
 
@@ -37,6 +39,7 @@ class BatchOutcome:
     drained: list[str] = field(default_factory=list)  # drained by this call
     held: dict[str, str] = field(default_factory=dict)  # out of service already: node -> its state and reason
     lines: list[str] = field(default_factory=list)
+    action: ActionResult = field(default_factory=ActionResult)  # what the actor did; skipped as above
 
     @property
     def exit_code(self) -> ExitCode:
@@ -56,7 +59,7 @@ def drain_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_s
     reason = reason_for(change, config)
     now = time.time() if now is None else now
     outcome = BatchOutcome()
-    with Actor(config, slurm, now) as actor:
+    with Actor(config, slurm, now, result=outcome.action) as actor:
         names = slurm.expand(hostlist)
         nodes = actor.nodes()
         unknown = [n for n in names if n not in nodes]
@@ -90,6 +93,7 @@ def drain_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_s
                               "its jobs outlasted the rollout's wait", False, now, budget=False)
         outcome.lines += lines
     outcome.lines += [f"skipped {n}: {why}" for n, why in outcome.skipped.items()]
+    outcome.action.skipped.update(outcome.skipped)
     outcome.lines += [f"ready {n}: no job runs there" for n in outcome.ready]
     return outcome
 
@@ -108,7 +112,7 @@ def _wait_for_jobs(slurm: Slurm, names: list[str], wait_s: float, poll_s: float,
 
 def reboot_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_s: float, poll_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 now: float | None = None) -> tuple[list[str], list[str]]:
+                 now: float | None = None, result: ActionResult | None = None) -> tuple[list[str], list[str]]:
     """Reboot through Slurm the nodes of `hostlist` that the rollout drained and that run no job
     (`scontrol reboot ASAP nextstate=DOWN reason=opsctl:provision <change>`, through the actor), so that
     Slurm knows: nothing is scheduled there meanwhile, and the node returns DOWN until `resume_batch`.
@@ -117,7 +121,7 @@ def reboot_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_
     reason = reason_for(change, config)
     now = time.time() if now is None else now
     lines = []
-    with Actor(config, slurm, now) as actor:
+    with Actor(config, slurm, now, result=result) as actor:
         names = slurm.expand(hostlist)
         nodes = actor.nodes()
         ready = [n for n in names if n in nodes and nodes[n].drained and nodes[n].reason_rules() == [RULE]
@@ -149,3 +153,24 @@ def resume_batch(config: Config, slurm: Slurm, hostlist: str, now: float | None 
     back DOWN from its reboot."""
     now = time.time() if now is None else now
     return resume_own(config, slurm, slurm.expand(hostlist), RULE, PASSED, False, now, budget=False, rebooted=True)
+
+
+# ---- what `opsctl rollout drain|reboot|resume` call --------------------------------------------------------
+def rollout_drain(clients: Clients, hostlist: str, change: str, wait_s: float) -> BatchOutcome:
+    return drain_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s)
+
+
+def rollout_reboot(clients: Clients, hostlist: str, change: str, wait_s: float) -> tuple[list[str], list[str], ActionResult]:
+    """(the nodes back, a line per node, what the actor did)."""
+    action = ActionResult()
+    back, lines = reboot_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s, result=action)
+    return back, lines, action
+
+
+def rollout_resume(clients: Clients, hostlist: str) -> tuple[list[str], list[str], ActionResult]:
+    """(the nodes resumed, a line per node, what the actor did)."""
+    config, slurm = clients.config(acting=True), clients.slurm()
+    action = ActionResult()
+    resumed, lines = resume_own(config, slurm, slurm.expand(hostlist), RULE, PASSED, False, time.time(),
+                                budget=False, rebooted=True, result=action)
+    return resumed, lines, action

@@ -27,7 +27,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
 from opsctl.gpu.nccl_tests import Verdict, all_reduce_verdict, parse_all_reduce
-from opsctl.ladder.node_step import DIAG_TIMEOUT_S, Run, run_tool
+from opsctl.gpu.tools import DIAG_TIMEOUT_S, Run, run_tool
 
 NODE = "node"
 NCCL, DIAG = "nccl", "dcgm-diag"

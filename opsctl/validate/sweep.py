@@ -18,12 +18,12 @@
 import time
 from dataclasses import dataclass, field
 
+from opsctl.actor.ledger import Ledger
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Report, evaluate
 from opsctl.prom.client import PromQuery
-from opsctl.actor.state import State
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.base import ENDED_JOB_STATES, JobSpec, SlurmJobs
 from opsctl.slurm.partitions import select_partitions
@@ -187,13 +187,13 @@ def require_node_job(config: Config) -> None:
 def record_validated(config: Config, sweep: Sweep) -> None:
     """The nodes this run validated, now, in the state directory's validated.json (validate.interval); they
     leave the validation queue."""
-    state = State(config.state_dir)
-    done = state.validations.load()
+    ledger = Ledger(config)
+    done = ledger.state.validations.load()
     done.update({name: time.time() for name in sweep.validated})
-    state.validations.save(done)
-    queue = state.validate_queue.load()
+    ledger.save_validations(done)
+    queue = ledger.state.validate_queue.load()
     if set(queue) & set(sweep.validated):
-        state.validate_queue.save({n: v for n, v in queue.items() if n not in sweep.validated})
+        ledger.save_validate_queue({n: v for n, v in queue.items() if n not in sweep.validated})
 
 
 def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, scope: list[str] | None,
@@ -203,8 +203,9 @@ def run_sweep(config: Config, slurm: Slurm, jobs: SlurmJobs, prom: PromQuery, sc
     require_node_job(config)
     cluster = select_partitions(slurm.nodes(), config.slurm.partitions)
     scope_set = set(scope) if scope is not None else None
-    state = State(config.state_dir)
-    sweep = choose(cluster, state.validations.load(), scope_set, now, config, queued=frozenset(state.validate_queue.load()))
+    state = Ledger(config).state
+    sweep = choose(cluster, state.validations.load(), scope_set, now, config,
+                   queued=frozenset(state.validate_queue.load()))
     if dry_run:
         for entry in sweep.nodes.values():
             entry.result = entry.result or "would-validate"
