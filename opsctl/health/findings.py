@@ -11,11 +11,11 @@ manager), not in the nodes, and nothing is drained.
 
 import time
 
+from opsctl.actor.act import DRAIN, RESUME, Actor, Change
+from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config
 from opsctl.errors import ExitCode, worst
 from opsctl.health.evaluate import Check, NodeVerdict, Report
-from opsctl.actor.act import DRAIN, RESUME, Actor, Change
-from opsctl.actor.result import ActionResult
 from opsctl.health.plan import plan_drains
 from opsctl.slurm import Slurm
 from opsctl.slurm.partitions import select_partitions
@@ -37,15 +37,16 @@ def shared_cause(failing: int, tested: int, max_fail_fraction: float, what: str,
 
 
 def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], stop: str, dry_run: bool,
-                   now: float | None = None) -> ActionResult:
+                   now: float | None = None, result: ActionResult | None = None) -> ActionResult:
     """Drain the nodes of `found` (node -> its failing checks) unless `stop` (the caller's breaker) is set.
 
     A node that is not a Slurm node of the judged partitions (an inventory that names nodes by FQDN while
     slurm.conf uses short names) is named `skip:not-in-slurm` and makes the result exit 2: a culprit that
-    cannot be drained must never read as a clean run."""
+    cannot be drained must never read as a clean run. The actor fills `result` (a new one when None), which
+    is returned."""
     now = time.time() if now is None else now
-    result = ActionResult()
-    with Actor(config, slurm, now) as actor:
+    result = ActionResult() if result is None else result
+    with Actor(config, slurm, now, result=result) as actor:
         if stop:
             for node, checks in sorted(found.items()):
                 actor.refuse(node, stop, [c.id for c in checks], dry_run=dry_run)
@@ -65,6 +66,7 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
             detail = (f"not-in-slurm: {decision.node} is not a Slurm node of the judged partitions (do the "
                       "inventory and slurm.conf name nodes alike?)")
             actor.refuse(decision.node, detail, [c.id for c in found[decision.node]], dry_run=dry_run)
+            actor.skip(decision.node, detail)
             result.lines.append(f"skip:not-in-slurm {decision.node}: {detail.split(': ', 1)[1]}")
             result.exit_code = ExitCode.USAGE
         changes = [Change(node=d.node, event=DRAIN, seen=d.seen, reason=d.reason, checks=rule_ids(found[d.node]),
@@ -92,11 +94,13 @@ def rule_ids(checks: list[Check]) -> tuple[str, ...]:
 
 
 def resume_own(config: Config, slurm: Slurm, passed: list[str], rule: str, detail: str, dry_run: bool,
-               now: float, budget: bool = True, rebooted: bool = False) -> tuple[list[str], list[str]]:
+               now: float, budget: bool = True, rebooted: bool = False,
+               result: ActionResult | None = None) -> tuple[list[str], list[str]]:
     """Resume the passing nodes whose drain is `rule`'s alone (opsctl:<rule> ...), and no other (compare
     and set): (the nodes resumed, one line each, `resumed <node>: <detail>`). `rebooted`: also those that
-    came back DOWN with that reason from its reboot through Slurm."""
-    with Actor(config, slurm, now) as actor:
+    came back DOWN with that reason from its reboot through Slurm. The actor records in `result` (the
+    caller's ActionResult, when it keeps one) what it did, would do and refused."""
+    with Actor(config, slurm, now, result=result) as actor:
         before = actor.nodes()
         changes = [Change(node=n, event=RESUME, seen=before[n], checks=(rule,), detail=detail, budget=budget)
                    for n in passed if n in before and before[n].reason_rules() == [rule]
@@ -110,13 +114,16 @@ def resume_own(config: Config, slurm: Slurm, passed: list[str], rule: str, detai
 
 
 def quarantine_outcome(config: Config, slurm: Slurm, found: dict[str, list[Check]], passed: list[str], stop: str,
-               rule: str, detail: str, dry_run: bool, now: float) -> ActionResult:
+                       rule: str, detail: str, dry_run: bool, now: float) -> ActionResult:
     """A provisioning check's decision for all its nodes: drain those of `found` unless `stop`, then
-    resume the `passed` ones from `rule`'s own drain (`detail` says why). Exit 1 when a node failed."""
-    outcome = drain_findings(config, slurm, found, stop, dry_run, now=now) if found or stop else ActionResult()
+    resume the `passed` ones from `rule`'s own drain (`detail` says why). Exit 1 when a node failed. One
+    ActionResult, filled by both actors, says all that was done."""
+    outcome = ActionResult()
+    if found or stop:
+        drain_findings(config, slurm, found, stop, dry_run, now=now, result=outcome)
     outcome.drained.sort()
     if not stop:
-        resumed, lines = resume_own(config, slurm, passed, rule, detail, dry_run, now)
+        resumed, lines = resume_own(config, slurm, passed, rule, detail, dry_run, now, result=outcome)
         outcome.resumed, outcome.lines = resumed, outcome.lines + lines
     outcome.exit_code = worst(ExitCode.FAILING if found else ExitCode.OK, outcome.exit_code)
     return outcome

@@ -6,13 +6,13 @@ too, is left alone (as LBNL NHC does with the drains it did not set)."""
 
 import time
 
-from opsctl.config.schema import Config
-from opsctl.errors import ConfigError, ExitCode
-from opsctl.ib.check import Report
-from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
 from opsctl.actor.act import DRAIN, RESUME, Actor, Change, cap_reason
 from opsctl.actor.result import ActionResult
+from opsctl.config.schema import Config
+from opsctl.errors import ConfigError, ExitCode
 from opsctl.health.plan import out_of_service_room
+from opsctl.ib.check import Report
+from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 from opsctl.storage.check import CHECKS as STORAGE_CHECKS
@@ -47,17 +47,18 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
 
 
 def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult],
-               report: Report | None = None) -> ActionResult:
+               report: Report | None = None, result: ActionResult | None = None) -> ActionResult:
     """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
 
     Through the actor (the lock, compare and set, the audit). A failure shaped like a shared cause
     (shared_shaped) never drains; a drain that would take more nodes out of service with an opsctl reason
     than safety.max_out_of_service_fraction allows is refused; only a drain whose reason names node-check
-    and nothing else is resumed (`opsctl:node-check,xid-79 ...` needs a person: the XID is not ours)."""
+    and nothing else is resumed (`opsctl:node-check,xid-79 ...` needs a person: the XID is not ours). The
+    actor fills `result` (a new one when None), which is returned with the line."""
     shaped = shared_shaped(report, found, config)
     own = [r for r in found if r.failed and r not in shaped]
     not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
-    with Actor(config, slurm, time.time()) as actor:
+    with Actor(config, slurm, time.time(), result=result) as actor:
         nodes = actor.nodes()
         if node not in nodes:
             raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
@@ -65,15 +66,25 @@ def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]
         if own:
             return _drain(config, actor, nodes, current, own)
         if shaped:
-            return ActionResult([f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides"],
-                           exit_code=ExitCode.FAILING)
+            actor.skip(node, f"shaped like a shared cause: {not_drained}")
+            return _said(actor, f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides",
+                         exit_code=ExitCode.FAILING)
         if current.resumable and current.reason_rules() == [RULE] and not any(r.failed for r in found):
             made = actor.apply([Change(node=node, event=RESUME, seen=current, checks=(RULE,),
                                        detail="every node check passes")]).made
             if made:
-                return ActionResult([f"resumed {node}: every node check passes"], resumed=[node])
-            return ActionResult([f"{node} not resumed: Slurm changed it meanwhile"])
-    return ActionResult()
+                actor.result.resumed.append(node)
+                return _said(actor, f"resumed {node}: every node check passes")
+            return _said(actor, f"{node} not resumed: Slurm changed it meanwhile")
+        return actor.result
+
+
+def _said(actor: Actor, line: str, exit_code: ExitCode = ExitCode.OK, stop: str = "") -> ActionResult:
+    """The actor's result with the line that says what the run did."""
+    result = actor.result
+    result.lines.append(line)
+    result.exit_code, result.stop = exit_code, stop or result.stop
+    return result
 
 
 def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: SlurmNode,
@@ -81,17 +92,19 @@ def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: S
     node, failing = current.name, ExitCode.FAILING
     if current.out_of_service or current.reason:
         if current.reason.startswith(REASON_PREFIX):
-            return ActionResult([f"{node} stays drained: {current.reason}"], exit_code=failing)
-        return ActionResult([f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})"],
-                       exit_code=failing)
+            return _said(actor, f"{node} stays drained: {current.reason}", exit_code=failing)
+        actor.skip(node, f"{current.state_text} ({current.reason or 'no reason'})")
+        return _said(actor, f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})",
+                     exit_code=failing)
     room, full = out_of_service_room(select_partitions(nodes, config.slurm.partitions), config.safety,
                                      only_opsctl=True)
     if room < 1:
         actor.refuse(node, f"out-of-service-limit: {full}", [RULE], current)
-        return ActionResult([f"{node} not drained: {full}"], stop=full, exit_code=failing)
+        return _said(actor, f"{node} not drained: {full}", exit_code=failing, stop=full)
     reason = self_reason(own, config.safety.reason_max_length)
     made = actor.apply([Change(node=node, event=DRAIN, seen=current, reason=reason, checks=(RULE,),
                                evidence=", ".join(sorted({r.check for r in own})))]).made
     if made:
-        return ActionResult([f"drained {node}: {reason}"], drained=[node], exit_code=failing)
-    return ActionResult([f"{node} not drained: Slurm changed it meanwhile"], exit_code=failing)
+        actor.result.drained.append(node)
+        return _said(actor, f"drained {node}: {reason}", exit_code=failing)
+    return _said(actor, f"{node} not drained: Slurm changed it meanwhile", exit_code=failing)
