@@ -8,13 +8,13 @@ import re
 import pytest
 from click.testing import CliRunner
 
-import opsctl.commands.ib_fabric_test as fabric_command
+import opsctl.fabrictest.run as fabric_run
+from opsctl.actor.audit import AuditLog
 from opsctl.cli import main
 from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.fabrictest.inventory import Inventory, expand_host_pattern
-from opsctl.actor.audit import AuditLog
 from tests.conftest import FIXTURES
 from tests.unit.fakes import FakeSlurm, gpu_nodes
 
@@ -86,7 +86,7 @@ def inventory(tmp_path):
 @pytest.fixture
 def fabric(monkeypatch):
     FakeRemote.bad, FakeRemote.unreachable, FakeRemote.wedged, FakeRemote.commands = {}, set(), set(), []
-    monkeypatch.setattr(fabric_command, "ParamikoRemote", FakeRemote)
+    monkeypatch.setattr(fabric_run, "ParamikoRemote", FakeRemote)
     return FakeRemote
 
 
@@ -144,6 +144,10 @@ def test_drain_drains_the_culprit_with_an_opsctl_reason_and_audits_it(tmp_path, 
     assert [c[0] for c in slurm.calls] == ["drain"]
     assert f"drained gpu006: {reason}" in result.output
     records = AuditLog(config.audit_log).read()[0]
+    again, _ = run(tmp_path, inventory, "--drain", "--json", slurm=FakeSlurm(gpu_nodes(8)))
+    data = json.loads(again.output)
+    assert (data["would"], data["refused"], data["skipped"]) == ([], {}, {})
+    assert data["done"] == [f"drain gpu006: {reason}"]
     assert [(r["event"], r["node"], r["checks"]) for r in records] == [("drain", "gpu006", ["ib-fabric"])]
 
 

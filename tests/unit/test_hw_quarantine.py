@@ -67,6 +67,9 @@ def test_dry_run_changes_nothing(tmp_path):
     result, _ = run(tmp_path, {**fitting(), "gpu003": MISSING}, slurm, "--dry-run")
     assert result.exit_code == 1 and "would drain gpu003: opsctl:hw-mismatch gpus 7" in result.output
     assert slurm.calls == []
+    data = json.loads(run(tmp_path, {**fitting(), "gpu003": MISSING}, slurm, "--dry-run", "--json")[0].output)
+    assert (data["done"], data["would"], data["refused"], data["skipped"]) == (
+        [], [f"drain gpu003: opsctl:hw-mismatch {MISSING}"], {}, {})
 
 
 def test_most_nodes_differing_is_a_profile_or_a_shared_cause_and_drains_none(tmp_path):

@@ -57,6 +57,7 @@ def test_a_failing_node_is_drained_with_the_precheck_reason_and_audited(tmp_path
     assert reason.startswith("opsctl:ib-precheck port-state mlx5_2 state DOWN"), reason
     assert [c[:2] for c in slurm.calls] == [("drain", ("gpu003",))]
     assert [(r["event"], r["node"], r["checks"]) for r in audit(config)] == [("drain", "gpu003", ["ib-precheck"])]
+    assert (data["done"], data["would"], data["refused"], data["skipped"]) == ([f"drain gpu003: {reason}"], [], {}, {})
     # A second run with nothing changed changes nothing (already drained, ours).
     again, _ = run(tmp_path, reports, slurm, "--json")
     assert again.exit_code == 1 and json.loads(again.output)["drained"] == [] and len(slurm.calls) == 1
@@ -77,6 +78,9 @@ def test_a_persons_drain_is_never_touched(tmp_path):
     assert result.exit_code == 1, result.output
     assert "refused gpu003: not-owned" in result.output
     assert slurm.calls == []
+    data = json.loads(run(tmp_path, reports, slurm, "--json")[0].output)
+    assert (data["done"], data["would"], list(data["refused"]), data["skipped"]) == ([], [], ["gpu003"], {})
+    assert data["refused"]["gpu003"].startswith("not-owned")
     assert slurm.nodes()["gpu003"].reason == "ticket-123 bad dimm"
     assert slurm.nodes()["gpu004"].reason == "ticket-9"
 

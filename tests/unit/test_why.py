@@ -8,13 +8,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.state import State
 from opsctl.cli import main
 from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.prom.client import Series
-from opsctl.actor.audit import AuditLog
-from opsctl.actor.state import State
 from opsctl.slurm.accounting import FinishedJob
 from opsctl.validate.sweep import choose
 from opsctl.why import suspicion

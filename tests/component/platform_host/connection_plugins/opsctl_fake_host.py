@@ -199,7 +199,10 @@ def ib_quarantine(reports: str, dry_run: bool) -> tuple[int, str]:
     verb = "would drain" if dry_run else "drained"
     out = {"tested": sorted(nodes), "quarantine": failing, "passed": sorted(set(nodes) - set(failing)),
            "drained": failing, "resumed": [], "dry_run": dry_run, "stop": "",
-           "actions": [f"{verb} {n}: opsctl:ib-precheck" for n in failing]}
+           "actions": [f"{verb} {n}: opsctl:ib-precheck" for n in failing],
+           "done": [] if dry_run else [f"drain {n}: opsctl:ib-precheck" for n in failing],
+           "would": [f"drain {n}: opsctl:ib-precheck" for n in failing] if dry_run else [],
+           "refused": {}, "skipped": {}}
     return (1 if failing else 0), json.dumps(out)
 
 
