@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 
 import click
 import yaml
@@ -40,9 +41,10 @@ def _paths() -> lp.LabPaths:
     return lp.LabPaths(lp.lab_dir())
 
 
-def _lab_state(paths: lp.LabPaths) -> dict | None:
+def _lab_state(paths: lp.LabPaths) -> dict[str, int] | None:
     try:
-        return json.loads(paths.state_file.read_text())
+        state: dict[str, int] = json.loads(paths.state_file.read_text())  # {nodes, scrape_interval, slot}
+        return state
     except FileNotFoundError:
         return None
     except ValueError as err:
@@ -78,9 +80,9 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
                        f"{state.get('slot', 0)}; run `opsctl lab down` first to change that")
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.state_file.write_text(json.dumps(wanted))
-    phases = []
+    phases: list[tuple[str, float]] = []
 
-    def phase(name, func, *args):
+    def phase(name: str, func: Callable[..., object], *args: object) -> None:
         t0 = time.monotonic()
         func(*args)
         phases.append((name, time.monotonic() - t0))
@@ -194,7 +196,7 @@ def status() -> ExitCode:
         return ExitCode.FAILING
     nodes = state["nodes"]
     expected = _expected_daemons(nodes, paths)
-    groups: dict = {}
+    groups: dict[str, tuple[int, int]] = {}  # kind: (expected, running)
     for name in expected:
         kind = name.split(".")[0]
         total, alive = groups.get(kind, (0, 0))
@@ -203,7 +205,7 @@ def status() -> ExitCode:
     for kind, (total, alive) in groups.items():
         click.echo(f"  {kind:16} {alive}/{total} running")
     states = slurm_lab.node_states(paths)
-    summary: dict = {}
+    summary: dict[str, int] = {}
     for st in states.values():
         summary[st] = summary.get(st, 0) + 1
     click.echo("  sinfo            " + (", ".join(f"{n} {s}" for s, n in sorted(summary.items())) or "no answer"))

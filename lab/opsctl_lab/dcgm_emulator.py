@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.hardware import NodeHardware, stable_int
@@ -65,7 +66,7 @@ class GpuView:
     now: float
     fb_used: int = field(init=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.fb_used = 81920 + self.jitter("fbleft", 2048) if self.has("gpu-leftover-memory") else self.jitter("fb", 2)
 
     def has(self, fault: str) -> bool:
@@ -244,7 +245,7 @@ class QuietHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def server_bind(self):
+    def server_bind(self) -> None:
         # HTTPServer.server_bind calls getfqdn(), which takes seconds per listener here.
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(self.server_address)
@@ -264,15 +265,15 @@ def send_body(handler: BaseHTTPRequestHandler, status: int, body: bytes, content
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _handler_for(node: EmulatedNode):
+def _handler_for(node: EmulatedNode) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server API)
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
             send_body(self, 200, render(node.refresh()).encode(), METRICS_CONTENT_TYPE)
 
-        def log_message(self, *args):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server API)
             pass
 
     return Handler
@@ -324,7 +325,7 @@ def run(nodes: list[EmulatedNode], tick_s: float = 0.5) -> None:
         _stop(node)
 
 
-def _optional_path(spec: dict, key: str) -> Path | None:
+def _optional_path(spec: dict[str, str], key: str) -> Path | None:
     return Path(spec[key]) if spec.get(key) else None
 
 

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from opsctl_lab.errors import LabError
 from opsctl_lab.hca_layout import GPU_BUSES, HcaLayout
@@ -96,8 +96,8 @@ class FaultSpec:
     name: str
     target: str  # "gpu", "hca" or "node"
     summary: str
-    rates: dict = field(default_factory=dict)
-    steps: dict = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, float] = field(default_factory=dict)
     machines_only: bool = False
     simulated_only: bool = False  # the lab machines do not emulate what it changes (yet)
     # Whether the fault outlives a GPU reset (`nvidia-smi -r`, NodeHardware.reset_gpu) and a reboot
@@ -215,7 +215,7 @@ def hca_name(hca: str | int | None, names: HcaLayout | None = None) -> str:
                    f"storage ports, or one of {', '.join(everything)}")
 
 
-def stable_int(*parts, modulo: int) -> int:
+def stable_int(*parts: object, modulo: int) -> int:
     """A value that is the same for the same node and device on every run."""
     digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest, "big") % modulo
@@ -264,22 +264,22 @@ def fault_label(fault: ActiveFault) -> str:
 class NodeHardware:
     node: str
     active: list[ActiveFault] = field(default_factory=list)
-    accum: dict = field(default_factory=dict)  # "<gpu|hca>:<counter>" -> value added by past faults
-    last_xid: dict = field(default_factory=dict)  # str(gpu) -> last XID code; survives clear, as in DCGM
+    accum: dict[str, float] = field(default_factory=dict)  # "<gpu|hca>:<counter>" -> value added by past faults
+    last_xid: dict[str, int] = field(default_factory=dict)  # str(gpu) -> last XID code; survives clear, as in DCGM
     # Device minor number (the N of /dev/nvidiaN) of each GPU index. The driver does not promise it equals
     # the index; None: it does, as on most boards.
-    minors: list | None = None
+    minors: list[int] | None = None
     # The driver the node runs: `opsctl-hw driver VERSION` stands in for installing a new one and loading
     # it (the nvidia role does so on an emulated node), so that a rollout has a version to change.
     driver_version: str = DRIVER_VERSION
     booted: float = EMULATED_BOOT  # unix seconds of the node's last (emulated) boot
     # The records the NVIDIA driver wrote to the kernel log this boot, oldest first:
     # {"prio", "seq", "usec", "message"} (write_kernel_log renders them as /dev/kmsg records).
-    kernel_log: list = field(default_factory=list)
+    kernel_log: list[dict[str, Any]] = field(default_factory=list)
     # The XIDs whose fault a GPU reset ended ({"gpu", "xid", "since"}): dcgm-exporter's windowed count
     # still holds them (its window lives in the exporter, which a GPU reset does not restart), so a repeat
     # counts 2 (expcollector.go). A reboot starts DCGM and the exporter again; `clear` forgets them too.
-    xid_seen: list = field(default_factory=list)
+    xid_seen: list[dict[str, Any]] = field(default_factory=list)
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -324,6 +324,7 @@ class NodeHardware:
         for counter, amount in spec.steps.items():
             self.accum[fault.key(counter)] = self.accum.get(fault.key(counter), 0.0) + amount
         if spec.name == "xid":
+            assert xid is not None  # parse_fault requires an XID fault's code
             self.last_xid[str(fault.gpu)] = xid
         elif spec.name == "xid-kernel":
             assert fault.gpu is not None and xid is not None  # a GPU fault, and parse_fault requires its code
@@ -394,11 +395,11 @@ class NodeHardware:
                 value += FAULTS[fault.fault].rates.get(counter, 0.0) * max(0.0, now - fault.since)
         return value
 
-    def xid_window(self, gpu: int, now: float | None = None, window_ms: int = XID_WINDOW_MS) -> dict:
+    def xid_window(self, gpu: int, now: float | None = None, window_ms: int = XID_WINDOW_MS) -> dict[int, int]:
         """XID code -> count within the window, as DCGM_EXP_XID_ERRORS_COUNT reports it."""
         now = time.time() if now is None else now
-        counts: dict = {}
-        seen = [(f.xid, f.since) for f in self.faults_on("xid", gpu=gpu)]
+        counts: dict[int, int] = {}
+        seen = [(f.xid, f.since) for f in self.faults_on("xid", gpu=gpu) if f.xid is not None]  # every xid has one
         seen += [(x["xid"], x["since"]) for x in self.xid_seen if x["gpu"] == gpu]
         for code, since in seen:
             if now - since <= window_ms / 1000.0:
@@ -426,7 +427,7 @@ class NodeHardware:
         """The HCAs' names and places in the PCIe tree: HGX naming, or DGX under `dgx-naming`."""
         return hca_layout(dgx=self.node_fault("dgx-naming"))
 
-    def hca_port(self, hca: str) -> dict:
+    def hca_port(self, hca: str) -> dict[str, str]:
         """state, phys_state, rate and firmware of a port, in sysfs wording."""
         names = self.hca_layout()
         compute = hca in names.rails
@@ -448,7 +449,7 @@ class NodeHardware:
             port["fw_ver"] = HCA_FW_MISMATCH
         return port
 
-    def hca_pcie(self, hca: str) -> dict:
+    def hca_pcie(self, hca: str) -> dict[str, str]:
         """The sysfs link files of the HCA's PCI device: Gen5 x16, or x8 under `pcie-x8`."""
         width = "8" if self.has("pcie-x8", hca=hca) else "16"
         return {"current_link_speed": PCIE_GEN5, "current_link_width": width, "max_link_speed": PCIE_GEN5,

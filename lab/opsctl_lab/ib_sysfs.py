@@ -61,7 +61,7 @@ def node_guid(node: str, hca: str) -> str:
     return f"a088:c203:00{raw[0:2]}:{raw[2:6]}"  # NVIDIA OUI a0:88:c2 as in real CX-7 GUIDs
 
 
-def device_files(hw: NodeHardware, hca: str, now: float) -> dict:
+def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
     """Relative path -> content for one device, exactly one line each as in sysfs."""
     port = hw.hca_port(hca)
     compute = hca in hw.hca_layout().rails
@@ -114,7 +114,7 @@ def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
     _write_if_changed(root / "module" / "nvidia_peermem" / "initstate", "live")
 
 
-def _write_pci_device(root: Path, device: PciDevice, files: dict) -> None:
+def _write_pci_device(root: Path, device: PciDevice, files: dict[str, str]) -> None:
     """devices/<path> with its class, vendor and `files`, and bus/pci/devices/<bdf> linking there."""
     where = root / "devices" / Path(*device.path)
     for name, content in {"class": device.pci_class, "vendor": device.vendor, **files}.items():

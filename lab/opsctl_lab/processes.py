@@ -16,10 +16,13 @@ from pathlib import Path
 from opsctl_lab.errors import LabError
 
 
-def run(args: list[str], check: bool = True, timeout: float = 600, **kwargs: object) -> subprocess.CompletedProcess:
+def run(args: list[str], check: bool = True, timeout: float = 600,
+        **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run a host command; a failure becomes one LabError line that names the command."""
     try:
-        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kwargs)  # type: ignore[call-overload]
+        # The callers pass run()'s own keywords (cwd, env, input); as **object they match no overload.
+        result: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+            args, capture_output=True, text=True, timeout=timeout, **kwargs)
     except FileNotFoundError as err:
         raise LabError(f"{args[0]} is not installed (make deps-lab or deps-machines installs what the lab needs)") \
             from err

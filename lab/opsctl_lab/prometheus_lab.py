@@ -10,6 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import yaml
@@ -113,7 +114,7 @@ def write_node_tool(paths: lp.LabPaths, name: str) -> Path:
     return tool
 
 
-def python_env() -> dict:
+def python_env() -> dict[str, str]:
     """The emulator runs from these very packages, with the interpreter that runs opsctl."""
     parents = dict.fromkeys(os.path.dirname(os.path.abspath(p.__path__[0])) for p in (opsctl, opsctl_lab))
     return {"PYTHONPATH": os.pathsep.join(parents)}
@@ -165,7 +166,7 @@ def forget_history(paths: lp.LabPaths) -> None:
     start_prometheus(paths)
 
 
-def _api(path: str) -> dict | None:
+def _api(path: str) -> Any:
     """The `data` of a Prometheus API answer, or None if Prometheus does not answer."""
     try:
         with urllib.request.urlopen(f"{prometheus_url()}/api/v1/{path}", timeout=5) as resp:
@@ -180,7 +181,7 @@ def nodes_with(expr: str) -> set[str]:
     return {r["metric"].get("node", "") for r in data.get("result", [])} - {""} if data else set()
 
 
-def targets() -> list[dict]:
+def targets() -> list[dict[str, Any]]:
     """Prometheus' active targets, or [] if it does not answer."""
     data = _api("targets?state=active")
     return data.get("activeTargets", []) if data else []

@@ -21,9 +21,10 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,7 @@ class SlurmChroot:
         """argv as a host command that runs it inside the chroot."""
         return ["unshare", "--mount", "--fork", "sh", "-c", _ENTER, "opsctl-chroot", str(self.root), *argv]
 
-    def run(self, argv: list[str], check: bool = True, timeout: float = 120):  # -> CompletedProcess
+    def run(self, argv: list[str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return run(self.command(argv), check=check, timeout=timeout)
 
     @property
@@ -88,7 +89,8 @@ class SlurmChroot:
         `sinfo --version` of 24.11 wants a configuration first)."""
         return self.run(["dpkg-query", "-W", "-f", "${Version}", "slurm-client"]).stdout.split("-")[0]
 
-    def slurmd_check(self, conf_dir: Path, nodes: list[str], cgroup_conf: Path | None = None):
+    def slurmd_check(self, conf_dir: Path, nodes: list[str],
+                     cgroup_conf: Path | None = None) -> subprocess.CompletedProcess[str]:
         """Run the slurm role's checker (`slurmd -G -N NODE` for each node) with this release's slurmd
         on conf_dir's slurm.conf, gres.conf and cgroup.conf. Returns the CompletedProcess.
 
@@ -317,7 +319,7 @@ def _quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\\''") + "'"
 
 
-def _wait(check, timeout: float, message: str) -> None:
+def _wait(check: Callable[[], object], timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
@@ -96,7 +97,7 @@ def start_slurm(paths: lp.LabPaths, nodes: int) -> None:
                         paths.run, paths.logs, env=env)
 
 
-def node_states(paths: lp.LabPaths) -> dict:
+def node_states(paths: lp.LabPaths) -> dict[str, str]:
     """node -> compact sinfo state (idle, drain, down*, ...); empty if slurmctld does not answer."""
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=10,
@@ -105,7 +106,7 @@ def node_states(paths: lp.LabPaths) -> dict:
         return {}
     if out.returncode != 0:
         return {}
-    return dict(line.split(None, 1) for line in out.stdout.splitlines() if " " in line)
+    return {node: state for node, state in (line.split(None, 1) for line in out.stdout.splitlines() if " " in line)}
 
 
 def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
@@ -116,7 +117,7 @@ def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
         raise LabError(f"scontrol update state=resume: {(out.stderr or out.stdout).strip()[:200]}")
 
 
-def wait_for(check, timeout: float, message: str) -> None:
+def wait_for(check: Callable[[], object], timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

@@ -4,6 +4,7 @@ settings (environment variables) so the tools also run outside a machine, e.g. i
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from opsctl.errors import OpsctlError
@@ -34,7 +35,7 @@ def fresh_sysfs(hw: NodeHardware | None = None) -> Path:
     return root
 
 
-def main_guard(func) -> int:
+def main_guard(func: Callable[[list[str]], int]) -> int:
     """Run a tool's main; a bad state file or argument is one stderr line and rc 255, as the real
     tools' "Other error"."""
     try:

@@ -20,6 +20,7 @@ Return codes: 0, 226 a test found an error, 205 one of ISOLATE severity, 238 a l
 import json
 import sys
 import time
+from typing import Any
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.hardware import NodeHardware
@@ -37,7 +38,7 @@ class Usage(Exception):
 
 
 # ---- JSON --------------------------------------------------------------------------------------------------
-def _warning(e: DiagError) -> dict:
+def _warning(e: DiagError) -> dict[str, Any]:
     return {"error_category": CODES[e.code][1], "error_id": e.code, "error_severity": e.severity, "warning": e.text}
 
 
@@ -45,21 +46,21 @@ def _status(result: str) -> str:
     return "Fail" if result == "Warn" else result
 
 
-def diag_document(hw: NodeHardware, runs: list[TestRun], gpus: list[int]) -> dict:
-    categories: dict[str, list] = {}
+def diag_document(hw: NodeHardware, runs: list[TestRun], gpus: list[int]) -> dict[str, Any]:
+    categories: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         entries = []
         for gpu, result in run.results.items():
-            entry: dict = {**GPU_GROUP, "entity_id": gpu, "status": _status(result)}
+            entry: dict[str, Any] = {**GPU_GROUP, "entity_id": gpu, "status": _status(result)}
             if warnings := [_warning(e) for e in run.errors if e.gpu == gpu]:
                 entry["warnings"] = warnings
             if run.info.get(gpu):
                 entry["info"] = run.info[gpu]
             entries.append(entry)
-        summary: dict = {"status": _status(run.overall())}
+        summary: dict[str, Any] = {"status": _status(run.overall())}
         if run.errors:  # the summary lists every error of the test (HelperJsonAddResult, includeAllErrors)
             summary["warnings"] = [_warning(e) for e in run.errors]
-        test: dict = {"name": run.name, "test_summary": summary}
+        test: dict[str, Any] = {"name": run.name, "test_summary": summary}
         if entries:
             test["results"] = entries
         categories.setdefault(run.category, []).append(test)
@@ -105,7 +106,7 @@ class _Styled:
         else:
             self.out.append(_scalar(value))
 
-    def array(self, items: list) -> None:
+    def array(self, items: list[Any]) -> None:
         complex_ = any(isinstance(v, dict | list) and v for v in items)
         scalars = None if complex_ or len(items) * 3 >= RIGHT_MARGIN else [_scalar(v) for v in items]
         if scalars is not None and 4 + 2 * (len(items) - 1) + sum(map(len, scalars)) < RIGHT_MARGIN:
@@ -173,10 +174,10 @@ def diag_table(hw: NodeHardware, runs: list[TestRun], gpus: list[int]) -> str:
 
 
 # ---- command line ------------------------------------------------------------------------------------------
-def _parse(argv: list[str]) -> dict:
+def _parse(argv: list[str]) -> dict[str, Any]:
     if not argv or argv[0] != "diag":
         raise Usage("this emulator knows only `dcgmi diag`")
-    opts: dict = {"level": "1", "entities": "*,cpu:*", "json": False}
+    opts: dict[str, Any] = {"level": "1", "entities": "*,cpu:*", "json": False}
     args = argv[1:]
     while args:
         arg = args.pop(0)

@@ -30,7 +30,7 @@ class PortView:
         return cls(node=hw.node, hca=hca, active=port["state"].startswith("4"),
                    rate_gbps=float(port["rate"].split()[0]), slow=hw.has("ib-slow", hca=hca))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str | bool | float]:
         return {"node": self.node, "hca": self.hca, "active": self.active, "rate_gbps": self.rate_gbps,
                 "slow": self.slow}
 

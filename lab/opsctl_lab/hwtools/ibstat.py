@@ -26,14 +26,14 @@ Forms: `ibstat`, `ibstat -l` (CA names), `ibstat CA [PORT]`.
 import sys
 
 from opsctl_lab.hwtools.common import fresh_sysfs, main_guard
-from opsctl_lab.hwtools.sysfs_read import devices, guid_hex
+from opsctl_lab.hwtools.sysfs_read import DeviceInfo, PortInfo, devices, guid_hex
 
 STATES = {"1": "Down", "2": "Initializing", "3": "Armed", "4": "Active"}
 PHYS = {"1": "Sleep", "2": "Polling", "3": "Disabled", "4": "PortConfigurationTraining", "5": "LinkUp",
         "6": "LinkErrorRecovery", "7": "Phy Test"}
 
 
-def port_guid(dev: dict, port: dict) -> str:
+def port_guid(dev: DeviceInfo, port: PortInfo) -> str:
     if port["link_layer"] == "Ethernet":
         # RoCE ports: the GID-derived GUID, as in the real capture (0xa088c203.. -> 0xa288c2fffe..).
         raw = dev["node_guid"].replace(":", "")
@@ -41,7 +41,7 @@ def port_guid(dev: dict, port: dict) -> str:
     return guid_hex(dev["node_guid"])
 
 
-def render_ca(dev: dict, only_port: int | None = None) -> str:
+def render_ca(dev: DeviceInfo, only_port: int | None = None) -> str:
     guid = guid_hex(dev["node_guid"])
     lines = [f"CA '{dev['name']}'", f"\tCA type: {dev['hca_type']}", f"\tNumber of ports: {len(dev['ports'])}",
              f"\tFirmware version: {dev['fw_ver']}", "\tHardware version: 0", f"\tNode GUID: {guid}",

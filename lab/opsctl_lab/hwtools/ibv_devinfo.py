@@ -16,14 +16,14 @@ Forms: `ibv_devinfo`, `ibv_devinfo -d DEV`, `ibv_devinfo -l`.
 import sys
 
 from opsctl_lab.hwtools.common import fresh_sysfs, main_guard
-from opsctl_lab.hwtools.sysfs_read import devices
+from opsctl_lab.hwtools.sysfs_read import DeviceInfo, devices
 
 PORT_STATES = {"0": "PORT_NOP", "1": "PORT_DOWN", "2": "PORT_INIT", "3": "PORT_ARMED", "4": "PORT_ACTIVE",
                "5": "PORT_ACTIVE_DEFER"}
 MELLANOX_VENDOR = 0x02C9
 
 
-def render_dev(dev: dict) -> str:
+def render_dev(dev: DeviceInfo) -> str:
     part = int(dev["hca_type"].removeprefix("MT")) if dev["hca_type"].startswith("MT") else 0
     lines = [f"hca_id:\t{dev['name']}", "\ttransport:\t\t\tInfiniBand (0)", f"\tfw_ver:\t\t\t\t{dev['fw_ver']}",
              f"\tnode_guid:\t\t\t{dev['node_guid']}", f"\tsys_image_guid:\t\t\t{dev['node_guid']}",

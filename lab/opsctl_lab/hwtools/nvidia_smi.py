@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from importlib import resources
+from typing import Any
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.dcgm_emulator import PCI_BUS_IDS, GpuView, gpu_uuid
@@ -52,7 +53,7 @@ def bus_id(gpu: int) -> str:
     return f"00000000:{PCI_BUS_IDS[gpu]}:00.0"
 
 
-def processes(hw: NodeHardware, gpu: int) -> list[dict]:
+def processes(hw: NodeHardware, gpu: int) -> list[dict[str, Any]]:
     """Compute processes on a GPU. Only a leftover (dead job) process can be there in the lab."""
     if not hw.has("gpu-leftover-memory", gpu=gpu):
         return []
@@ -64,7 +65,7 @@ def gpu_serial(node: str, gpu: int) -> str:
     return f"{1650924000000 + stable_int(node, gpu, 'serial', modulo=10**6)}"
 
 
-def values(hw: NodeHardware, gpu: int, now: float) -> dict:
+def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
     """Every dynamic value of one GPU, named as in the -q template."""
     view = GpuView(hw, gpu, now)
     thermal = view.has("thermal")
@@ -181,7 +182,7 @@ def render_q(hw: NodeHardware, now: float, gpus: list[int]) -> str:
 
 
 # ---- --query-gpu / --query-compute-apps ----------------------------------------------------------
-def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict:
+def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
     """field -> csv value with units, for every field of the real H200 capture."""
     v = values(hw, gpu, now)
     row = {name: value for name, (_header, value) in _FIELDS.items()}
@@ -262,8 +263,8 @@ class Usage(Exception):
     pass
 
 
-def _parse(argv: list[str]) -> dict:
-    opts: dict = {"mode": "table", "gpus": list(range(hwm.GPUS_PER_NODE)), "format": None}
+def _parse(argv: list[str]) -> dict[str, Any]:
+    opts: dict[str, Any] = {"mode": "table", "gpus": list(range(hwm.GPUS_PER_NODE)), "format": None}
     args = list(argv)
     while args:
         arg = args.pop(0)

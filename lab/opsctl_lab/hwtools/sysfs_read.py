@@ -2,6 +2,27 @@
 ibv_devinfo read /sys/class/infiniband on a real host."""
 
 from pathlib import Path
+from typing import TypedDict
+
+
+class PortInfo(TypedDict):
+    port: int
+    state: str
+    phys_state: str
+    rate: str
+    link_layer: str
+    lid: int
+    sm_lid: int
+    cap_mask: str
+
+
+class DeviceInfo(TypedDict):
+    name: str
+    hca_type: str
+    fw_ver: str
+    board_id: str
+    node_guid: str
+    ports: list[PortInfo]
 
 
 def _read(path: Path, default: str = "") -> str:
@@ -11,12 +32,12 @@ def _read(path: Path, default: str = "") -> str:
         return default
 
 
-def devices(root: Path) -> list[dict]:
+def devices(root: Path) -> list[DeviceInfo]:
     """One dict per device, sorted by name as umad lists them."""
     base = Path(root) / "class" / "infiniband"
-    out = []
+    out: list[DeviceInfo] = []
     for dev in sorted(base.iterdir()) if base.is_dir() else []:
-        ports = []
+        ports: list[PortInfo] = []
         for port in sorted((dev / "ports").iterdir(), key=lambda p: int(p.name)):
             ports.append({
                 "port": int(port.name),

@@ -16,13 +16,14 @@ import os
 import sys
 import time
 
+from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools.common import load, main_guard
 
 CONTEXT_ENDING_XIDS = {48, 79, 95, 119, 120}
 POLL_S = 0.5
 
 
-def fatal(hw) -> str:
+def fatal(hw: NodeHardware) -> str:
     """The fault that ends this rank, in the words of its last line; "" while the GPUs work."""
     for fault in hw.active:
         if fault.fault == "xid" and fault.xid in CONTEXT_ENDING_XIDS:

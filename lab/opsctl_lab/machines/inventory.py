@@ -8,7 +8,7 @@ from opsctl_lab.machines.settings import PROVISIONING_USER, STORAGE_MACHINE, Set
 
 
 def render(settings: Settings, names: list[str]) -> str:
-    def host(name: str) -> dict:
+    def host(name: str) -> dict[str, str | bool]:
         return {
             "ansible_host": settings.addr(name),
             "ansible_user": PROVISIONING_USER,
@@ -40,7 +40,7 @@ def render(settings: Settings, names: list[str]) -> str:
 VENDOR_VARS = "vendor-repos.yml"
 
 
-def write_vendor_vars(settings: Settings, variables: dict) -> None:
+def write_vendor_vars(settings: Settings, variables: dict[str, str]) -> None:
     """A second inventory source beside hosts.yml: where the lab serves the vendors' repositories and the
     key that signs them (opsctl_lab.machines.vendor_server.vendor_vars), the only variables a lab inventory
     has that a production one sets to the vendors' own."""

@@ -112,7 +112,7 @@ def opsctl_paths(config_text: str | None) -> tuple[str, str]:
 
 # ---- the machines ------------------------------------------------------------------------------------
 def _ssh(settings: Settings, machine: str, command: str, stdin: str | None = None,
-         timeout: float = 30) -> subprocess.CompletedProcess:
+         timeout: float = 30) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(keys.ssh_args(settings, machine) + [command], input=stdin, capture_output=True,
                               text=True, timeout=timeout)
@@ -120,7 +120,7 @@ def _ssh(settings: Settings, machine: str, command: str, stdin: str | None = Non
         return subprocess.CompletedProcess([], 124, "", f"no answer from {machine} in {timeout:.0f}s")
 
 
-def _first_line(result: subprocess.CompletedProcess) -> str:
+def _first_line(result: subprocess.CompletedProcess[str]) -> str:
     lines = (result.stderr or result.stdout).strip().splitlines()
     return lines[0] if lines else f"exit {result.returncode}"
 

@@ -10,8 +10,8 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
@@ -35,7 +35,7 @@ def _preflight() -> None:
 
 
 @contextmanager
-def _locked(settings: Settings):
+def _locked(settings: Settings) -> Iterator[None]:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     with open(settings.state_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -103,9 +103,9 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
     return ExitCode.OK
 
 
-def _phases(echo: Echo):
+def _phases(echo: Echo) -> Callable[[str], AbstractContextManager[Callable[[str], None]]]:
     @contextmanager
-    def phase(title: str):
+    def phase(title: str) -> Iterator[Callable[[str], None]]:
         notes: list[str] = []
         began = time.monotonic()
         yield notes.append

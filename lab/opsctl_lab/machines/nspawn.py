@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from opsctl_lab.machines import image as img
@@ -126,7 +127,7 @@ def cgroups(settings: Settings, name: str, fs: Path = CGROUP_FS) -> list[Path]:
     return [h / "opsctl-lab" / settings.netns(name) for h in hierarchies if (h / "cgroup.procs").exists()]
 
 
-def _enter(groups: list[Path]):
+def _enter(groups: list[Path]) -> Callable[[], None]:
     """Runs in the child before nspawn starts: moves it into the machine's cgroups."""
     def enter() -> None:
         for group in groups:

@@ -49,7 +49,7 @@ def stop(settings: Settings) -> None:
     processes.stop(NAME, settings.state_dir, timeout=5)
 
 
-def vendor_vars(settings: Settings, built: build.Built) -> dict:
+def vendor_vars(settings: Settings, built: build.Built) -> dict[str, str]:
     """The roles' repository variables for the lab: URLs on the bridge, the lab key's fingerprint. The
     only difference from a production inventory's repositories (there: the vendors' URLs and keys)."""
     url = settings.vendor_url

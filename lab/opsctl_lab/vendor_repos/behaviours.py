@@ -2,6 +2,7 @@
 data gives it. Packages without a role only carry their control fields (apt resolves them; dpkg installs
 nothing). Scripts are POSIX sh, as dpkg runs them, and fail where the real ones fail."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opsctl_lab.installed_tools import tool_wrapper
@@ -188,7 +189,7 @@ def dcgm_core() -> Contents:
     return Contents(files=files)
 
 
-ROLES = {
+ROLES: dict[str, Callable[[str, str], Contents]] = {
     "nvidia-dkms": nvidia_dkms,
     "ofed-dkms": ofed_dkms,
     "kernel-headers": headers,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 from opsctl_lab.vendor_repos import behaviours, kmod, spec
 
@@ -35,14 +36,14 @@ class Built:
     fingerprint: str
 
 
-def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(argv, capture_output=True, text=True, **kwargs)
     if out.returncode != 0:
         raise BuildError(f"{' '.join(argv[:3])}: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
     return out
 
 
-def _gpg(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+def _gpg(home: Path, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return _run(["gpg", "--homedir", str(home), "--batch", "--no-tty", "--quiet", *args], **kwargs)
 
 

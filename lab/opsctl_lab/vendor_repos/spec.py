@@ -6,6 +6,7 @@ build's own version, as `${binary:Version}` expands; `${upstream}` for it withou
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -60,7 +61,7 @@ def expand(text: str, version: str, kernel: str) -> str:
             .replace("${kernel}", kernel))
 
 
-def _package(raw: dict, where: str) -> Package:
+def _package(raw: dict[str, Any], where: str) -> Package:
     name = str(raw.get("package", ""))
     versions = raw.get("versions") or []
     if not _NAME.match(name) or not versions:
