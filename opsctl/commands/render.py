@@ -105,7 +105,7 @@ def _waiting(result, node: str) -> str:
 def render_json(result) -> str:
     nodes = [node_json(v, result.plan.action(v.node), _eligible_at(result, v.node))
              for v in result.report.nodes.values()]
-    return json.dumps({"nodes": nodes, "summary": summary(result)}, indent=1)
+    return json.dumps({"nodes": nodes, "summary": summary(result), **result.action.fields()}, indent=1)
 
 
 def render_table(result, all_nodes: bool = False) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from opsctl.actor.act import DRAIN, ESCALATE, RESUME, Actor, Change
 from opsctl.actor.ledger import Ledger
 from opsctl.actor.memory import HandledMemory, records_for
+from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, ExitCode, OpsctlError, redact, worst
 from opsctl.health.catalog import Rule, load_catalog
@@ -57,6 +58,7 @@ class RunResult:
     started: float = 0.0  # the run's clock (Unix time): what the JSON `time` and --watch lines show
     cluster: dict[str, SlurmNode] = field(default_factory=dict)  # the judged nodes as Slurm showed them
     after: dict[str, SlurmNode] = field(default_factory=dict)  # ... and as the run left them
+    action: ActionResult = field(default_factory=ActionResult)  # what the actor did, would do, refused, skipped
 
 
 class RunAborted(OpsctlError):
@@ -125,7 +127,11 @@ class Run:
             report.nodes = {n: v for n, v in report.nodes.items() if n in scope}
         if any(v.status == "fail" for v in report.nodes.values()):
             code = worst(code, ExitCode.FAILING)
+        for decision in plan.decisions.values():  # what was left alone without a refusal
+            if decision.action.startswith("skip:") and decision.node not in self.actor.result.refused:
+                self.actor.skip(decision.node, decision.action.removeprefix("skip:"))
         return RunResult(report=report, exit_code=code, plan=plan, options=self.options, done=self.actor.done,
+                         action=self.actor.result,
                          started=self.now, seconds=time.monotonic() - self.started,
                          cluster=_within(cluster, scope), after=_within(after, scope))
 

@@ -1,5 +1,6 @@
 """Prometheus access: strict instant queries."""
 
-from opsctl.prom.client import PromClientImpl, PromQuery, Sample, answer_warnings, parse_vector, redact
+from opsctl.errors import redact
+from opsctl.prom.client import PromClientImpl, PromQuery, Sample, answer_warnings, parse_vector
 
 __all__ = ["PromClientImpl", "PromQuery", "Sample", "answer_warnings", "parse_vector", "redact"]

@@ -160,7 +160,8 @@ def rollout_drain(clients: Clients, hostlist: str, change: str, wait_s: float) -
     return drain_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s)
 
 
-def rollout_reboot(clients: Clients, hostlist: str, change: str, wait_s: float) -> tuple[list[str], list[str], ActionResult]:
+def rollout_reboot(clients: Clients, hostlist: str, change: str,
+                   wait_s: float) -> tuple[list[str], list[str], ActionResult]:
     """(the nodes back, a line per node, what the actor did)."""
     action = ActionResult()
     back, lines = reboot_batch(clients.config(acting=True), clients.slurm(), hostlist, change, wait_s, result=action)

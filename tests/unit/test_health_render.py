@@ -30,7 +30,7 @@ def result():
 
 def test_json_contract():
     doc = json.loads(render_json(result()))
-    assert set(doc) == {"nodes", "summary"}
+    assert set(doc) == {"nodes", "summary", "done", "would", "refused", "skipped"}
     node = {n["node"]: n for n in doc["nodes"]}
     assert set(node["gpu002"]) == {"node", "status", "in_slurm", "checks", "action"}
     assert node["gpu002"]["checks"] == [{"id": "xid-79", "severity": "fail", "status": "fail", "gpu": "gpu3",
