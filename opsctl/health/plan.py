@@ -11,11 +11,11 @@ one full run refuses, and CPU-only nodes in the same partition never raise the b
 import math
 from dataclasses import dataclass, field, replace
 
+from opsctl.actor.act import cap_reason
 from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.actor.act import cap_reason
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 

@@ -1,8 +1,8 @@
 """Read the metric facts off one health run's result; the run itself never knows it is measured."""
 
 from opsctl.health.catalog import Rule
-from opsctl.metrics.state import RunFacts
 from opsctl.health.run import RunResult
+from opsctl.metrics.state import RunFacts
 from opsctl.slurm.base import SlurmNode
 
 

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from opsctl.config.schema import MetricsConfig
 from opsctl.errors import ConfigError, OpsctlError, SafetyStop
 from opsctl.fileio import read_nofollow, write_atomic
+from opsctl.health.run import RunResult
 from opsctl.metrics.observe import run_facts
 from opsctl.metrics.state import MetricsState
-from opsctl.health.run import RunResult
 
 Run = Callable[[], RunResult]
 

@@ -9,13 +9,13 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 import yaml
 
+from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.config import parse_config
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import evaluate
 from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
 from opsctl.prom import PromClientImpl
-from opsctl.actor.memory import Handled, HandledMemory
 from opsctl_lab.dcgm_emulator import send_body
 from tests.component.promlab import (
     HAVE_NODE_EXPORTER,

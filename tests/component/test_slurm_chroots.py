@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("debootstrap")
 def test_a_chroot_cluster_of_that_release_drains_and_resumes(tmp_path, index, suite):
     """A drain and a resume; and, as the chroot's slurm.conf sets ReturnToService=2, opsctl's actor refuses to
     reboot a node there: the release's own `scontrol show config` says so, and the node is not asked to."""
-    from opsctl.config import parse_config
     from opsctl.actor.act import REBOOT_REFUSED, Actor, Change
+    from opsctl.config import parse_config
     from opsctl.slurm import SlurmCliImpl
 
     chroot = SlurmChroot.ensure(suite)

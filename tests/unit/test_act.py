@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from opsctl.actor.act import REBOOT_REFUSED, Actor, Change
+from opsctl.actor.state import State
 from opsctl.cli import main
 from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import ExitCode
-from opsctl.actor.act import REBOOT_REFUSED, Actor, Change
 from opsctl.health.findings import drain_findings, failing_check
-from opsctl.actor.state import State
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
 
 PACKAGE = Path(__file__).resolve().parents[2] / "opsctl"

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from opsctl.errors import SourceUnavailable
 from opsctl.actor.state import State
+from opsctl.errors import SourceUnavailable
 from tests.unit.fakes import IB_REASON, ISO, World, node
 
 XID = "xid-79 gpu3 xid=79 count=1"

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from opsctl.errors import SourceUnavailable
 from opsctl.actor.lock import RunLock
 from opsctl.actor.state import HandledEvents, State
+from opsctl.errors import SourceUnavailable
 from tests.unit.fakes import IB_REASON, ISO, World, node
 
 

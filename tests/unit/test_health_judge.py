@@ -7,13 +7,13 @@ import re
 
 import pytest
 
+from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import judge
 from opsctl.health.identity import Identities
 from opsctl.prom.client import Sample
-from opsctl.actor.memory import Handled, HandledMemory
 
 CONFIG = parse_config({}, "t", {})
 RULES = {rule.id: rule for rule in load_catalog(CONFIG)}

@@ -4,9 +4,9 @@ scrape that fails while the run goes on makes its node unknown, never ok on seri
 
 import pytest
 
+from opsctl.actor.state import State
 from opsctl.config import parse_config
 from opsctl.health.evaluate import evaluate
-from opsctl.actor.state import State
 from tests.unit.fakes import FakeProm, World, gpu_nodes, node
 
 NODES = gpu_nodes(4)

@@ -14,10 +14,10 @@ from opsctl.errors import ExitCode, SafetyStop, SourceUnavailable
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.metrics import FAMILIES, MetricsState, RunRecorder
-from opsctl.metrics.observe import run_facts
 from opsctl.health.plan import plan_drains, plan_resumes
 from opsctl.health.run import RunOptions, RunResult
+from opsctl.metrics import FAMILIES, MetricsState, RunRecorder
+from opsctl.metrics.observe import run_facts
 from opsctl.slurm import SlurmNode
 
 CONFIG = parse_config({}, "t", {})

@@ -6,8 +6,8 @@ import re
 import time
 from dataclasses import replace
 
-from opsctl.health.xid import xid_catalog
 from opsctl.actor.audit import AuditLog
+from opsctl.health.xid import xid_catalog
 from opsctl.ladder.reasons import fault_of, rung_of, validated_reason
 from tests.unit.fakes import ISO, World, node
 

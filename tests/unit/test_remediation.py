@@ -6,16 +6,16 @@ import os
 
 import pytest
 
+from opsctl.actor.audit import AuditLog
+from opsctl.actor.lock import RunLock
+from opsctl.actor.memory import Handled, HandledMemory, records_for
+from opsctl.actor.state import State
 from opsctl.config import parse_config
 from opsctl.errors import ConfigError
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.actor.audit import AuditLog
-from opsctl.actor.memory import Handled, HandledMemory, records_for
 from opsctl.health.plan import breaker_limit, drain_reason, plan_drains, plan_resumes, resume_candidates
-from opsctl.actor.lock import RunLock
-from opsctl.actor.state import State
 from tests.unit.fakes import node
 
 SAFETY = parse_config({}, "t", {}).safety
