@@ -1,12 +1,11 @@
-"""`opsctl node validate`: this node's active checks (opsctl.validate.node), for a validation job or a person.
+"""`opsctl node validate`: this node's active checks (opsctl.validate.node, run by opsctl.validate.run), for a
+validation job or a person; this checks the usage and renders.
 
 Exit codes: 0 every test passed, 1 a test failed, 2 usage or config error, 3 a test could not run (not
 checked, never a pass).
 """
 
 import json
-import time
-from pathlib import Path
 
 import click
 
@@ -14,8 +13,9 @@ from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.config.rails import HCA_NAME
 from opsctl.errors import ExitCode
-from opsctl.nodecheck import write_textfile
-from opsctl.validate.node import NCCL_PAIR, metrics_text, pairs_metrics_text, pairs_textfile, validate_node
+from opsctl.validate.node import NCCL_PAIR
+from opsctl.validate.run import node_validate as run_node_validate
+from opsctl.validate.run import record_pairs as write_pair_results
 
 CODES = {"pass": ExitCode.OK, "fail": ExitCode.FAILING, "not_checked": ExitCode.SOURCE_DOWN}
 
@@ -23,9 +23,7 @@ CODES = {"pass": ExitCode.OK, "fail": ExitCode.FAILING, "not_checked": ExitCode.
 def node_validate(clients: Clients, as_json: bool, textfile: str | None, record_pairs: str | None = None) -> ExitCode:
     if record_pairs is not None:
         return _record_pairs(textfile, record_pairs)
-    validation = validate_node(clients.config())
-    if textfile:
-        write_textfile(Path(textfile), metrics_text(validation))
+    validation = run_node_validate(clients, textfile)
     if as_json:
         click.echo(json.dumps({"schema": JSON_SCHEMA, "verdict": validation.verdict,
                                "busbw_gbps": validation.busbw_gbps, "tests": [
@@ -45,6 +43,6 @@ def _record_pairs(textfile: str | None, result: str) -> ExitCode:
     failed = [] if result == "pass" else [hca for hca in result.split(",") if hca]
     if result != "pass" and (not failed or not all(HCA_NAME.fullmatch(hca) for hca in failed)):
         raise click.UsageError(f"--record-pairs {result!r}: 'pass' or the failed HCAs, comma separated")
-    write_textfile(pairs_textfile(Path(textfile)), pairs_metrics_text(failed, time.time()))
+    write_pair_results(textfile, failed)
     click.echo(f"{NCCL_PAIR:10} {','.join(failed) or 'node':10} {'fail' if failed else 'pass'}")
     return ExitCode.OK

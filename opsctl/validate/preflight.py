@@ -31,6 +31,7 @@ from opsctl.gpu.nccl_tests import all_reduce_verdict, parse_all_reduce
 from opsctl.prom.client import PromQuery
 from opsctl.slurm import Slurm
 from opsctl.slurm.base import NodesBusy, SlurmReservations, StepSpec
+from opsctl.slurm.hostlist import hostlist_expression
 from opsctl.slurm.partitions import select_partitions
 from opsctl.validate.node import NCCL_PAIR, NCCL_TIMEOUT_S
 from opsctl.validate.sweep import (
@@ -75,6 +76,11 @@ class Preflight:
     rails: list[RailFinding] = field(default_factory=list)
     paired: set[str] = field(default_factory=set)  # the nodes that took part in the multi-node stage
     rounds: int = 0
+
+    @property
+    def handed_over_hostlist(self) -> str:
+        """The nodes handed over, as one hostlist expression (`gpu[001-002,004]`)."""
+        return ",".join(hostlist_expression(self.handed_over))
 
 
 def default_spares(wanted: int) -> int:

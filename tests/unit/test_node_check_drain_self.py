@@ -3,14 +3,15 @@ failed checks, never for a failure shaped like a shared cause, never past the cl
 limit, and resumes only a drain that names node-check alone, each after re-reading the node (compare and
 set). The lab tier runs the same command against real Slurm on every node at once."""
 
+import json
 from dataclasses import replace
 
+from opsctl.actor.audit import AuditLog
 from opsctl.config import parse_config
 from opsctl.errors import ExitCode
 from opsctl.ib.check import h200_ndr, judge
 from opsctl.ib.collect import live_snapshot
 from opsctl.nodecheck import REASON_PREFIX, CheckResult, drain_self, results
-from opsctl.actor.audit import AuditLog
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.ib_sysfs import write_tree
 from tests.unit.fakes import FakeSlurm, gpu_nodes, node
@@ -150,3 +151,24 @@ def test_drain_and_resume_re_read_the_node_and_leave_a_changed_one_alone(tmp_pat
     assert self_check(config, slurm, "gpu007", PASSING) == (ExitCode.OK, "gpu007 not resumed: Slurm changed it "
                                                                           "meanwhile")
     assert slurm.calls == []
+
+
+def test_the_json_of_node_check_says_what_the_drain_did_beside_its_checks(tmp_path):
+    """`opsctl node check --drain-self --json`: the drain in `done`, the older `action` line kept."""
+    from click.testing import CliRunner
+
+    from opsctl.cli import main
+    from opsctl.clients import Clients
+
+    config = parse_config({"gpu": {"kernel_log_path": str(tmp_path / "kmsg")}}, "t",
+                          env={"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+    slurm = FakeSlurm(gpu_nodes(64))
+    checked(tmp_path, ("ib-down", "mlx5_2"))
+    result = CliRunner().invoke(main, ["node", "check", "--json", "--drain-self", "--node", "gpu007", "--window", "0",
+                                       "--sysfs-root", str(tmp_path / "sys")], obj=Clients(config=config, slurm=slurm))
+    assert result.exit_code == ExitCode.FAILING, result.output
+    data = json.loads(result.output)
+    reason = f"{REASON_PREFIX} ib-port-state mlx5_2"
+    assert data["action"] == f"drained gpu007: {reason}"
+    assert (data["done"], data["would"], data["refused"]) == ([f"drain gpu007: {reason}"], [], {})
+    assert isinstance(data["skipped"], list)  # the InfiniBand report's: the checks it could not make

@@ -227,10 +227,12 @@ def _command(monkeypatch, tmp_path, handed_over: list[str], health_code, wanted=
     """`opsctl validate --preflight` with the preflight and the health run replaced by their outcomes."""
     from click.testing import CliRunner
 
+    from opsctl.actor.result import ActionResult
     from opsctl.cli import main
-    from opsctl.commands import validate as command
     from opsctl.clients import Clients
+    from opsctl.commands import validate as command
     from opsctl.errors import ExitCode
+    from opsctl.validate import run as feature
 
     def preflight(config, slurm, jobs, prom, n, scope, reservation, users, spares, dry_run, warn=None):
         found = pf.Preflight(reservation, n, Sweep(), handed_over=handed_over)
@@ -242,8 +244,9 @@ def _command(monkeypatch, tmp_path, handed_over: list[str], health_code, wanted=
 
     class Health:
         exit_code = ExitCode(health_code)
-    monkeypatch.setattr(command, "run_preflight", preflight)
-    monkeypatch.setattr(command, "run_health", lambda *_: Health())
+        action = ActionResult(done=["drain gpu005: opsctl:nccl-busbw"] if health_code else [])
+    monkeypatch.setattr(feature, "run_preflight", preflight)
+    monkeypatch.setattr(feature, "run_health", lambda *_: Health())
     monkeypatch.setattr(command, "render_json", lambda _: "{}")
     monkeypatch.setattr(command, "render_table", lambda *_: "")
     monkeypatch.setenv("SUDO_USER", "alice")
@@ -257,6 +260,9 @@ def test_n_good_nodes_handed_over_exit_0_though_others_failed_and_were_drained(m
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["preflight"]["handed_over"] == ["gpu001", "gpu002", "gpu003", "gpu004"]
+    # what the health run over the validated nodes did: the failed node's drain
+    assert (doc["done"], doc["would"], doc["refused"], doc["skipped"]) == (
+        ["drain gpu005: opsctl:nccl-busbw"], [], {}, {})
     assert found.calls[0] == 4 and found.calls[1].startswith("opsctl-preflight-")
     assert found.calls[2:] == (["alice"], 2)  # the caller behind sudo; max(2, N/4) spares
 

@@ -1,0 +1,120 @@
+"""`opsctl node check`: every node-local check (the InfiniBand precheck, storage, the kernel log's XIDs), the
+textfile for node_exporter, and as Slurm's HealthCheckProgram the node draining itself (--drain-self) and its
+step of the remediation ladder (--remediate-self), in one result that the command renders.
+
+Also the views of the storage and kernel-log reports that `opsctl node check --json` and its text print:
+their types are the checks' own, which the command layer does not import.
+"""
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opsctl.actor.result import ActionResult
+from opsctl.clients import Clients
+from opsctl.errors import ExitCode, worst
+from opsctl.gpu.kmsg import SXid, Xid
+from opsctl.ib.check import Report
+from opsctl.ib.report import check_report
+from opsctl.ladder.node_step import take_step
+from opsctl.nodecheck.drain_self import drain_self
+from opsctl.nodecheck.kernel_log import CHECK, KernelLogReport, check_kernel_log
+from opsctl.nodecheck.report import CheckResult, metrics_text, results, storage_results, write_textfile
+from opsctl.storage.check import StorageReport, storage_report
+
+
+@dataclass
+class NodeCheck:
+    report: Report  # the InfiniBand precheck
+    storage: StorageReport
+    kernel: KernelLogReport  # what is new in the kernel log
+    found: list[CheckResult]  # every check's result, InfiniBand then storage
+    action: ActionResult = field(default_factory=ActionResult)  # what --drain-self and --remediate-self did
+    exit_code: ExitCode = ExitCode.OK
+
+
+def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | None, window: float | None,
+               sysfs_root: str | None, remediate: bool = False) -> NodeCheck:
+    """Run the checks; write the textfile when asked; with `drain` drain or resume this node (`node`, else
+    the short host name) for them; with `remediate` take its remediation step."""
+    # Before anything reads it: --drain-self and --remediate-self change the node in Slurm.
+    clients.config(acting=drain or remediate)
+    report = check_report(clients.config().ib, None, None, window, sysfs_root)
+    storage = storage_report(clients.config().storage)
+    now = time.time()
+    kernel = check_kernel_log(clients.config().gpu, clients.config().state_dir, now)
+    found = results(report) + storage_results(storage)
+    if textfile:
+        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel))
+    result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found,
+                       exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
+    # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
+    name = node or socket.gethostname().split(".")[0]
+    if drain:
+        drain_self(clients.config(), clients.slurm(), name, found, report, result=result.action)
+        # a storage check fails the command, though it drains nothing
+        result.exit_code = worst(result.exit_code, result.action.exit_code)
+    if remediate:
+        # After the drain decision: a node this run drained is not reset on top of it. The other checks'
+        # failures make a passing diagnostic a failed validation (a reset fixes no InfiniBand port).
+        failed = [f"{r.check} {r.device}".strip() for r in found if r.failed]
+        step = take_step(clients.config(), clients.slurm(), name, not failed,
+                         "other checks failed: " + ", ".join(failed))
+        result.action.lines.append(step.line)
+    return result
+
+
+def storage_dict(storage: StorageReport) -> dict[str, Any]:
+    return {
+        "verdict": "pass" if storage.passed else "fail",
+        "findings": [{"check": f.check, "device": f.device, "detail": f.detail} for f in storage.findings],
+        "skipped": [{"check": check, "why": why} for check, why in sorted(storage.skipped.items())],
+        "nfs": [{"mount": point, "ops": s.ops, "retransmissions": s.retransmissions,
+                 "major_timeouts": s.major_timeouts} for point, s in sorted(storage.nfs.items())],
+    }
+
+
+def check_lines(result: NodeCheck) -> list[str]:
+    """A line per check result (with the storage finding's detail), then one per NFS mount."""
+    details = {(f.check, f.device): f.detail for f in result.storage.findings}
+    lines = []
+    for r in result.found:
+        detail = details.get((r.check, r.device), "")
+        lines.append(f"{r.check:22} {r.device or '-':14} {'FAIL' if r.failed else 'ok'}  {detail}".rstrip())
+    for point, stats in sorted(result.storage.nfs.items()):
+        lines.append(f"nfs {point}: {stats.retransmissions} RPC retransmissions of {stats.ops} ops since mount")
+    return lines
+
+
+def kernel_log_dict(kernel: KernelLogReport) -> dict[str, Any]:
+    """What this run found new in the kernel log; the counts so far are in the textfile."""
+    events = [(seen, seen.event) for seen in kernel.seen]
+    return {
+        "source": kernel.source,
+        "read_ok": kernel.read_ok,
+        "skipped": [] if kernel.read_ok else [{"check": CHECK, "why": kernel.why}],
+        "xids": [{"seq": seen.seq, "time": seen.time, "gpu": kernel.index(xid.pci), "pci_bus_id": xid.pci,
+                  "xid": xid.code, "pid": xid.pid, "process": xid.process, "text": xid.text,
+                  "recovery_action": xid.recovery_action} for seen, xid in events if isinstance(xid, Xid)],
+        "sxids": [{"seq": seen.seq, "time": seen.time, "nvswitch_pci": sxid.pci, "sxid": sxid.code,
+                   "fatal": sxid.fatal, "text": sxid.text} for seen, sxid in events if isinstance(sxid, SXid)],
+        "recovery_actions": [{"gpu": kernel.index(pci), "pci_bus_id": pci, "action": action}
+                             for pci, action in sorted(kernel.state.recovery.items())],
+        "gpu_index_note": kernel.gpu_note or None,
+    }
+
+
+def kernel_log_lines(kernel: KernelLogReport) -> list[str]:
+    if not kernel.read_ok:
+        return [f"kernel log not checked: {kernel.why}"]
+    lines = []
+    for seen in kernel.seen:
+        event = seen.event
+        if isinstance(event, Xid):
+            lines.append(f"kernel log: gpu {kernel.gpu(event.pci) or '?'} ({event.pci}) xid {event.code}: {event.text}")
+        else:
+            lines.append(f"kernel log: nvswitch {event.pci} sxid {event.code} "
+                         f"{'fatal' if event.fatal else 'non-fatal'}: {event.text}")
+    return lines or [f"kernel log {kernel.source}: no new XID or SXid"]
