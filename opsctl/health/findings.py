@@ -66,7 +66,6 @@ def drain_findings(config: Config, slurm: Slurm, found: dict[str, list[Check]], 
             detail = (f"not-in-slurm: {decision.node} is not a Slurm node of the judged partitions (do the "
                       "inventory and slurm.conf name nodes alike?)")
             actor.refuse(decision.node, detail, [c.id for c in found[decision.node]], dry_run=dry_run)
-            actor.skip(decision.node, detail)
             result.lines.append(f"skip:not-in-slurm {decision.node}: {detail.split(': ', 1)[1]}")
             result.exit_code = ExitCode.USAGE
         changes = [Change(node=d.node, event=DRAIN, seen=d.seen, reason=d.reason, checks=rule_ids(found[d.node]),

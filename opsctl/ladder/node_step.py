@@ -25,6 +25,7 @@ from pathlib import Path
 
 from opsctl.actor.act import VALIDATED, Actor, Change, cap_reason
 from opsctl.actor.ledger import Ledger
+from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
@@ -57,8 +58,9 @@ def due(node: SlurmNode | None) -> Rung | None:
 
 
 def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool, other_failures: str,
-              run: Run = subprocess.run, now: float | None = None) -> StepOutcome:
-    """Reset or re-check this node's GPU when its reason asks, and answer with the result."""
+              run: Run = subprocess.run, now: float | None = None, result: ActionResult | None = None) -> StepOutcome:
+    """Reset or re-check this node's GPU when its reason asks, and answer with the result; the answer's change
+    is in `result` (actor/result.py) when one is given."""
     now = time.time() if now is None else now
     try:
         node = slurm.nodes().get(name)
@@ -68,13 +70,13 @@ def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool
     if rung is None or node is None:
         return StepOutcome(f"remediation: nothing asked of {name}")
     try:
-        return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "")
+        return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "", result)
     except OpsctlError as err:  # the step may be done; unanswered, the head's step_timeout takes it on
         return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu} not answered: {err}")
 
 
 def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, now: float,
-          other_failures: str) -> StepOutcome:
+          other_failures: str, action: ActionResult | None) -> StepOutcome:
     """The reset (when asked), the checks, the answer; `other_failures` ("" when none) fails a passing diag."""
     gpu = rung.fault.gpu_index
     assert gpu is not None
@@ -84,11 +86,11 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
         if reset.returncode != 0:
             why = " ".join((reset.stdout + reset.stderr).split()) or f"exit {reset.returncode}"
             return _answer(config, slurm, node, rung, "unchecked", f"reset failed (exit {reset.returncode}): {why}",
-                           now)
+                           now, action)
     result, detail = _validate(config, gpu, run, evidence, rung.step)
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures
-    return _answer(config, slurm, node, rung, result, detail, now)
+    return _answer(config, slurm, node, rung, result, detail, now, action)
 
 
 def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[str]:
@@ -143,11 +145,11 @@ class Evidence:
 
 
 def _answer(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, result: str, detail: str,
-            now: float) -> StepOutcome:
+            now: float, action: ActionResult | None = None) -> StepOutcome:
     reason = cap_reason(validated_reason(result, rung.fault, rung.step, detail), config.safety.reason_max_length)
     change = Change(node=node.name, event=VALIDATED, seen=node, reason=reason, checks=(rung.fault.rule,),
                     evidence=rung.fault.gpu, detail=detail, budget=False)
-    with Actor(config, slurm, now) as actor:
+    with Actor(config, slurm, now, result=action) as actor:
         acted = actor.apply([change])
     if acted.dropped:
         return StepOutcome(f"remediation: {node.name} changed meanwhile, not answered ({acted.dropped[0][1]})")

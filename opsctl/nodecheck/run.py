@@ -61,7 +61,7 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
         # failures make a passing diagnostic a failed validation (a reset fixes no InfiniBand port).
         failed = [f"{r.check} {r.device}".strip() for r in found if r.failed]
         step = take_step(clients.config(), clients.slurm(), name, not failed,
-                         "other checks failed: " + ", ".join(failed))
+                         "other checks failed: " + ", ".join(failed), result=result.action)
         result.action.lines.append(step.line)
     return result
 

@@ -221,8 +221,10 @@ def _abandon(jobs: SlurmReservations, preflight: Preflight) -> None:
     """A preflight that stops on an error or Ctrl-C cancels its jobs and deletes its reservation: never
     nodes reserved for no one, nor jobs left pending in a reservation that is gone."""
     preflight.handed_over = []
-    for undo in (lambda: jobs.cancel(sorted(v.job for v in preflight.sweep.nodes.values() if v.job)),
-                 lambda: jobs.release(preflight.reservation)):
+    undos: list[Callable[[], None]] = [
+        lambda: jobs.cancel(sorted(v.job for v in preflight.sweep.nodes.values() if v.job)),
+        lambda: jobs.release(preflight.reservation)]
+    for undo in undos:
         try:
             undo()
         except SourceUnavailable:

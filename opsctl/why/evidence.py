@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.health.catalog import Rule
@@ -68,7 +69,7 @@ class Found:
 
 
 def gather(client: PromRangeQuery, rules: list[Rule], config: Config, job: FinishedJob,
-           audit: Iterable[dict]) -> Found:
+           audit: Iterable[dict[str, Any]]) -> Found:
     """The events on the job's nodes within its window, rules and drains alike, and the nodes that no
     exporter's scrape covers there (no data is not "no evidence")."""
     span = window(job, config)
@@ -111,7 +112,7 @@ def gather(client: PromRangeQuery, rules: list[Rule], config: Config, job: Finis
     return Found(events, span, tuple(sorted(unseen)))
 
 
-def drains(audit: Iterable[dict], nodes: set[str], span: Window) -> list[Event]:
+def drains(audit: Iterable[dict[str, Any]], nodes: set[str], span: Window) -> list[Event]:
     """opsctl's own drains of the job's nodes within the window, from the audit log."""
     found = []
     for record in audit:

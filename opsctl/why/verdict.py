@@ -13,6 +13,7 @@ when Prometheus holds no scrape of some of them there, it is "no data": opsctl c
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from opsctl.slurm.accounting import FinishedJob
 from opsctl.slurm.hostlist import hostlist_expression
@@ -93,7 +94,7 @@ def render(answer: Answer, limit: int = 10) -> list[str]:
     return lines
 
 
-def to_json(answer: Answer) -> dict:
+def to_json(answer: Answer) -> dict[str, Any]:
     job = answer.job
     return {
         "job": {"id": job.id, "name": job.name, "user": job.user, "state": job.state, "exit": job.exit,

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from opsctl.actor.result import ActionResult
 from opsctl.config import parse_config
 from opsctl.ladder.node_step import take_step
 from opsctl.slurm import SlurmNode
@@ -74,6 +75,14 @@ def test_a_reset_asked_for_is_done_with_persistence_off_around_it_then_checked_a
     assert slurm.state["gpu007"].reason == step.reason and hw.persistence_mode(2)
     assert [r["event"] for r in map(json.loads, (tmp_path / "state" / "audit.jsonl").read_text().splitlines())] \
         == ["validated"]
+
+
+def test_the_answer_is_in_the_action_result_that_node_check_renders(tmp_path):
+    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 row-remap-pending row_remap_pending=1",
+                                    "row-remap-pending")
+    action = ActionResult()
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, result=action)
+    assert action.done == [f"validated gpu007: {step.reason}"] and action.refused == {}
 
 
 def test_a_sticky_fault_fails_the_diagnostics_and_leaves_the_evidence_for_the_vendor(tmp_path):

@@ -1,6 +1,7 @@
 """The shape of opsctl/ as README's "Layout" gives it, computed from the source (tests/import_graph.py): the
 packages import each other one way only, and the commands reach the features, never the edges."""
 
+import ast
 from pathlib import Path
 
 import opsctl
@@ -13,6 +14,10 @@ PACKAGE = Path(opsctl.__file__).resolve().parent
 FEATURES = {"health", "ladder", "rollout", "why", "validate", "ib", "fabrictest", "hw", "nodecheck", "dashboards",
             "metrics"}
 COMMANDS_MAY_IMPORT = FEATURES | {"actor", "config", "errors", "clients", "commands"}
+# What the Clients build: a command passes the Clients to its feature and never calls these itself.
+CLIENT_EDGES = {"slurm", "prom", "prom_range", "fresh_prom", "jobs", "accounting"}
+# opsctl's state and audit log, which a command never opens.
+STATE_NAMES = {"State", "Ledger", "AuditLog", "RunLock", "read_nofollow", "write_atomic"}
 # A feature's result is rendered in commands/: no feature imports the command layer or click's CLI.
 NEVER_FROM_FEATURES = {"commands", "cli"}
 
@@ -46,3 +51,20 @@ def test_the_rule_catches_a_command_that_reads_slurm(tmp_path):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     assert package_graph(root, "pkg")["commands"] - {"health"} == {"slurm"}
+
+
+def edges_and_state_used(tree: ast.AST) -> list[str]:
+    found = [f"{n.lineno} .{n.func.attr}()" for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr in CLIENT_EDGES]
+    return found + [f"{n.lineno} {n.id}" for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in STATE_NAMES]
+
+
+def test_commands_reach_no_slurm_prometheus_or_state_themselves():
+    used = {path.name: found for path in sorted((PACKAGE / "commands").glob("*.py"))
+            if (found := edges_and_state_used(ast.parse(path.read_text())))}
+    assert used == {}
+
+
+def test_the_commands_rule_catches_a_direct_slurm_read():
+    planted = ast.parse("def nodes(clients):\n    return clients.slurm().nodes(), Ledger(config)\n")
+    assert edges_and_state_used(planted) == ["2 .slurm()", "2 Ledger"]
