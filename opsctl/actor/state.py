@@ -111,12 +111,14 @@ class HandledEvents:
         self.file.save(memory.to_json())
 
 
-class HealthySince:
-    def __init__(self, directory: Path):
-        self.file = JsonFile(directory, "healthy_since.json")
+class NodeTimes:
+    """node -> a time (Unix seconds), one file."""
+
+    def __init__(self, directory: Path, name: str):
+        self.file = JsonFile(directory, name)
 
     def load(self) -> dict[str, float]:
-        return dict(self.file.load({}))
+        return _times(self.file.load({}))
 
     def save(self, data: dict[str, float]) -> None:
         self.file.save(data)
@@ -133,18 +135,6 @@ class Resumes:
     def record(self, nodes: list[str], now: float) -> None:
         data = {n: t for n, t in self.load().items() if now - t < DAY}
         self.file.save(data | dict.fromkeys(nodes, now))
-
-
-class Validations:
-    def __init__(self, directory: Path):
-        self.file = JsonFile(directory, "validated.json")
-
-    def load(self) -> dict[str, float]:
-        """node -> the time its last validation job ended (whatever its result)."""
-        return _times(self.file.load({}))
-
-    def save(self, data: dict[str, float]) -> None:
-        self.file.save(data)
 
 
 class ValidateQueue:
@@ -194,8 +184,8 @@ class State:
         self.budgets = Budgets(self.path)
         self.holds = Holds(self.path)
         self.handled = HandledEvents(self.path)
-        self.healthy_since = HealthySince(self.path)
+        self.healthy_since = NodeTimes(self.path, "healthy_since.json")  # since when a drained node reads ok
         self.resumes = Resumes(self.path)
-        self.validations = Validations(self.path)
+        self.validations = NodeTimes(self.path, "validated.json")  # when its last validation job ended
         self.validate_queue = ValidateQueue(self.path)
         self.last_runs = LastRuns(self.path)
