@@ -1,7 +1,7 @@
 """The `opsctl` command line. Thin by design: parse arguments, call one function per command.
 
 Every command turns an error into one line on stderr and its documented exit code (see
-opsctl/errors.py and opsctl/commands/exit.py). What a command talks to (config, Prometheus, Slurm)
+opsctl/errors.py and opsctl/exit.py). What a command talks to (config, Prometheus, Slurm)
 is built in one place, opsctl.clients.Clients, carried in click's context object.
 Commands of separately installed packages join through the entry point
 group `opsctl.commands`: the lab (`opsctl lab ...`, package opsctl-lab in lab/) is one.
@@ -14,8 +14,8 @@ import click
 
 from opsctl import __version__
 from opsctl.clients import Clients
-from opsctl.commands.exit import one_line_errors
 from opsctl.errors import ConfigError
+from opsctl.exit import one_line_errors
 
 PLUGIN_GROUP = "opsctl.commands"
 # Commands that a package outside the product provides, and what installs it.

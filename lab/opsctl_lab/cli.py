@@ -4,7 +4,7 @@ entry point group `opsctl.commands` (lab/pyproject.toml), so the product package
 import click
 
 from opsctl.errors import ExitCode
-from opsctl_lab.command_exit import one_line_errors
+from opsctl.exit import one_line_errors
 
 
 @click.group()

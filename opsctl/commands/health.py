@@ -9,10 +9,10 @@ import click
 
 from opsctl.clients import Clients
 from opsctl.commands.changes import render_changes
-from opsctl.commands.exit import error_json
 from opsctl.commands.render import iso_time, render_json, render_table
 from opsctl.commands.watch import PASSING, watch
 from opsctl.errors import ExitCode, OpsctlError, redact
+from opsctl.exit import error_json
 from opsctl.health.run import RunOptions, RunResult
 from opsctl.health.session import HealthSession, check_changes_only
 from opsctl.metrics import RunRecorder

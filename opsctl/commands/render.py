@@ -9,9 +9,8 @@ import math
 import time
 from collections.abc import Sequence
 
+from opsctl.exit import JSON_SCHEMA
 from opsctl.health.evaluate import Check, NodeVerdict
-
-JSON_SCHEMA = 1
 
 
 def iso_time(unix: float | None = None) -> str:

@@ -9,11 +9,12 @@ from tests.import_graph import find_cycle, package_graph
 
 PACKAGE = Path(opsctl.__file__).resolve().parent
 # What commands/ may import: one package per feature (named as users call it), the actor, the config, the
-# errors and exit codes, the clients that the CLI builds (passed through to a feature, never called), and
-# its own rendering modules. Not prom, slurm, gpu, storage or fileio: a command that needs them calls a feature.
+# errors and how a command ends (exit.py), the clients that the CLI builds (passed through to a feature, never
+# called), and its own rendering modules. Not prom, slurm, gpu, storage or fileio: a command that needs them
+# calls a feature.
 FEATURES = {"health", "ladder", "rollout", "why", "validate", "ib", "fabrictest", "hw", "nodecheck", "dashboards",
             "metrics"}
-COMMANDS_MAY_IMPORT = FEATURES | {"actor", "config", "errors", "clients", "commands"}
+COMMANDS_MAY_IMPORT = FEATURES | {"actor", "config", "errors", "exit", "clients", "commands"}
 # What the Clients build: a command passes the Clients to its feature and never calls these itself.
 CLIENT_EDGES = {"slurm", "prom", "prom_range", "fresh_prom", "jobs", "accounting"}
 # opsctl's state and audit log, which a command never opens.

@@ -4,6 +4,7 @@ lab's own key (InRelease and Release.gpg, as apt's Signed-By checks them), and t
 the vendor publishes its own. The result is cached by the hash of everything that made it, like the
 machine image: a second build is a directory lookup."""
 
+import fcntl
 import gzip
 import hashlib
 import os
@@ -48,11 +49,16 @@ def _gpg(home: Path, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[s
 
 
 def ensure_key(cache: Path) -> tuple[Path, str]:
-    """The lab's signing key, made once per cache (no passphrase: it signs lab repositories only)."""
+    """The lab's signing key, made once per cache (no passphrase: it signs lab repositories only). Under a lock:
+    two `lab machines up` at once on a new host (the provisioning stream and the machines tier) would otherwise
+    each see the other's empty key directory, and one of them find no key in it."""
     home = cache / "gnupg"
-    if not home.exists():
-        home.mkdir(parents=True, mode=0o700)
-        _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "gnupg.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not home.exists():
+            home.mkdir(mode=0o700)
+            _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
     listing = _gpg(home, "--with-colons", "--list-secret-keys").stdout
     fingerprints = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
     if not fingerprints:

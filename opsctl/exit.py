@@ -6,6 +6,9 @@ Ctrl-C exits 130 (128 + SIGINT, as shells report it), after the changes made so 
 When the run had changed nodes before the error, each change is listed on stdout first. With --json,
 stdout carries the error as well, as one JSON object that programs can read:
   {"schema": 1, "error": "<the line>", "exit_code": 3, "done": ["<change made before the error>", ...]}
+
+Every opsctl command ends here, `opsctl lab ...` too (the lab imports this module, never the command layer:
+a lab command has no --json, and its LabError exits 2).
 """
 
 import functools
@@ -17,8 +20,10 @@ from typing import Any
 
 import click
 
-from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode, OpsctlError, redact
+
+# The version of every --json document opsctl prints, the error object's too.
+JSON_SCHEMA = 1
 
 
 def _debug() -> bool:
