@@ -37,9 +37,8 @@ class Ledger:
 
     def audit_records(self, node: str | None = None, limit: int | None = None) -> tuple[list[dict[str, Any]],
                                                                                         list[str]]:
-        """(records, warnings about torn lines); none when the log does not exist yet."""
-        if not self.audit_log.path.exists():
-            return [], []
+        """(records, warnings about torn lines); none when the log does not exist yet (a symlink in its place
+        is refused, never followed: AuditLog.read)."""
         return self.audit_log.read(node=node, limit=limit)
 
     # ---- stores ---------------------------------------------------------------------------------------
@@ -96,4 +95,4 @@ def stamp(now: float) -> str:
 
 def read_history(config: Config, node: str | None, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
     """`opsctl history`: the audit log's last `limit` records (of one node), and warnings about torn lines."""
-    return AuditLog(config.audit_log).read(node=node, limit=limit)
+    return Ledger(config).audit_records(node=node, limit=limit)

@@ -3,7 +3,6 @@ after scontrol, a full audit disk and Ctrl-C; compare and set rests on flags and
 count GPU nodes; `--resume` honours the unknown stop; actions refuse a private state directory. Over
 fakes of the Slurm and PromQuery protocols; the lab tier kills a real run right after its scontrol."""
 
-import ast
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -20,22 +19,7 @@ from opsctl.errors import ExitCode
 from opsctl.health.findings import drain_findings, failing_check
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
 
-PACKAGE = Path(__file__).resolve().parents[2] / "opsctl"
-SLURM_CHANGES = {"drain", "resume", "set_reason", "reboot"}
 NOW = 1_800_000_000.0
-
-
-def calls_of_slurm_changes(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
-    return [f"{path.relative_to(PACKAGE.parent)}:{n.lineno} .{n.func.attr}()" for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SLURM_CHANGES]
-
-
-def test_only_the_actor_calls_the_slurm_clients_drain_resume_and_set_reason():
-    """The backends (opsctl/slurm/) implement them; every other module goes through the actor."""
-    callers = [call for path in sorted(PACKAGE.rglob("*.py")) if path.parent.name != "slurm"
-               for call in calls_of_slurm_changes(path)]
-    assert callers and all(c.startswith("opsctl/actor/act.py:") for c in callers), callers
 
 
 class Killed(BaseException):
