@@ -13,6 +13,11 @@ drains on them through `opsctl health`'s safety rails:
     opsctl_node_validate_nccl_busbw_gbps 476.5                         the bus bandwidth measured
     opsctl_node_validate_timestamp_seconds 1.8e+09                     when this run ended
 
+A preflight's verdict on the node's rails goes to a file beside it (pairs_textfile), with its own time:
+
+    opsctl_node_validate_pairs_timestamp_seconds 1.8e+09               when it was recorded
+    opsctl_node_validate{test="nccl-pair",device="mlx5_3"} 1.8e+09     a rail the preflight named
+
 A failure's value is the run's time, not 1: the rule remembers what it drained on (memory: level), so a
 person who resumes the node is not overruled by the same result, while a later run that fails again is a
 new event. A test not checked has no series.
@@ -32,6 +37,10 @@ from opsctl.gpu.tools import DIAG_TIMEOUT_S, Run, run_tool
 NODE = "node"
 NCCL, DIAG = "nccl", "dcgm-diag"
 NCCL_PAIR = "nccl-pair"  # opsctl validate --preflight: two nodes, one rail at a time
+TIMESTAMP = "opsctl_node_validate_timestamp_seconds"  # when this node's own run ended
+PAIRS_TIMESTAMP = "opsctl_node_validate_pairs_timestamp_seconds"  # when a preflight recorded its rails
+# The tests whose results another run writes, in a file of their own with its own time.
+RESULT_TIMES = {NCCL_PAIR: PAIRS_TIMESTAMP}
 # all_reduce_perf at 16 GiB on 8 H200 takes seconds; starting NCCL and the CUDA contexts, up to a minute.
 NCCL_TIMEOUT_S = 300
 
@@ -112,10 +121,15 @@ def pairs_textfile(textfile: Path) -> Path:
 
 
 def pairs_metrics_text(failed_hcas: list[str], now: float) -> str:
-    """The preflight's verdict on this node's rails: each rail it named, failed at `now`; else a pass."""
+    """The preflight's verdict on this node's rails: each rail it named, failed at `now`; else a pass. The
+    file carries its own time: a pass (0) reads the same from any preflight, and the preflight waits for
+    this time, not the node's own run's, before it reads the verdict."""
     lines = [f'opsctl_node_validate{{test="{NCCL_PAIR}",device="{hca}"}} {now:.3f}' for hca in failed_hcas] or [
         f'opsctl_node_validate{{test="{NCCL_PAIR}",device="{NODE}"}} 0']
-    return "\n".join(RESULT_HEADER + lines) + "\n"
+    stamp = [f"# HELP {PAIRS_TIMESTAMP} When opsctl validate --preflight last recorded this node's rails.",
+             f"# TYPE {PAIRS_TIMESTAMP} gauge",
+             f"{PAIRS_TIMESTAMP} {now:.3f}"]
+    return "\n".join(stamp + RESULT_HEADER + lines) + "\n"
 
 
 def metrics_text(validation: Validation) -> str:
@@ -131,7 +145,7 @@ def metrics_text(validation: Validation) -> str:
                   "measured (GB/s).",
                   "# TYPE opsctl_node_validate_nccl_busbw_gbps gauge",
                   f"opsctl_node_validate_nccl_busbw_gbps {validation.busbw_gbps:.1f}"]
-    lines += ["# HELP opsctl_node_validate_timestamp_seconds When opsctl node validate last ran.",
-              "# TYPE opsctl_node_validate_timestamp_seconds gauge",
-              f"opsctl_node_validate_timestamp_seconds {validation.ended:.3f}"]
+    lines += [f"# HELP {TIMESTAMP} When opsctl node validate last ran.",
+              f"# TYPE {TIMESTAMP} gauge",
+              f"{TIMESTAMP} {validation.ended:.3f}"]
     return "\n".join(lines) + "\n"

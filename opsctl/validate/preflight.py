@@ -3,7 +3,7 @@
 1. Choose idle GPU nodes with no flag and no reason (within --nodes when given), N and some spares, by
    name, and reserve them: a MAINT reservation for root, so that no user's job starts on them meanwhile.
    A node that took a job between the read and the reservation is left out and the reservation asked
-   again.
+   again. From its creation on (a Ctrl-C during the create call included) an error or Ctrl-C deletes it.
 2. The single-node checks of `opsctl validate --idle` run inside the reservation as one job per node
    (`opsctl node validate`: dcgmi diag, all_reduce_perf over the node's GPUs), their results read from
    Prometheus as the sweep reads them.
@@ -11,7 +11,9 @@
    pair runs nccl-tests across the two nodes one rail at a time: one GPU per node (GPU i for rail i, as
    the rails are cabled), NCCL_IB_HCA pinned to that rail's HCA, so a slow result is one rail of one
    pair. The pairing retests suspects against proven partners and names the node and rail that fail
-   with two partners; what it cannot decide stays not checked, never a pass.
+   with two partners; what it cannot decide stays not checked, never a pass. Each decided node's verdict
+   goes to its textfile with the time it was written, and is read only once Prometheus shows that time: an
+   earlier preflight's pass reads the same as a new one.
 4. The first N good nodes are handed over: the reservation keeps them alone, for the caller, no longer
    MAINT, for `validate.preflight_hold` (one `scontrol update`, so no node is free in between). The
    other nodes leave it; with no good node the reservation is deleted. Then `opsctl health --drain`
@@ -76,6 +78,7 @@ class Preflight:
     rails: list[RailFinding] = field(default_factory=list)
     paired: set[str] = field(default_factory=set)  # the nodes that took part in the multi-node stage
     rounds: int = 0
+    reserved: bool = False  # the reservation may exist: it is deleted on an error or Ctrl-C
 
     @property
     def handed_over_hostlist(self) -> str:
@@ -88,9 +91,11 @@ def default_spares(wanted: int) -> int:
     return max(2, math.ceil(wanted / 4))
 
 
-def _reserve(config: Config, slurm: Slurm, jobs: SlurmReservations, name: str, want: int,
+def _reserve(config: Config, slurm: Slurm, jobs: SlurmReservations, preflight: Preflight, want: int,
              scope: set[str] | None, minutes: int) -> Sweep:
-    """Choose and reserve; a node that became busy meanwhile is left out and the rest asked again."""
+    """Choose and reserve; a node that became busy meanwhile is left out and the rest asked again.
+    `preflight.reserved` holds from the call to Slurm on: a call that Ctrl-C cut short may have made the
+    reservation. An answer that is an error clears it: Slurm refused, and a name in use is someone else's."""
     for attempt in range(RESERVE_TRIES):
         cluster = select_partitions(slurm.nodes(), config.slurm.partitions)
         # last validated: none, so that "validated recently" never holds a node back from a preflight
@@ -98,12 +103,17 @@ def _reserve(config: Config, slurm: Slurm, jobs: SlurmReservations, name: str, w
         chosen = [n for n, v in sweep.nodes.items() if not v.result]
         if not chosen:
             return sweep
+        preflight.reserved = True
         try:
-            jobs.reserve(name, chosen, minutes)
+            jobs.reserve(preflight.reservation, chosen, minutes)
             return sweep
         except NodesBusy:
+            preflight.reserved = False
             if attempt == RESERVE_TRIES - 1:
                 raise
+        except Exception:
+            preflight.reserved = False
+            raise
     raise AssertionError("unreachable")
 
 
@@ -182,7 +192,9 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
             clock: Clock) -> None:
     """Each node the pairing decided gets its rails' verdict in its textfile (a step on that node alone), and
     Prometheus must show it, a failure judged by the catalog rule, before the hand-over and the health run:
-    a rail named here is drained like any failed validation."""
+    a rail named here is drained like any failed validation. The verdict counts only with the time these
+    steps wrote beside it: an earlier preflight's pass still in Prometheus is not yet, and one never
+    replaced leaves the node not checked, not handed over."""
     failed: dict[str, list[str]] = {}
     for f in preflight.rails:
         if f.verdict in (SLOW, DEAD):
@@ -199,6 +211,8 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
         code, out = jobs.run_step(spec, NCCL_TIMEOUT_S)
         return node, code, out
 
+    # The rails' file carries its own time: a result older than these steps is an earlier preflight's.
+    written_since = time.time() - CLOCK_SKEW_S
     with ThreadPoolExecutor(max_workers=max(1, min(len(decided), PAIRS_AT_ONCE))) as pool:
         done = list(pool.map(record, decided))
     details = {}
@@ -211,7 +225,7 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
             entry.detail = f"nccl-pair result not recorded: exit {code}: {last}".strip()
         else:
             entry.result = "ended"
-    await_results(config, prom, preflight.sweep, since, clock, needed=(NCCL_PAIR,))
+    await_results(config, prom, preflight.sweep, since, clock, needed=(NCCL_PAIR,), needed_since=written_since)
     for node, detail in details.items():
         if preflight.sweep.nodes[node].result == "fail" and detail:
             preflight.sweep.nodes[node].detail = detail  # the rail with its numbers, not only its name
@@ -219,11 +233,13 @@ def _record(config: Config, jobs: SlurmReservations, prom: PromQuery, preflight:
 
 def _abandon(jobs: SlurmReservations, preflight: Preflight) -> None:
     """A preflight that stops on an error or Ctrl-C cancels its jobs and deletes its reservation: never
-    nodes reserved for no one, nor jobs left pending in a reservation that is gone."""
+    nodes reserved for no one, nor jobs left pending in a reservation that is gone. A reservation whose
+    creation was cut short is deleted by name; Slurm's "no such reservation" is then no error."""
     preflight.handed_over = []
     undos: list[Callable[[], None]] = [
-        lambda: jobs.cancel(sorted(v.job for v in preflight.sweep.nodes.values() if v.job)),
-        lambda: jobs.release(preflight.reservation)]
+        lambda: jobs.cancel(sorted(v.job for v in preflight.sweep.nodes.values() if v.job))]
+    if preflight.reserved:
+        undos.append(lambda: jobs.release(preflight.reservation))
     for undo in undos:
         try:
             undo()
@@ -261,10 +277,11 @@ def run_preflight(config: Config, slurm: Slurm, jobs: SlurmReservations, prom: P
     began = clock.now()
     # The jobs' time, the pairing's rounds of eight rails, and the hold: a bound the hand-over shortens.
     reserve_minutes = 2 * job_minutes + MAX_ROUNDS * len(config.ib.rails) * 6 + hold_minutes
-    preflight.sweep = _reserve(config, slurm, jobs, reservation, wanted + spares, scope_set, reserve_minutes)
-    if not any(not v.result for v in preflight.sweep.nodes.values()):
-        return preflight
+    # From the reservation's creation on, its own call included, an error or Ctrl-C deletes it.
     try:
+        preflight.sweep = _reserve(config, slurm, jobs, preflight, wanted + spares, scope_set, reserve_minutes)
+        if not preflight.reserved:
+            return preflight
         since = time.time() - CLOCK_SKEW_S
         submit(config, jobs, preflight.sweep, reservation)
         await_jobs(config, jobs, preflight.sweep, clock)

@@ -27,7 +27,7 @@ from opsctl.prom.client import PromQuery
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.base import ENDED_JOB_STATES, JobSpec, SlurmJobs
 from opsctl.slurm.partitions import select_partitions
-from opsctl.validate.node import DIAG, NCCL
+from opsctl.validate.node import DIAG, NCCL, RESULT_TIMES, TIMESTAMP
 
 JOB_NAME = "opsctl-validate"
 RULE = "validate"
@@ -129,14 +129,21 @@ def await_jobs(config: Config, jobs: SlurmJobs, sweep: Sweep, clock: Clock) -> N
                 " (the node was busy)" if never else "")
 
 
-def _results(prom: PromQuery, config: Config, report: Report) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """node -> its last validation's time; node -> "test device" -> value (0 passed, else failed)."""
+def _results(prom: PromQuery, config: Config, report: Report, needed: tuple[str, ...]) -> tuple[
+        dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """node -> when each of its result files was written ("": its own run's; a test of `needed` that another run
+    records: that run's, node.RESULT_TIMES); node -> "test device" -> value (0 passed, else failed). The times
+    are read first, the values after them: a value read after a new time is at least as new."""
     node_job = config.prometheus.jobs.get("node")
-    stamps, values = prom.query_many([
-        f'max by (job, instance, node) (opsctl_node_validate_timestamp_seconds{{job="{node_job}"}})',
-        f'max by (job, instance, node, test, device) (opsctl_node_validate{{job="{node_job}"}})'])
+    stamps = {"": TIMESTAMP, **{test: RESULT_TIMES[test] for test in needed if test in RESULT_TIMES}}
+    times = prom.query_many([f'max by (job, instance, node) ({metric}{{job="{node_job}"}})'
+                             for metric in stamps.values()])
+    values = prom.query(f'max by (job, instance, node, test, device) (opsctl_node_validate{{job="{node_job}"}})')
     assert report.identities is not None
-    when = {report.identities.node_of(s.labels): s.value for s in stamps}
+    when: dict[str, dict[str, float]] = {}
+    for test, samples in zip(stamps, times, strict=True):
+        for s in samples:
+            when.setdefault(report.identities.node_of(s.labels), {})[test] = s.value
     found: dict[str, dict[str, float]] = {}
     for s in values:
         found.setdefault(report.identities.node_of(s.labels), {})[
@@ -145,17 +152,19 @@ def _results(prom: PromQuery, config: Config, report: Report) -> tuple[dict[str,
 
 
 def await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, clock: Clock,
-                  needed: tuple[str, ...] = ()) -> None:
-    """Until Prometheus has each ended node's results (newer than `since`, with every test of `needed`) and
-    the rule has judged every failure; a node whose results never come is not checked."""
+                  needed: tuple[str, ...] = (), needed_since: float | None = None) -> None:
+    """Until Prometheus has each ended node's results (its own run's newer than `since`, with every test of
+    `needed`, and those that another run records with their own time newer than `needed_since`) and the rule
+    has judged every failure; a node whose results never come is not checked, never passed."""
     rules = [r for r in load_catalog(config) if r.id == RULE]
     ended = [v for v in sweep.nodes.values() if v.result == "ended"]
+    newer = {"": since, **{t: since if needed_since is None else needed_since for t in needed if t in RESULT_TIMES}}
     scrape = duration_seconds(config.prometheus.scrape_interval)
     # Results land within a scrape; a failure's new series is judged once it has held two holds.
     deadline = clock.now() + 8 * scrape + config.prometheus.recording_interval_seconds + 10
     while True:
         report = evaluate(prom, rules, config, [v.node for v in ended])
-        when, found = _results(prom, config, report)
+        when, found = _results(prom, config, report, needed)
         waiting = []
         for entry in ended:
             mine = found.get(entry.node, {})
@@ -164,7 +173,9 @@ def await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, c
             failed = sorted(k for k, v in mine.items() if v > 0)
             # With the rule disabled (catalog.disable) nothing judges: the results alone say.
             tests = {k.split(" ", 1)[0] for k in mine}
-            if when.get(entry.node, 0.0) < since or not set(needed) <= tests or (rules and not set(failed) <= judged):
+            written = when.get(entry.node, {})
+            old = any(written.get(test, 0.0) < after for test, after in newer.items())
+            if old or not set(needed) <= tests or (rules and not set(failed) <= judged):
                 waiting.append(entry)
                 continue
             entry.result = "fail" if failed else "pass" if tests >= set(TESTS + needed) else "not-checked"
@@ -174,8 +185,9 @@ def await_results(config: Config, prom: PromQuery, sweep: Sweep, since: float, c
         if not ended or clock.now() > deadline:
             break
         clock.sleep(POLL_S)
+    awaited = f"{', '.join(needed)} results" if needed else "results"
     for entry in ended:
-        entry.result, entry.detail = "not-checked", "no new results in Prometheus (see the job's node)"
+        entry.result, entry.detail = "not-checked", f"no new {awaited} in Prometheus (see the job's node)"
 
 
 def require_node_job(config: Config) -> None:

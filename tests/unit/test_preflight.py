@@ -6,20 +6,22 @@ the fabric test's pairing with nccl-tests' real output format, the hand-over, an
 import argparse
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
+from opsctl.prom.client import Sample
 from opsctl.slurm.base import NodesBusy, StepSpec
 from opsctl.slurm.cli import SlurmCliImpl
 from opsctl.validate import preflight as pf
-from opsctl.validate.node import pairs_metrics_text, pairs_textfile
-from opsctl.validate.sweep import NodeValidation, Sweep
+from opsctl.validate.node import RESULT_HEADER, pairs_metrics_text, pairs_textfile
+from opsctl.validate.sweep import Clock, NodeValidation, Sweep
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools import all_reduce_perf as emulated
-from tests.unit.fakes import gpu_nodes, node
+from tests.unit.fakes import FakeProm, gpu_nodes, node
 
 
 def config(tmp_path=None):
@@ -121,10 +123,12 @@ def test_a_node_that_took_a_job_is_left_out_and_the_reservation_asked_again():
     first = gpu_nodes(6)
     second = gpu_nodes(6, gpu002=node("gpu002", "allocated"))
     jobs = FakeReservations(busy=1)
-    sweep = pf._reserve(config(), FakeSlurm(first, second), jobs, "pf", 4, None, 60)
+    found = pf.Preflight("pf", 4)
+    sweep = pf._reserve(config(), FakeSlurm(first, second), jobs, found, 4, None, 60)
     assert [c[2] for c in jobs.calls] == [["gpu001", "gpu002", "gpu003", "gpu004"],
                                           ["gpu001", "gpu003", "gpu004", "gpu005"]]
     assert sweep.nodes["gpu002"].result == "skip:busy" and sweep.nodes["gpu006"].result == "skip:sweep-full"
+    assert found.reserved
 
 
 def _stages(monkeypatch, results: dict[str, str], fail_at=None):
@@ -219,8 +223,11 @@ def test_a_rails_verdict_is_written_beside_the_nodes_own_results():
     failed = pairs_metrics_text(["mlx5_3"], 1_800_000_000.0)
     assert failed.endswith('opsctl_node_validate{test="nccl-pair",device="mlx5_3"} 1800000000.000\n')
     assert pairs_metrics_text([], 1.0).endswith('opsctl_node_validate{test="nccl-pair",device="node"} 0\n')
+    # the file's own time, which the preflight waits for: a pass reads the same from every preflight
+    assert "\nopsctl_node_validate_pairs_timestamp_seconds 1800000000.000\n" in failed
     # the same HELP and TYPE as the node's own file: node_exporter merges one family from both files
-    assert failed.splitlines()[:2] == [line for line in failed.splitlines() if line.startswith("#")]
+    family = [line for line in failed.splitlines() if line.startswith("#") and " opsctl_node_validate " in line]
+    assert family == RESULT_HEADER
 
 
 def _command(monkeypatch, tmp_path, handed_over: list[str], health_code, wanted=4):
@@ -281,3 +288,134 @@ def test_the_last_line_says_what_the_caller_got():
     assert _handed_over_line(found) == "preflight: reservation pf: gpu[001-002,004] (3 of 8 asked)"
     found.handed_over = []
     assert _handed_over_line(found) == "preflight: no good node, reservation pf deleted"
+
+
+def test_defect_10_ctrl_c_during_the_reservation_call_still_deletes_the_reservation(tmp_path):
+    class Interrupted(FakeReservations):
+        def reserve(self, name, nodes, minutes):
+            super().reserve(name, nodes, minutes)  # Slurm made it; Ctrl-C came before scontrol's answer
+            raise KeyboardInterrupt
+    jobs = Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["a"], 1)
+    assert jobs.calls[0][0] == "reserve" and jobs.calls[-1] == ("release", "big-run")
+
+
+def test_a_reservation_slurm_refused_is_not_deleted_its_name_may_be_someone_elses(tmp_path):
+    jobs = FakeReservations()
+
+    def refuse(name, nodes, minutes):
+        jobs.calls.append(("reserve", name, list(nodes)))
+        raise SourceUnavailable("Slurm: scontrol create failed: Error creating the reservation: "
+                                "Duplicate reservation name")
+    jobs.reserve = refuse
+    with pytest.raises(SourceUnavailable, match="Duplicate"):
+        pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["a"], 1)
+    assert ("release", "big-run") not in jobs.calls
+
+
+class JumpingClock(Clock):
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += seconds
+
+
+class ResultsProm(FakeProm):
+    """Prometheus as a preflight reads its nodes' results: each node's own run fresh and passed, and its rails'
+    result the previous preflight's pass (yesterday's), until a rails' result this run wrote (`written`)
+    arrives, `delay` reads of the results later, at its own time; a failed rail is then judged by the rule."""
+
+    def __init__(self, config, nodes, delay=3):
+        super().__init__(config, nodes)
+        self.ran = time.time()
+        self.delay = delay
+        self.values = {n: {("nccl", "node"): 0.0, ("dcgm-diag", "node"): 0.0, ("nccl-pair", "node"): 0.0}
+                       for n in nodes}
+        self.pairs_time = dict.fromkeys(nodes, self.ran - 86400.0)
+        self.arriving: dict[str, tuple[list[str], int]] = {}  # node -> (failed HCAs, reads until it arrives)
+
+    def written(self, node, failed):
+        self.arriving[node] = (failed, self.delay)
+
+    def _arrive(self):
+        for name, (failed, left) in list(self.arriving.items()):
+            if left:
+                self.arriving[name] = (failed, left - 1)
+                continue
+            del self.arriving[name]
+            stamp = time.time()
+            self.pairs_time[name] = stamp
+            mine = {k: v for k, v in self.values[name].items() if k[0] != "nccl-pair"}
+            self.values[name] = {**mine, **({("nccl-pair", h): stamp for h in failed} or {("nccl-pair", "node"): 0.0})}
+            for hca in failed:
+                self.breach("validate", name, f"nccl-pair {hca}", stamp)
+
+    def query(self, expr, at=None):
+        if "opsctl_node_validate_timestamp_seconds" in expr:
+            self._arrive()
+            return [Sample(self._labels(n, "node"), self.ran) for n in self.nodes]
+        if "opsctl_node_validate_pairs_timestamp_seconds" in expr:
+            return [Sample(self._labels(n, "node"), t) for n, t in self.pairs_time.items()]
+        if "(opsctl_node_validate{" in expr:
+            return [Sample(self._labels(n, "node", {"test": t, "device": d}), v)
+                    for n, found in self.values.items() for (t, d), v in found.items()]
+        return super().query(expr, at)
+
+
+class RecordingReservations(FakeReservations):
+    """Rail steps as the emulator measures them, one rail `dead` on one node; a step that records a node's
+    rails tells Prometheus what it wrote."""
+
+    def __init__(self, prom, dead):
+        super().__init__()
+        self.prom = prom
+        self.dead = dead  # (node, rail index)
+
+    def run_step(self, spec, timeout):
+        command = spec.argv[-1]
+        if "--record-pairs" in command:
+            found = command.rsplit(" ", 1)[-1]
+            self.prom.written(spec.nodes[0], [] if found == "pass" else found.split(","))
+            return 0, ""
+        node_down, rail = self.dead
+        if node_down in spec.nodes and dict(spec.env)["CUDA_VISIBLE_DEVICES"] == str(rail):
+            return 1, "NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129\n"
+        return super().run_step(spec, timeout)
+
+
+def _preflight_read_from(monkeypatch, cfg, delay):
+    """run_preflight over 6 nodes for 4, gpu002's first rail dead, the single-node jobs ended at once and their
+    results (passed) in Prometheus; the rails' results reach it `delay` reads after they were written."""
+    prom = ResultsProm(cfg, [f"gpu{i:03d}" for i in range(1, 7)], delay)
+    jobs = RecordingReservations(prom, dead=("gpu002", 0))
+
+    def submit(config, jobs, sweep, reservation=""):
+        for number, entry in enumerate(sweep.nodes.values()):
+            if not entry.result:
+                entry.result, entry.job = "ended", str(100 + number)
+    monkeypatch.setattr(pf, "submit", submit)
+    monkeypatch.setattr(pf, "await_jobs", lambda *_: None)
+    return pf.run_preflight(cfg, FakeSlurm(gpu_nodes(6)), jobs, prom, 4, None, "big-run", ["alice"], spares=2,
+                            clock=JumpingClock())
+
+
+def test_defect_8_a_dead_rail_recorded_after_the_previous_preflights_pass_is_waited_for_and_never_handed_over(
+        monkeypatch, tmp_path):
+    cfg = config(tmp_path)
+    found = _preflight_read_from(monkeypatch, cfg, delay=3)
+    assert [(f.node, f.hca, f.verdict) for f in found.rails] == [("gpu002", cfg.ib.rails[0], "dead")]
+    assert found.handed_over == ["gpu001", "gpu003", "gpu004", "gpu005"]
+    assert found.sweep.nodes["gpu002"].result == "fail"
+    assert found.sweep.nodes["gpu002"].detail.startswith(f"nccl-pair {cfg.ib.rails[0]} dead")
+
+
+def test_rails_results_that_never_reach_prometheus_are_not_checked_and_no_node_is_handed_over(monkeypatch, tmp_path):
+    found = _preflight_read_from(monkeypatch, config(tmp_path), delay=10**6)
+    assert found.handed_over == []
+    assert {v.result for v in found.sweep.nodes.values()} == {"not-checked"}
+    assert found.sweep.nodes["gpu001"].detail == "no new nccl-pair results in Prometheus (see the job's node)"
