@@ -39,6 +39,8 @@ DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 # The remediation ladder's steps that re-word opsctl's own drain (opsctl/ladder/reasons.py): ask the
 # node for a GPU reset, record its checks' result, hand the node to the vendor (RMA) or to a person.
 RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
+# `opsctl hold` and its release: the hold's word in (or out of) opsctl's own reason (opsctl/ladder/hold.py).
+HOLD, RELEASE = "hold", "release"
 # At ReturnToService=2 slurmctld returns a node that registers after a reboot to service, whatever nextstate
 # said, before its checks ran (docs/remediation.md): no reboot then, neither the ladder's nor a rollout's.
 RETURN_TO_SERVICE_2 = ("slurm.conf sets ReturnToService=2, which returns a rebooted node to service before its "
@@ -261,7 +263,8 @@ class Actor:
 
 def _batches(changes: list[Change]) -> list[list[Change]]:
     """Drains (by reason) first, then re-wordings, reboots, resumes: one scontrol call per batch."""
-    order = {DRAIN: 0, ESCALATE: 1, RESET: 1, VALIDATED: 1, RMA: 1, UNVALIDATED: 1, REBOOT: 2, RESUME: 3}
+    order = {DRAIN: 0, ESCALATE: 1, RESET: 1, VALIDATED: 1, RMA: 1, UNVALIDATED: 1, HOLD: 1, RELEASE: 1, REBOOT: 2,
+             RESUME: 3}
     grouped: dict[tuple[str, str], list[Change]] = {}
     for change in changes:
         key = (change.event, change.reason if change.event != RESUME else "")

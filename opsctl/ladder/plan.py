@@ -20,8 +20,10 @@ from typing import Any
 
 from opsctl.actor.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
 from opsctl.config.schema import Config, duration_seconds
+from opsctl.gpu.tools import DIAG_TIMEOUT_S
 from opsctl.health.plan import counted_nodes
 from opsctl.health.xid import XidCatalog
+from opsctl.ladder.hold import is_held, without_hold
 from opsctl.ladder.reasons import (
     REBOOT,
     RESET,
@@ -35,6 +37,7 @@ from opsctl.ladder.reasons import (
     step_reason,
 )
 from opsctl.slurm.base import SlurmNode
+from opsctl.slurm.reach import HANDS_OFF, reach
 
 WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs
 
@@ -92,16 +95,26 @@ def plan_ladder(cluster: dict[str, SlurmNode], catalog: XidCatalog, records: lis
 def _next(name: str, node: SlurmNode, catalog: XidCatalog, records: list[dict[str, Any]], holds: set[str],
           config: Config, now: float) -> LadderDecision | None:
     """The node's next step, before the budgets and the breaker; None for a node not on the ladder."""
-    rung, fault = rung_of(node), fault_of(node, catalog)
+    base = without_hold(node)
+    rung, fault = rung_of(base), fault_of(base, catalog)
     if (rung is None and fault is None) or not node.out_of_service:
         # In service: its reason is a leftover (24.11 keeps the reason through a resume), not a step.
         return None
-    if name in holds:
-        return LadderDecision(name, "skip:held", fault or (rung.fault if rung else None), seen=node,
-                              detail="opsctl hold: a person has it")
-    if rung is None and fault is not None:
+    fault = fault or (rung.fault if rung else None)
+    if name in holds or is_held(node):
+        return LadderDecision(name, "skip:held", fault, seen=node, detail="opsctl hold: a person has it")
+    if rung is not None and rung.step in (RMA, UNVALIDATED):
+        return LadderDecision(name, "skip:" + rung.step, fault, seen=node, detail="a person's: nothing automatic")
+    # One judgement for every step, RMA included (opsctl/slurm/reach.py): opsctl's own reboot may leave the
+    # node DOWN and, while it runs, rebooting; any other hold of Slurm's or a person's means hands off.
+    after_reboot = rung is not None and (rung.step == REBOOT or rung.after == REBOOT)
+    judged = reach(node, down_ok=after_reboot, rebooting=rung is not None and rung.step == REBOOT)
+    if judged.verdict == HANDS_OFF:
+        kind, _, detail = judged.why.partition(": ")
+        return LadderDecision(name, f"skip:{kind}", fault, seen=node, detail=detail)
+    if rung is None:
+        assert fault is not None
         return _enter(name, node, fault, records, config, now)
-    assert rung is not None
     return _climb(name, node, rung, records, config, now)
 
 
@@ -117,9 +130,6 @@ def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any
     if fault.action == "inspect":
         return _step(name, node, RMA, fault, "NVIDIA's XID catalog: contact support, inspect the hardware",
                      config)
-    if node.held_by_slurm:
-        return LadderDecision(name, "skip:slurm-state", fault, seen=node,
-                              detail=f"held by Slurm: {'+'.join(node.held_by_slurm)}")
     tail = node.reason.split(" ", 2)[2] if node.reason.count(" ") >= 2 else ""
     if fault.action == "reset":
         if node.runs_jobs:
@@ -131,13 +141,14 @@ def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any
 def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]], config: Config,
            now: float) -> LadderDecision:
     """A node already on the ladder: wait for its step, or take the next one."""
-    fault, timeout = rung.fault, duration_seconds(config.remediation.step_timeout)
-    if rung.step in (RMA, UNVALIDATED):
-        return LadderDecision(name, "skip:" + rung.step, fault, seen=node, detail="a person's: nothing automatic")
-    if set(node.flags) & {"MAINT", "MAINTENANCE", "RESERVED"}:
-        return LadderDecision(name, "skip:slurm-state", fault, seen=node, detail="in a maintenance reservation")
+    fault = rung.fault
     started = _last(records, name, rung.step)
+    if rung.step == REBOOT and started is not None and node.boot_time is not None and node.boot_time > started:
+        # `scontrol reboot ASAP` waits for the node's jobs, hours at times: the node's checks have had time to
+        # answer only since the boot Slurm reports, not since the request.
+        started = node.boot_time
     age = now - started if started is not None else 0.0
+    timeout = step_timeout(config, rung.step)
     if rung.step == RESET:
         if age > timeout:
             return _step(name, node, REBOOT, fault, f"no validation {age / 60:.0f}m after the reset",
@@ -157,6 +168,17 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
         # The node's detail starts with the GPU's serial (`serial=...`): the RMA's reason keeps it for sinfo -R.
         return _step(name, node, RMA, fault, f"failed its checks after the reboot: {rung.detail}".strip(), config)
     return _step(name, node, UNVALIDATED, fault, "the checks could not run after the reboot", config)
+
+
+def step_timeout(config: Config, step: str) -> float:
+    """How long the ladder waits for the node's answer to a step. A reset's answer comes after the reset and
+    the diagnostics at remediation.validate_level, which the node runs within its own timeouts: the wait
+    covers them beside remediation.step_timeout, so that a level-3 diagnostic (up to 40 minutes) is never
+    overtaken by a reboot."""
+    timeout = float(duration_seconds(config.remediation.step_timeout))
+    if step == RESET:
+        timeout += DIAG_TIMEOUT_S[config.remediation.validate_level]
+    return timeout
 
 
 def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, config: Config) -> LadderDecision:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsctl.actor.act import REBOOT, RMA, Actor, Change
+from opsctl.actor.act import HOLD, REBOOT, RELEASE, RMA, Actor, Change
 from opsctl.actor.audit import current_user
 from opsctl.actor.ledger import Ledger, stamp
 from opsctl.actor.result import ActionResult
@@ -22,9 +22,10 @@ from opsctl.clients import Clients
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.health.xid import xid_catalog
+from opsctl.ladder.hold import held_reason, holdable, is_held, released_reason
 from opsctl.ladder.plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
 from opsctl.ladder.reasons import serial_of
-from opsctl.slurm import Slurm
+from opsctl.slurm import Slurm, SlurmNode
 
 # Where the node keeps its side of the evidence (opsctl/ladder/node_step.py): the head never logs in.
 NODE_EVIDENCE = ("on the node: <state_dir>/validation/<UTC time>-<step>/ (dcgmi-diag.json, nvidia-smi-q.txt, "
@@ -121,7 +122,9 @@ def _catalog_entry(change: Change) -> dict[str, Any] | None:
 
 def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: bool) -> list[str]:
     """Take nodes off the ladder (`opsctl hold`) or hand them back (--release): under the run lock, audited.
-    Slurm is not changed: the node keeps its state and reason, and only the ladder leaves it alone."""
+    A node on opsctl's own drain carries the hold in its Slurm reason too (opsctl/ladder/hold.py), where the
+    node reads it and takes no step; any other node keeps its state and reason, and only the head's ladder
+    leaves it alone."""
     now = time.time()
     with Actor(config, slurm, now) as actor:
         known = actor.nodes()
@@ -130,21 +133,36 @@ def set_hold(config: Config, slurm: Slurm, names: list[str], why: str, release: 
             raise ConfigError(f"unknown Slurm node(s): {', '.join(unknown)}")
         state: State = actor.state
         holds = state.holds.load()
-        lines = []
+        lines, marked = [], []
         for name in names:
             if release:
-                if holds.pop(name, None) is None:
+                if holds.pop(name, None) is None and not is_held(known[name]):
                     lines.append(f"{name}: not held")
                     continue
                 lines.append(f"released {name}: back on the remediation ladder")
             else:
                 holds[name] = {"since": now, "user": current_user(), "why": why}
                 lines.append(f"held {name}: the remediation ladder leaves it alone")
+            marked.append(name)
         actor.ledger.save_holds(holds)
-        for name in names:
+        changes = [_hold_change(known[name], why, release) for name in marked]
+        made = {c.node for c in actor.apply([c for c in changes if c is not None]).made}
+        for name in (n for n in marked if n not in made):
             actor.ledger.audit("release" if release else "hold", node=name, detail=why, now=now,
                                state=known[name].state_text, reason=known[name].reason)
     return lines
+
+
+def _hold_change(node: SlurmNode, why: str, release: bool) -> Change | None:
+    """The hold's word put into (or taken out of) opsctl's own reason; None when the reason has nothing to mark."""
+    if release:
+        reason = released_reason(node.reason)
+    else:
+        reason = held_reason(node.reason) if holdable(node) else node.reason
+    if reason == node.reason:
+        return None
+    return Change(node=node.name, event=RELEASE if release else HOLD, seen=node, reason=reason, detail=why,
+                  budget=False)
 
 
 # ---- what `opsctl remediate` and `opsctl hold` call ---------------------------------------------------------

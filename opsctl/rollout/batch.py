@@ -27,6 +27,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.health.findings import resume_own
 from opsctl.slurm import OWNED_PREFIX, Slurm, SlurmNode
+from opsctl.slurm.reach import reach
 
 RULE = "provision"
 PASSED = "the rollout's change passed its checks"
@@ -65,7 +66,9 @@ def drain_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_s
         unknown = [n for n in names if n not in nodes]
         if unknown:
             raise ConfigError(f"unknown Slurm node(s): {', '.join(unknown)}")
-        earlier = [n for n in names if nodes[n].drained and nodes[n].reason_rules() == [RULE]]
+        # An earlier rollout's drain is kept only where opsctl may still touch the node: one that a person has
+        # since put in a maintenance reservation, or that Slurm holds otherwise, is left as it is.
+        earlier = [n for n in names if nodes[n].drained and nodes[n].reason_rules() == [RULE] and reach(nodes[n]).ok]
         for name in names:
             node = nodes[name]
             if node.out_of_service and name not in earlier:
@@ -125,8 +128,8 @@ def reboot_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_
         names = slurm.expand(hostlist)
         nodes = actor.nodes()
         ready = [n for n in names if n in nodes and nodes[n].drained and nodes[n].reason_rules() == [RULE]
-                 and not nodes[n].runs_jobs]
-        lines += [f"refused {n}: not drained by a rollout, or jobs still run there" for n in names if n not in ready]
+                 and not nodes[n].runs_jobs and reach(nodes[n]).ok]
+        lines += [f"refused {n}: {_not_ready(nodes.get(n))}" for n in names if n not in ready]
         changes = [Change(node=n, event=REBOOT, seen=nodes[n], reason=reason, checks=(RULE,), evidence=change,
                           budget=False) for n in ready]
         acted = actor.apply(changes) if changes else None
@@ -146,6 +149,15 @@ def reboot_batch(config: Config, slurm: Slurm, hostlist: str, change: str, wait_
     lines += [f"not back {n}: not registered with Slurm again within {wait_s:.0f} s (still rebooting or not "
               "responding, or its reboot timed out); left DOWN" for n in away]
     return back, lines
+
+
+def _not_ready(node: SlurmNode | None) -> str:
+    if node is None:
+        return "not a Slurm node"
+    judged = reach(node)
+    if not judged.ok and node.reason_rules() == [RULE]:
+        return judged.why
+    return "not drained by a rollout, or jobs still run there"
 
 
 def resume_batch(config: Config, slurm: Slurm, hostlist: str, now: float | None = None) -> tuple[list[str], list[str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opsctl.errors import SourceUnavailable
+from opsctl.slurm.reach import holds
 
 if TYPE_CHECKING:
     from opsctl.slurm.accounting import FinishedJob
@@ -26,7 +27,8 @@ DOWN_STATES = {"down", "fail", "failing", "future", "unknown", "error", "inval",
 # Flags that take a node out of service, set by Slurm or a person, never by opsctl. A node carrying one
 # is not opsctl's to drain or resume. Names as Slurm 22.05 to 26.05 print them (node_state_flags[] in
 # src/common/slurm_protocol_defs.c; the JSON of src/plugins/data_parser/v0.0.*/parsers.c). A flag not
-# listed anywhere here (a newer release's) is ignored: the base state and the flags listed decide.
+# listed anywhere here (a newer release's) leaves the node in service as its base state says, but out of
+# opsctl's reach (opsctl/slurm/reach.py, which holds the one table of what opsctl may touch).
 OUT_OF_SERVICE_FLAGS = {
     "FAIL",  # to fail soon: no new jobs
     "NOT_RESPONDING",  # slurmd does not answer
@@ -66,6 +68,7 @@ class SlurmNode:
     reason: str = ""
     partitions: tuple[str, ...] = ()
     gres: str = ""  # as configured, e.g. "gpu:h200:8(S:0-1)"
+    boot_time: float | None = None  # when slurmd last booted, as Slurm reports it (None: not reported)
 
     @property
     def drained(self) -> bool:
@@ -78,9 +81,9 @@ class SlurmNode:
 
     @property
     def held_by_slurm(self) -> tuple[str, ...]:
-        """The states and flags that put this node out of opsctl's reach (empty when there are none)."""
-        held = [self.state.upper()] if self.state in DOWN_STATES else []
-        return tuple(held + [f for f in self.flags if f in HANDS_OFF_FLAGS])
+        """The states and flags that put this node out of opsctl's reach (empty when there are none): the one
+        table of opsctl/slurm/reach.py, where a flag no release of 22.05-26.05 prints keeps opsctl away too."""
+        return tuple(holds(self))
 
     @property
     def out_of_service(self) -> bool:

@@ -115,12 +115,14 @@ def test_a_persons_drain_a_maintenance_reservation_and_a_hold_are_never_touched(
               gpu003=node("gpu003", flags=("DRAIN", "MAINT"), reason=xid),
               gpu004=node("gpu004", flags=("DRAIN",), reason=xid))
     assert w.run("hold", "gpu004", "--reason", "vendor on site") == 0
-    assert w.run("remediate") == 0 and w.slurm.calls == []
+    held = [("reason", ("gpu004",), "opsctl:held xid-79 gpu3 xid=79 count=1")]  # the node reads the hold there
+    assert w.run("remediate") == 0 and w.slurm.calls == held
     assert {r["node"]: r["detail"] for r in w.audit() if r["event"] == "refuse"} == {
         "gpu003": "slurm-state: held by Slurm: MAINT", "gpu004": "held: opsctl hold: a person has it"}
     assert w.run("hold", "gpu004", "--release") == 0
     assert w.run("remediate") == 0
-    assert w.slurm.calls == [("reboot", ("gpu004",), "opsctl:reboot gpu3 xid-79 xid=79 count=1")]
+    assert w.slurm.calls == [*held, ("reason", ("gpu004",), xid),
+                             ("reboot", ("gpu004",), "opsctl:reboot gpu3 xid-79 xid=79 count=1")]
     assert events(w, "gpu004") == ["hold", "refuse", "release", "reboot"]
 
 
