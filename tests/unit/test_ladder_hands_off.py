@@ -4,8 +4,10 @@ that counts from the boot Slurm reports. Over fakes of opsctl's Slurm protocol a
 tests/integration/lab/test_health_remediation_lab.py runs the hold against the real slurmctld."""
 
 import calendar
+import re
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from opsctl.health.xid import xid_catalog
 from opsctl.ladder.node_step import take_step
 from opsctl.ladder.plan import Budgets, plan_ladder
 from opsctl.rollout.batch import drain_batch, reboot_batch
+from opsctl.slurm.base import DOWN_STATES, IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS
 from opsctl.slurm.reach import FLAGS, HANDS_OFF, STATES, reach
 from opsctl_lab.hardware import NodeHardware
 from tests.unit.fakes import FakeSlurm, World, gpu_nodes, node
@@ -128,3 +131,16 @@ def test_defect_9_the_rollout_never_reboots_a_node_in_a_persons_maintenance_rese
     back, lines = reboot_batch(config, slurm, "gpu[001-002]", "nvidia driver 570.172.08", 0, clock=lambda: 0.0,
                                sleep=lambda _: None, now=NOW)
     assert slurm.calls == [] and back == []
+
+
+def test_defect_2_docs_remediation_has_a_row_for_every_state_and_flag_with_its_kind():
+    doc = (Path(__file__).parents[2] / "docs" / "remediation.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (?:state|flag) `([A-Za-z_]+)` \| [^|]+ \| ([a-z-]+) \|",
+                                                         doc, re.MULTILINE)}
+    assert rows == {name: kind for name, (kind, _) in [*STATES.items(), *FLAGS.items()]}
+
+
+def test_the_state_sets_of_slurm_base_agree_with_the_one_table():
+    assert IN_SERVICE_FLAGS <= {name for name, (kind, _) in FLAGS.items() if kind in ("service", "drain")}
+    assert OUT_OF_SERVICE_FLAGS <= {name for name, (kind, _) in FLAGS.items() if kind not in ("service", "drain")}
+    assert DOWN_STATES <= {name for name, (kind, _) in STATES.items() if kind in ("down", "hands-off")}
