@@ -42,7 +42,8 @@ def node_check(h, node):
                            "--config", str(path), "--textfile", str(h.tmp / "node-check.prom")],
                           capture_output=True, text=True, timeout=120, env={**os.environ, **env})
     assert proc.returncode in (0, 1), proc.stderr
-    return proc.stdout, [json.loads(line)["event"] for line in (h.tmp / node / "audit.jsonl").read_text().splitlines()]
+    audit = h.tmp / node / "audit.jsonl"
+    return proc.stdout, [json.loads(line)["event"] for line in audit.read_text().splitlines()] if audit.exists() else []
 
 
 def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(h):
@@ -219,9 +220,31 @@ def test_a_persons_drain_a_maintenance_reservation_and_a_hold_are_never_touched(
         assert decided[held]["action"] == "skip:held" and decided[maint]["action"] == "skip:slurm-state"
         nodes = h.slurm()
         assert nodes[person].reason == "opsctl:manual xid-48 gpu3 vendor swap"
-        assert nodes[maint].reason == nodes[held].reason == xid
+        assert nodes[maint].reason == xid and nodes[held].reason == "opsctl:held xid-48 gpu3 xid=48 count=1"
     finally:
         h.scontrol("delete", "reservationname=opsctl-ladder-maint")
     assert h.opsctl("hold", held, "--release").returncode == 0
     assert remediate(h)[held]["action"] == "reset"  # handed back: the ladder takes it
     assert events(h, held) == ["hold", "refuse", "release", "reset"]
+
+
+def test_a_hold_while_the_reason_asks_for_a_reset_reaches_the_node_which_runs_no_reset(h):
+    """The hold is in the node's Slurm reason, the one thing the node reads: its timer's `node check
+    --remediate-self` takes no step while it is there, and takes the step once it is released."""
+    node = "gpu050"  # test_health_lab.py's, cleared by its module
+    drained_by_health(h, node, "row-remap-pending", 1, "row-remap-pending")
+    assert remediate(h)[node]["action"] == "reset"
+    asked = h.slurm()[node].reason
+    assert asked.startswith("opsctl:reset gpu1 row-remap-pending")
+    assert h.opsctl("hold", node, "--reason", "vendor on site").returncode == 0
+    assert h.slurm()[node].reason == "opsctl:held " + asked.removeprefix("opsctl:")
+    answered, node_audit = node_check(h, node)
+    assert f"nothing asked of {node}" in answered and node_audit == [], answered
+    assert [f["fault"] for f in hardware(h, node)["active"]] == ["row-remap-pending"]  # no reset ended it
+    assert h.opsctl("hold", node, "--release").returncode == 0
+    assert h.slurm()[node].reason == asked
+    answered, node_audit = node_check(h, node)
+    assert "reset of gpu1 checked: pass" in answered and node_audit == ["validated"], answered
+    assert hardware(h, node)["active"] == []
+    assert remediate(h)[node]["action"] == "resume"
+    assert events(h, node) == ["drain", "reset", "hold", "release", "resume"]
