@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opsctl.errors import SourceUnavailable
-from opsctl.slurm.reach import holds
+from opsctl.slurm.reach import holds, reach
 
 if TYPE_CHECKING:
     from opsctl.slurm.accounting import FinishedJob
@@ -135,8 +135,7 @@ class SlurmNode:
     def back_from_reboot(self) -> bool:
         """DOWN with opsctl's own reason after a reboot through Slurm (nextstate=DOWN): slurmd registered
         again, nothing else holds it. Like a drain, only opsctl's own resume puts it back."""
-        return self.state == "down" and self.owned and not self.manual and not (
-            set(self.flags) & (OUT_OF_SERVICE_FLAGS - {"DOWN"}))
+        return self.state == "down" and reach(self, down_ok=True).ok
 
     def reason_rules(self) -> list[str]:
         """'opsctl:xid-79,ib-down gpu3 ...' -> ['xid-79', 'ib-down']."""
