@@ -371,10 +371,14 @@ class NodeHardware:
         pid, name = (leftover_pid(gpu), LEFTOVER_PROCESS) if self.has("gpu-leftover-memory", gpu=gpu) else \
             ("'<unknown>'", "<unknown>")
         text = XID_MESSAGES.get(code, "Unknown Error")
+        self.log_kernel(3, f"NVRM: Xid (PCI:0000:{GPU_BUSES[gpu]}:00): {code}, pid={pid}, name={name}, {text}", now)
+
+    def log_kernel(self, level: int, message: str, now: float) -> None:
+        """A record of the kernel's own (facility 0, so the priority is the level: KERN_ERR 3, KERN_WARNING 4)
+        appended to this boot's kernel log, numbered after the last one."""
         seq = self.kernel_log[-1]["seq"] + 1 if self.kernel_log else 0
-        self.kernel_log.append({"prio": 3, "seq": seq, "usec": max(0, int((now - self.booted) * 1e6)),
-                                "message": f"NVRM: Xid (PCI:0000:{GPU_BUSES[gpu]}:00): {code}, pid={pid}, "
-                                           f"name={name}, {text}"})
+        self.kernel_log.append({"prio": level, "seq": seq, "usec": max(0, int((now - self.booted) * 1e6)),
+                                "message": message})
 
     # ---- what the tools read -----------------------------------------------------------------
     def faults_on(self, name: str, gpu: int | None = None, hca: str | None = None) -> list[ActiveFault]:

@@ -24,6 +24,19 @@ GPU the parenthesis also names the instance, ` GPU-I:%02u GPU-CI:%02u`):
     nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up
     nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00
 
+A line is the driver's only when the record's message begins with it (the prefix, then the address in its
+parenthesis) and the record is the kernel's (facility 0). Kernel messages quote text that a user chooses, and
+such a record holds the driver's words elsewhere, or at its start followed by something else (real records,
+tests/fixtures/kmsg/kmsg_quoted_driver_text.txt; fs/exec.c since Linux 5.18, once a boot):
+
+    4,1289,10567963506,-;process 'perl' launched '/tmp/k43/NVRM: Xid (PCI:0000:8a:00): 142, pid=1, name=x, y' ...
+    6,1290,10649982302,-;NVRM: Xid (PCI:[10949]: segfault at 0 ip 000055dc2a6e4132 ... error 6 in NVRM: Xid ...
+    5,1292,10650083804,-;audit: type=1107 audit(1796540580.275:1): pid=10950 uid=0 ... msg='NVRM: Xid (PCI:...'
+    12,1293,10671499017,-;NVRM: Xid (PCI:0000:8a:00): 142, pid=1, name=x, y
+
+ignored_because() names why such a record is not the driver's: `quoted` (a kernel message that quotes it) or
+`userspace` (a program wrote it to /dev/kmsg).
+
 An SXid is counted on its `Fatal` or `Non-fatal` line; the `Severity ...` and `Data {...}` lines that
 follow it detail the same error. A PCI address is returned in one canonical form, the one nvidia-smi's
 `pci.bus_id` and dcgm-exporter's `pci_bus_id` label print: an 8-digit domain, upper-case hex and the
@@ -42,6 +55,11 @@ _XID = re.compile(rf"NVRM: Xid \((?P<pci>{_ADDRESS})(?: [^)]*)?\): (?P<code>\d+)
                   r"(?:pid=(?P<pid>[^,]*), name=(?P<name>[^,]*), )?(?P<text>.*)")
 _SXID = re.compile(rf"nvidia-nvswitch\d*: SXid \((?P<pci>{_ADDRESS})\): (?P<code>\d+), (?P<severity>Non-fatal|Fatal)"
                    r"(?:, (?P<text>.*))?")
+# The start of every XID and SXid line the driver writes: its prefix, then the address in a parenthesis.
+_DRIVER_LINE = re.compile(rf"(?:NVRM: Xid|nvidia-nvswitch\d*: SXid) \({_ADDRESS}[ )]")
+# The driver's words anywhere in a message.
+_DRIVER_WORDS = re.compile(r"NVRM: Xid|nvidia-nvswitch\d*: SXid")
+IGNORED_REASONS = ("quoted", "userspace")
 # XID 154's "to" side: `to 0x1 (GPU Reset Required)`; some texts quote it without the code.
 _RECOVERY = re.compile(r"recovery action changed from .* to (?:0x(?P<code>[0-9a-fA-F]+)\s*)?"
                        r"(?:\((?P<name>[^()]*)\)|(?P<bare>[A-Za-z][\w ]*?))\.?\s*$")
@@ -116,9 +134,11 @@ def parse_records(text: str) -> list[Record]:
 
 
 def parse_xid(message: str) -> Xid | None:
-    if "Xid" not in message:  # most of the kernel log: skip the regular expression
+    """The XID of a record's message that begins with the driver's `NVRM: Xid (<address>...): <code>, `; None
+    for any other (the driver's text inside another message is no XID: see ignored_because)."""
+    if not message.startswith("NVRM: Xid"):  # most of the kernel log: skip the regular expression
         return None
-    match = _XID.search(message)
+    match = _XID.match(message)
     if match is None:
         return None
     pci = canonical_pci(match["pci"])
@@ -130,14 +150,28 @@ def parse_xid(message: str) -> Xid | None:
 
 
 def parse_sxid(message: str) -> SXid | None:
-    if "SXid" not in message:
+    """The SXid of a message that begins with the driver's `nvidia-nvswitchN: SXid (<address>): <code>, Fatal` (or
+    `Non-fatal`); None for any other."""
+    if not message.startswith("nvidia-nvswitch"):
         return None
-    match = _SXID.search(message)
+    match = _SXID.match(message)
     pci = canonical_pci(match["pci"]) if match else None
     if match is None or pci is None:
         return None
     return SXid(pci=pci, code=int(match["code"]), fatal=match["severity"] == "Fatal",
                 text=(match["text"] or "").strip())
+
+
+def ignored_because(record: Record) -> str | None:
+    """Why a record that holds the driver's XID or SXid words is not the driver's line: `userspace` when it is
+    not the kernel's (a program wrote it to /dev/kmsg), `quoted` when the kernel's message does not begin with
+    the driver's prefix and address (a path, a process name, an audit text quoted in another message). None
+    for the driver's own lines (counted, or detail such as an SXid's `Data {...}`) and records without them."""
+    if _DRIVER_WORDS.search(record.message) is None:
+        return None
+    if not record.from_kernel:
+        return "userspace"
+    return None if _DRIVER_LINE.match(record.message) else "quoted"
 
 
 def recovery_action(text: str) -> str | None:

@@ -10,6 +10,11 @@ a log whose newest record is older than that one (a file started again) is read 
 counts are cumulative across runs and reboots (Prometheus counters); the latest XID 154 recovery action
 of each GPU, and the GPUs' nvidia-smi indexes, hold for one boot.
 
+Only the driver's own lines count: a record whose message begins with the driver's prefix and address, from
+the kernel (facility 0). A record that holds the driver's words otherwise (a kernel message quoting a user's
+file or process name, an audit text, a program's write to /dev/kmsg) is counted as ignored, by why
+(opsctl.gpu.kmsg.ignored_because): a forged XID must never drain a node, and must not go unseen either.
+
 A log or a state that cannot be read or written makes a check that could not run (`read_ok` false, the
 reason in --json), never a failure: node check's exit code does not change and nothing drains here.
 """
@@ -26,7 +31,7 @@ from typing import Any
 from opsctl.actor.node_state import STATE_FILE, KernelLogPositions, PositionsUnreadable
 from opsctl.config.schema import GpuConfig
 from opsctl.errors import OpsctlError, SourceUnavailable
-from opsctl.gpu.kmsg import Record, SXid, Xid, parse_record, parse_records, parse_sxid, parse_xid
+from opsctl.gpu.kmsg import Record, SXid, Xid, ignored_because, parse_record, parse_records, parse_sxid, parse_xid
 from opsctl.gpu.nvidia_smi import GpuIndexes, NvidiaSmiImpl
 
 CHECK = "kernel-log"
@@ -57,6 +62,8 @@ class KernelLogState:
     sxids: dict[tuple[str, int, bool], int] = field(default_factory=dict)  # (NVSwitch PCI, SXid, fatal) -> count
     recovery: dict[str, str] = field(default_factory=dict)  # GPU PCI -> its latest XID 154 action, this boot
     gpus: dict[str, int] = field(default_factory=dict)  # GPU PCI -> nvidia-smi index, this boot
+    # Records with the driver's words that are not its lines, by why (opsctl.gpu.kmsg.ignored_because) -> count
+    ignored: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"boot_id": self.boot_id, "seq": self.seq,
@@ -65,7 +72,8 @@ class KernelLogState:
                          for (pci, xid), t in sorted(self.xids.items())],
                 "sxids": [{"nvswitch_pci": pci, "sxid": sxid, "fatal": fatal, "count": count}
                           for (pci, sxid, fatal), count in sorted(self.sxids.items())],
-                "recovery_actions": dict(sorted(self.recovery.items())), "gpus": dict(sorted(self.gpus.items()))}
+                "recovery_actions": dict(sorted(self.recovery.items())), "gpus": dict(sorted(self.gpus.items())),
+                "ignored_records": dict(sorted(self.ignored.items()))}
 
     @classmethod
     def from_json(cls, data: Any) -> "KernelLogState":
@@ -77,7 +85,9 @@ class KernelLogState:
                    sxids={(str(s["nvswitch_pci"]), int(s["sxid"]), bool(s["fatal"])): int(s["count"])
                           for s in data["sxids"]},
                    recovery={str(k): str(v) for k, v in data["recovery_actions"].items()},
-                   gpus={str(k): int(v) for k, v in data["gpus"].items()})
+                   gpus={str(k): int(v) for k, v in data["gpus"].items()},
+                   # absent from the files of releases that did not count them
+                   ignored={str(k): int(v) for k, v in data.get("ignored_records", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -118,14 +128,19 @@ def advance(state: KernelLogState, boot_id: str, records: list[Record], now: flo
     `now` otherwise (a file, whose clock is not this kernel's); never later than `now`."""
     new = copy.deepcopy(state)
     if boot_id != state.boot_id:  # a reboot: the cursor, the recovery actions and the indexes were the last boot's
-        new = KernelLogState(boot_id=boot_id, xids=new.xids, sxids=new.sxids)
+        new = KernelLogState(boot_id=boot_id, xids=new.xids, sxids=new.sxids, ignored=new.ignored)
     elif records and max(r.seq for r in records) < state.seq:  # the log started again
         new.seq = -1
     seen = []
     for record in records:
-        if record.seq <= new.seq or not record.from_kernel:  # a program's message that looks like the driver's
+        if record.seq <= new.seq:
             continue
-        event = parse_xid(record.message) or parse_sxid(record.message)
+        # Only the driver's own lines count: a user's text quoted by the kernel (a path exec'd with an empty
+        # argv, a process name) or a program's write to /dev/kmsg is counted apart, never as an XID.
+        if (reason := ignored_because(record)) is not None:
+            new.ignored[reason] = new.ignored.get(reason, 0) + 1
+            continue
+        event = (parse_xid(record.message) or parse_sxid(record.message)) if record.from_kernel else None
         if event is not None:
             when = now if boot_time is None else min(now, boot_time + record.usec / 1e6)
             seen.append(Seen(record.seq, when, event))

@@ -9,6 +9,7 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_check{check="lustre-import-down",device="lustre-OST0002"} 1   or the Lustre target
     opsctl_node_nfs_rpc_retransmissions_total{mount="/home"} 12   per NFS mount, cumulative since it mounted
     opsctl_node_kernel_log_read_ok 1                              the kernel log was read (opsctl.nodecheck.kernel_log)
+    opsctl_node_kernel_log_ignored_records_total{reason="quoted"} 1   the driver's words, not its line: never an XID
     opsctl_node_kernel_xid_total{gpu="0",pci_bus_id="00000000:18:00.0",xid="79"} 1   XIDs it holds, cumulative
     opsctl_node_kernel_xid_last_timestamp_seconds{gpu="0",pci_bus_id="00000000:18:00.0",xid="79"} 1.8e+09
     opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from opsctl.errors import ConfigError
 from opsctl.fileio import write_atomic
+from opsctl.gpu.kmsg import IGNORED_REASONS
 from opsctl.ib.check import CHECKS, Report
 from opsctl.nodecheck.kernel_log import XID_WINDOW_S, KernelLogReport
 from opsctl.slurm import OWNED_PREFIX
@@ -92,6 +94,13 @@ def kernel_log_metrics(kernel: KernelLogReport) -> list[str]:
              "--json says why).",
              "# TYPE opsctl_node_kernel_log_read_ok gauge",
              f"opsctl_node_kernel_log_read_ok {int(kernel.read_ok)}"]
+    # Every reason's series from the first run on, 0 until one is seen: increase() then sees the first forgery.
+    lines += ["# HELP opsctl_node_kernel_log_ignored_records_total Kernel log records with the NVIDIA driver's XID or "
+              "SXid words that are not its lines, never counted as XIDs, by reason: quoted (a kernel message quoting "
+              "them: a user's file or process name, an audit text), userspace (a program wrote them to /dev/kmsg).",
+              "# TYPE opsctl_node_kernel_log_ignored_records_total counter"]
+    lines += [f'opsctl_node_kernel_log_ignored_records_total{{reason="{reason}"}} {state.ignored.get(reason, 0)}'
+              for reason in IGNORED_REASONS]
     xids = [(f'gpu="{kernel.gpu(pci)}",pci_bus_id="{_label(pci)}",xid="{xid}"', tally)
             for (pci, xid), tally in sorted(state.xids.items())]
     if xids:

@@ -1,7 +1,8 @@
 """opsctl.nodecheck.kernel_log: only the records after the last run's are counted, a new boot or a log that
 started again is read from its start, the counts survive runs and reboots in the state file (never
 followed through a symlink), a log that cannot be read is a check that could not run; and the metrics
-text that node check writes for them. The log is a file of /dev/kmsg records (tests/fixtures/kmsg)."""
+text that node check writes for them; records that quote the driver's words count nothing and are counted
+apart. The log is a file of /dev/kmsg records (tests/fixtures/kmsg)."""
 
 import json
 import os
@@ -30,6 +31,8 @@ BOOT = "bf2dc59e-5ec2-41cf-9e7e-0ec2798e9b63"
 # One more record of the journalctl capture (tests/fixtures/kmsg/journalctl_xid48_171_63_154.txt).
 MORE = "3,1212,6781790000000,-;NVRM: Xid (PCI:0000:55:00): 63, pid=2187734, name=python, Row Remapper: New row " \
        "(0x0000000e9b9107e0) marked for remapping, reset gpu to activate.\n"
+# Records that quote the driver's text and are not the driver's (tests/fixtures/SOURCES.md).
+QUOTED = parse_records((FIXTURES / "kmsg" / "kmsg_quoted_driver_text.txt").read_text())
 GPU_55, GPU_91, GPU_97 = "00000000:55:00.0", "00000000:91:00.0", "00000000:97:00.0"
 
 
@@ -86,6 +89,19 @@ def test_an_xid_a_program_wrote_to_dev_kmsg_is_not_counted():
     forged = parse_records("12,1212,1,-;NVRM: Xid (PCI:0000:55:00): 79, GPU has fallen off the bus.\n")
     state, seen = advance(KernelLogState(), BOOT, RECORDS + forged, T0)
     assert counts(state) == FIRST and state.seq == 1212 and 1212 not in [s.seq for s in seen]
+
+
+def test_defect_1_records_that_quote_the_drivers_text_count_nothing_and_are_counted_as_ignored():
+    """A user's file named `NVRM: Xid (PCI:0000:8a:00): 142, ...` exec'd with an empty argv, its segfault, an audit
+    message and a program's writes to /dev/kmsg (real records, kmsg_quoted_driver_text.txt) are no XID 142 on the
+    GPU at 8a: only the driver's own lines count, and these are counted apart, by why they were ignored."""
+    state, seen = advance(KernelLogState(), BOOT, RECORDS + QUOTED, T0)
+    assert counts(state) == FIRST and state.sxids == {("00000000:06:00.0", 20034, True): 1}
+    assert [s.seq for s in seen] == [1202, 1204, 1207, 1208, 1209, 1210, 1211] and state.seq == 1294
+    assert state.ignored == {"quoted": 3, "userspace": 2}
+    again, _ = advance(state, BOOT, RECORDS + QUOTED, T0 + 60)  # read once: the cursor passed them
+    assert again.ignored == state.ignored
+    assert KernelLogState.from_json(json.loads(json.dumps(again.to_json()))) == again
 
 
 def test_the_latest_recovery_action_of_a_gpu_wins():
@@ -198,7 +214,7 @@ def test_the_metrics_text_names_and_labels():
     state = KernelLogState(boot_id=BOOT, seq=9,
                            xids={(GPU_55, 48): XidTally(2, T0), (GPU_91, 79): XidTally(1, T0 + 1.5, [T0 + 30])},
                            sxids={("00000000:C7:00.0", 12028, False): 3}, recovery={GPU_55: "drain_and_reset"},
-                           gpus={GPU_55: 1})
+                           gpus={GPU_55: 1}, ignored={"userspace": 2})
     text = metrics_text([], T0 + 60, kernel=KernelLogReport(source="/dev/kmsg", state=state))
     assert text == f"""\
 # HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.
@@ -206,6 +222,12 @@ def test_the_metrics_text_names_and_labels():
 # HELP opsctl_node_kernel_log_read_ok Whether node check read the kernel log (1) or could not (0; --json says why).
 # TYPE opsctl_node_kernel_log_read_ok gauge
 opsctl_node_kernel_log_read_ok 1
+# HELP opsctl_node_kernel_log_ignored_records_total Kernel log records with the NVIDIA driver's XID or SXid words \
+that are not its lines, never counted as XIDs, by reason: quoted (a kernel message quoting them: a user's file or \
+process name, an audit text), userspace (a program wrote them to /dev/kmsg).
+# TYPE opsctl_node_kernel_log_ignored_records_total counter
+opsctl_node_kernel_log_ignored_records_total{{reason="quoted"}} 0
+opsctl_node_kernel_log_ignored_records_total{{reason="userspace"}} 2
 # HELP opsctl_node_kernel_xid_total GPU XIDs the NVIDIA driver wrote to the kernel log, counted by node check \
 across its runs.
 # TYPE opsctl_node_kernel_xid_total counter
@@ -235,10 +257,11 @@ opsctl_node_check_timestamp_seconds {T0 + 60:.3f}
 """
 
 
-def test_without_xids_only_the_read_status_is_written():
+def test_without_xids_only_the_read_status_and_the_ignored_records_are_written():
     report = KernelLogReport(source="/dev/kmsg", why="cannot read /dev/kmsg: Permission denied")
     text = metrics_text([], T0, kernel=report)
     assert "opsctl_node_kernel_log_read_ok 0\n" in text and "xid" not in text and "recovery" not in text
+    assert 'opsctl_node_kernel_log_ignored_records_total{reason="quoted"} 0\n' in text
 
 
 def test_the_windowed_count_holds_what_runs_first_saw_within_the_window():

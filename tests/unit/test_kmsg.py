@@ -1,11 +1,23 @@
 """opsctl.gpu.kmsg over real kernel log lines (tests/fixtures/kmsg, SOURCES.md): /dev/kmsg records and their
 continuation lines, the driver's XID lines with and without a process, NVSwitch SXids, and XID 154's
-recovery actions; and nvidia-smi's index query (opsctl.gpu.nvidia_smi.parse_gpu_indexes)."""
+recovery actions; records that quote the driver's words and are not its lines; and nvidia-smi's index query
+(opsctl.gpu.nvidia_smi.parse_gpu_indexes)."""
+
+import re
 
 import pytest
 
 from opsctl.errors import SourceUnavailable
-from opsctl.gpu.kmsg import Record, canonical_pci, parse_record, parse_records, parse_sxid, parse_xid, recovery_action
+from opsctl.gpu.kmsg import (
+    Record,
+    canonical_pci,
+    ignored_because,
+    parse_record,
+    parse_records,
+    parse_sxid,
+    parse_xid,
+    recovery_action,
+)
 from opsctl.gpu.nvidia_smi import parse_gpu_indexes
 from tests.conftest import FIXTURES
 
@@ -16,8 +28,18 @@ def lines(name):
     return (KMSG / name).read_text().splitlines()
 
 
+# What dmesg and syslog put before a record's message: `[24128.828315] `, `[Sun Feb 23 16:24:18 2025] `, `[...] `,
+# `Dec  2 11:38:46 worker4 kernel: [  218.250668] `, `Aug 10 15:36:05 gpu-node-a kernel: `.
+DECORATION = re.compile(r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ kernel: )?(?:\[[^\]]*\] )?")
+
+
+def message(line):
+    """The record's message of a dmesg or syslog line: the parsers read messages, as /dev/kmsg gives them."""
+    return line[DECORATION.match(line).end():]
+
+
 def xids(name):
-    return [x for line in lines(name) if (x := parse_xid(line)) is not None]
+    return [x for line in lines(name) if (x := parse_xid(message(line))) is not None]
 
 
 def test_the_abi_examples_records_without_their_continuation_lines():
@@ -50,6 +72,28 @@ def test_a_node_with_nvswitches_holds_records_in_sequence_and_no_xid():
                                  "IPv6: ADDRCONF(NETDEV_CHANGE): calic24dd7712a6: link becomes ready", 6)
     assert all(r.from_kernel for r in records)
     assert [r for r in records if parse_xid(r.message) or parse_sxid(r.message)] == []
+
+
+def test_defect_1_a_kernel_record_that_quotes_the_drivers_text_is_no_xid_or_sxid():
+    """Real records (kmsg_quoted_driver_text.txt): a file named like an XID line exec'd with an empty argv, the
+    segfault of a program of that name, an audit message and two lines a program wrote to /dev/kmsg. None is
+    the driver's: its message does not begin with the driver's prefix and address, or it is not the kernel's."""
+    records = parse_records((KMSG / "kmsg_quoted_driver_text.txt").read_text())
+    kernels = [r for r in records if r.from_kernel]  # the last two are a program's: their facility tells them apart
+    assert [r.seq for r in kernels] == [1289, 1290, 1292]
+    assert [(r.seq, x.code) for r in kernels if (x := parse_xid(r.message))] == []
+    assert [(r.seq, s.code) for r in kernels if (s := parse_sxid(r.message))] == []
+
+
+def test_why_a_record_with_the_drivers_words_is_not_its_line():
+    records = parse_records((KMSG / "kmsg_quoted_driver_text.txt").read_text())
+    assert [ignored_because(r) for r in records] == ["quoted", "quoted", "quoted", "userspace", "userspace"]
+    # The driver's own lines, counted or not (an SXid's detail), and records without its words are not ignored.
+    driver = parse_records((KMSG / "kmsg_h200_node.txt").read_text())
+    assert [r.seq for r in driver if ignored_because(r)] == []
+    assert [r.seq for r in driver if "SXid" in r.message and not parse_sxid(r.message)] == [1205]
+    # A record whose message begins with the driver's words but not its address: a process named by them.
+    assert ignored_because(Record(1, 1, "nvidia-nvswitch0: SXid[77]: segfault at 0 ip 0 sp 0 error 6", 6)) == "quoted"
 
 
 @pytest.mark.parametrize("line", [" SUBSYSTEM=acpi", " DEVICE=+acpi:PNP0A03:00", "", "garbage", "6,339;no usec",
@@ -91,7 +135,7 @@ def test_xid_without_pid_and_name_as_older_drivers_print_it():
 def test_gpuds_test_lines_no_xid_and_the_fallen_off_the_bus_line_are_not_counted():
     """The driver prints `NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.` after (not instead of) its
     XID 79 line (gpud_sxid_readme_xid79_sxid20034.txt): counting both would count one XID twice."""
-    found = {line: parse_xid(line) for line in lines("gpud_xid_kmsg_test_lines.txt")}
+    found = {line: parse_xid(message(line)) for line in lines("gpud_xid_kmsg_test_lines.txt")}
     assert [line for line, x in found.items() if x is None] == [
         "Regular log content without Xid errors", "NVRM: Xid error: xyz, invalid data",
         "Regular log content without Xid", "NVRM: Xid (invalid): some error",
@@ -111,13 +155,13 @@ def test_xid_of_a_mig_instance_names_the_gpu():
 
 
 def test_sxid_fatal_and_non_fatal_counted_on_their_first_line_only():
-    readme = [s for line in lines("gpud_sxid_readme_xid79_sxid20034.txt") if (s := parse_sxid(line))]
+    readme = [s for line in lines("gpud_sxid_readme_xid79_sxid20034.txt") if (s := parse_sxid(message(line)))]
     assert [(s.pci, s.code, s.fatal, s.text) for s in readme] == [
         ("00000000:06:00.0", 20034, True, "Link 48 LTSSM Fault Up"),
         ("00000000:05:00.0", 20034, True, "Link 63 LTSSM Fault Up"),
         ("00000000:07:00.0", 20034, True, "Link 37 LTSSM Fault Up"),
         ("00000000:05:00.0", 20034, True, "Link 62 LTSSM Fault Up")]  # not the Severity and Data lines
-    found = {line: parse_sxid(line) for line in lines("gpud_sxid_kmsg_test_lines.txt")}
+    found = {line: parse_sxid(message(line)) for line in lines("gpud_sxid_kmsg_test_lines.txt")}
     assert [(s.pci, s.code, s.fatal, s.text) for s in found.values() if s] == [
         ("00000000:05:00.0", 12028, False, "Link 32 egress non-posted PRIV error (First)"),
         ("00000000:00:00.0", 20034, True, "Link 30 LTSSM Fault Up"),
@@ -125,7 +169,7 @@ def test_sxid_fatal_and_non_fatal_counted_on_their_first_line_only():
         ("00000000:05:00.0", 12028, False, "Link 32 egress non-posted PRIV error"),
         ("00000000:00:00.0", 20034, True, "Link 30 LTSSM Fault Up")]
     assert sum(s is None for s in found.values()) == 6
-    assert all(parse_xid(line) is None for line in found)  # an SXid is no XID
+    assert all(parse_xid(message(line)) is None for line in found)  # an SXid is no XID
 
 
 @pytest.mark.parametrize("name,actions", [
