@@ -16,6 +16,7 @@ from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
+from opsctl.health.ladder_reason import GPU, NEW_FAULT, open_faults, step_words, under_ladder, with_new_step_faults
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 
@@ -136,6 +137,26 @@ def breaker_detail(stop: str) -> str:
     return "circuit-breaker: " + stop.removeprefix("circuit breaker: ")
 
 
+def new_ladder_faults(node: SlurmNode, drain: list[Check]) -> list[Check]:
+    """The drain checks of a node under the remediation ladder whose rule, or GPU, its reason does not list yet
+    (opsctl/health/ladder_reason.py); none for a node not under the ladder."""
+    if not under_ladder(node):
+        return []
+    gpus, rules = open_faults(node)
+    return [c for c in drain if c.id not in rules or (GPU.match(c.device) and c.device not in gpus)]
+
+
+def ladder_reason(node: SlurmNode, new: list[Check], max_length: int) -> str:
+    """The ladder's reason with the new faults in it: an entry drain gains their rules and evidence, a step
+    their GPUs and rules (a pass becomes unchecked: it did not check them)."""
+    words = step_words(node.reason)
+    if words is None:
+        return escalated_reason(node, new, max_length)
+    added = with_new_step_faults(words, [c.device for c in new if GPU.match(c.device)], [c.id for c in new],
+                                 "; ".join(c.evidence for c in new))
+    return cap_reason(added.reason, max_length)
+
+
 def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
                 drains_last_hour: int, dry_run: bool, scope: set[str] | None = None,
                 resumed_after: dict[str, float] | None = None) -> Plan:
@@ -155,10 +176,17 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                 plan.set(Decision(name, "skip:unknown"))
         elif verdict.status == "fail" and drain:
             node = cluster[name]
-            if node.drained and node.owned:
-                # Ours already. An event that needs a person turns an auto-resumable drain into one that does.
+            if node.owned and (node.drained or (node.back_from_reboot and step_words(node.reason) is not None)):
+                # Ours already. An event that needs a person turns an auto-resumable drain into one that does;
+                # a new fault on a node under the remediation ladder joins what its validation must clear.
                 new = [c for c in drain if c.id in needs_person and c.id not in node.reason_rules()]
-                if new and not node.manual and set(node.reason_rules()) <= may_resume:
+                ladder = new_ladder_faults(node, drain)
+                if ladder:
+                    plan.set(Decision(name, "would-escalate" if dry_run else "escalate", checks=tuple(ladder),
+                                      detail=f"{NEW_FAULT}: " + ", ".join(f"{c.device} {c.id}".strip() for c in ladder),
+                                      reason=ladder_reason(node, ladder, safety.reason_max_length), seen=node,
+                                      values=check_values(ladder)))
+                elif new and not node.manual and set(node.reason_rules()) <= may_resume:
                     plan.set(Decision(name, "would-escalate" if dry_run else "escalate", checks=tuple(new),
                                       reason=escalated_reason(node, new, safety.reason_max_length), seen=node,
                                       values=check_values(new)))

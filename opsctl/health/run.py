@@ -217,7 +217,7 @@ class Run:
         return Change(node=decision.node, event=event, seen=seen, reason=decision.reason, checks=checks,
                       evidence=decision.reason.split(" ", 1)[1] if " " in decision.reason else "",
                       values=decision.values, handled=tuple(records_for(decision.node, decision.checks, self.now)),
-                      healthy_s=decision.healthy_s if event == RESUME else None)
+                      healthy_s=decision.healthy_s if event == RESUME else None, detail=decision.detail)
 
 
 def _within(nodes: dict[str, SlurmNode], scope: set[str] | None) -> dict[str, SlurmNode]:

@@ -6,10 +6,13 @@ the same place:
     then the checks;
   - `opsctl:reboot gpuN ...` and the node is back from that reboot (DOWN with that reason, no reboot
     flag left): the checks.
-The checks are `dcgmi diag -r <remediation.validate_level> -j -i N` (opsctl.gpu.dcgm_diag: a skipped or
-errored test is "unchecked", never a pass) and this run's InfiniBand and storage checks. The answer is
-`opsctl:validated-<pass|fail|unchecked> gpuN <rule> after-<reset|reboot> <detail>`, set through the actor,
-compared and set against the reason the node read (a person who changed it meanwhile wins).
+A reason may list several GPUs, `gpu1,gpu3` (a second fault found while the node was on the ladder,
+opsctl/health/ladder_reason.py): each is reset in turn, and all are checked at once.
+The checks are `dcgmi diag -r <remediation.validate_level> -j -i N[,M...]` (DCGM's `-i`/`--entity-id` takes a
+comma-separated list of entities; opsctl.gpu.dcgm_diag judges each GPU's own results: a skipped or errored test
+is "unchecked", never a pass, and one GPU's failure fails the whole) and this run's InfiniBand and storage
+checks. The answer is `opsctl:validated-<pass|fail|unchecked> <gpus> <rules> after-<reset|reboot> <detail>`, set
+through the actor, compared and set against the reason the node read (a person who changed it meanwhile wins).
 
 What failed stays on the node for the vendor: `<state_dir>/validation/<UTC time>-<step>/` holds the diag's
 JSON and `nvidia-smi -q -i N`, and after a reboot (the failure the head hands to RMA) NVIDIA's
@@ -48,7 +51,7 @@ class StepOutcome:
 def due(node: SlurmNode | None) -> Rung | None:
     """The ladder step this node must take now, None when there is none."""
     rung = rung_of(node) if node is not None else None
-    if rung is None or rung.fault.gpu_index is None:
+    if rung is None or rung.fault.gpu_indexes is None:
         return None
     if rung.step == RESET and node is not None and node.drained and not node.runs_jobs and not node.held_by_slurm:
         return rung
@@ -72,22 +75,22 @@ def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool
     try:
         return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "", result)
     except OpsctlError as err:  # the step may be done; unanswered, the head's step_timeout takes it on
-        return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu} not answered: {err}")
+        return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu_word} not answered: {err}")
 
 
 def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, now: float,
           other_failures: str, action: ActionResult | None) -> StepOutcome:
     """The reset (when asked), the checks, the answer; `other_failures` ("" when none) fails a passing diag."""
-    gpu = rung.fault.gpu_index
-    assert gpu is not None
+    gpus = rung.fault.gpu_indexes
+    assert gpus
     evidence = Evidence(Ledger(config), rung.step, now)
-    if rung.step == RESET:
+    for gpu in gpus if rung.step == RESET else ():
         reset = _reset(config.gpu.nvidia_smi, gpu, run)
         if reset.returncode != 0:
             why = " ".join((reset.stdout + reset.stderr).split()) or f"exit {reset.returncode}"
-            return _answer(config, slurm, node, rung, "unchecked", f"reset failed (exit {reset.returncode}): {why}",
-                           now, action)
-    result, detail = _validate(config, gpu, run, evidence, rung.step)
+            failed = f"reset failed (exit {reset.returncode})" + (f" on GPU {gpu}" if len(gpus) > 1 else "")
+            return _answer(config, slurm, node, rung, "unchecked", f"{failed}: {why}", now, action)
+    result, detail = _validate(config, gpus, run, evidence, rung.step)
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures
     return _answer(config, slurm, node, rung, result, detail, now, action)
@@ -104,22 +107,28 @@ def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[s
         run_tool(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
 
 
-def _validate(config: Config, gpu: int, run: Run, evidence: "Evidence", after: str) -> tuple[str, str]:
-    """The diag's result and its words; on anything but a pass, the evidence kept and the serial named."""
+def _validate(config: Config, gpus: tuple[int, ...], run: Run, evidence: "Evidence", after: str) -> tuple[str, str]:
+    """The diag's result on every GPU and its words; on anything but a pass, the evidence kept and the serial of
+    the GPU that failed (the first of them) named."""
     level = config.remediation.validate_level
-    diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", str(gpu)], DIAG_TIMEOUT_S[level])
+    entities = ",".join(str(gpu) for gpu in gpus)
+    diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", entities], DIAG_TIMEOUT_S[level])
+    suspects = list(gpus)
     try:
-        verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), [gpu], level)
+        verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), gpus, level)
         result, detail = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked"), verdict.describe()
+        named = [f.gpu for f in verdict.failures or verdict.unchecked]
+        suspects = list(dict.fromkeys(named)) or suspects
     except SourceUnavailable as err:
         result, detail = "unchecked", str(err)
     if result == "pass":
         return result, detail
-    query = run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S)
-    evidence.keep({"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": query.stdout})
+    queries = [run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S).stdout
+               for gpu in suspects]
+    evidence.keep({"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": "\n".join(queries)})
     if after == REBOOT:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
-    found = SERIAL.search(query.stdout)
+    found = SERIAL.search(queries[0])
     return result, f"{serial_word(found.group(1))} {detail}" if found else detail
 
 
@@ -147,10 +156,11 @@ class Evidence:
 def _answer(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, result: str, detail: str,
             now: float, action: ActionResult | None = None) -> StepOutcome:
     reason = cap_reason(validated_reason(result, rung.fault, rung.step, detail), config.safety.reason_max_length)
-    change = Change(node=node.name, event=VALIDATED, seen=node, reason=reason, checks=(rung.fault.rule,),
-                    evidence=rung.fault.gpu, detail=detail, budget=False)
+    change = Change(node=node.name, event=VALIDATED, seen=node, reason=reason, checks=rung.fault.rules,
+                    evidence=rung.fault.gpu_word, detail=detail, budget=False)
     with Actor(config, slurm, now, result=action) as actor:
         acted = actor.apply([change])
     if acted.dropped:
         return StepOutcome(f"remediation: {node.name} changed meanwhile, not answered ({acted.dropped[0][1]})")
-    return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu} checked: {result}; reason {reason}", reason)
+    return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu_word} checked: {result}; reason {reason}",
+                       reason)

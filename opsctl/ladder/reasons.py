@@ -11,27 +11,43 @@ reboot can clear. Each step is an opsctl reason, so that `sinfo -R` shows where 
     opsctl:rma <gpu> <rule> <why>                   a person and the vendor; nothing automatic touches it
     opsctl:unvalidated <gpu> <rule> <why>           the checks could not run after a reboot: a person
 
-<gpu> is `gpu3`, or `node` for a fault of no single GPU. The head (`opsctl remediate`) sets every step but
-`validated-*`, which the node sets on its own reason after its checks (`opsctl node check`).
-docs/remediation.md has the whole ladder.
+<gpu> is `gpu3`, or `node` for a fault of no single GPU; a second fault found while the node is on the ladder
+adds its GPU and rule to the lists, `opsctl:reboot gpu1,gpu3 xid-79,xid-48 ...` (the health run does it:
+opsctl/health/ladder_reason.py has the grammar), and the node then resets and validates every GPU listed. The
+head (`opsctl remediate`) sets every step but `validated-*`, which the node sets on its own reason after its
+checks (`opsctl node check`). docs/remediation.md has the whole ladder.
 """
 
 import re
 from dataclasses import dataclass
 
+from opsctl.health.ladder_reason import (
+    CUT,
+    FAMILY,
+    GPU,
+    NODE,
+    OWN_XID,
+    REBOOT,
+    RESET,
+    RESET_RULES,
+    RESULTS,
+    RMA,
+    STEPS,
+    UNVALIDATED,
+    VALIDATED,
+    StepWords,
+    entry_gpus,
+    list_word,
+    step_words,
+)
 from opsctl.health.xid import DRAIN_ACTIONS, XidCatalog
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
-RESET, REBOOT, RMA, UNVALIDATED = "reset", "reboot", "rma", "unvalidated"
-VALIDATED = "validated"
-RESULTS = ("pass", "fail", "unchecked")
-STEPS = (RESET, REBOOT, RMA, UNVALIDATED, *(f"{VALIDATED}-{result}" for result in RESULTS))
-# Rules whose fault a GPU reset clears, or whose clearing it proves: a pending row remap is applied by the
-# reset; a failed remap and a new DBE are retested by the diagnostics after it (a sticky fault fails them).
-RESET_RULES = {"row-remap-pending": RESET, "row-remap-failure": RESET, "ecc-dbe-new": RESET}
-_FAMILY = re.compile(r"^xid-(reset|reboot|inspect)$")
-_OWN_XID = re.compile(r"^xid-(\d+)$")
-_GPU = re.compile(r"^gpu\d+$")
+__all__ = ["REBOOT", "RESET", "RESET_RULES", "RESULTS", "RMA", "STEPS", "UNVALIDATED", "VALIDATED", "Fault", "Rung",
+           "fault_of", "rung_of", "serial_of", "serial_word", "step_reason", "validated_reason"]
+# The strongest action of several faults is the node's: an inspect goes to RMA, a reboot also clears what a
+# reset would.
+_STRENGTH = ("reset", "reboot", "inspect")
 _EVIDENCE_XID = re.compile(r"\bxid=(\d+)\b")
 # The GPU's serial in a validated-fail answer and the RMA reason after it: `serial=1650924123456`.
 _SERIAL = re.compile(r"\bserial=(\S+)")
@@ -39,16 +55,34 @@ _SERIAL = re.compile(r"\bserial=(\S+)")
 
 @dataclass(frozen=True)
 class Fault:
-    """What the ladder works on: one rule's fault on one GPU (or the node), and the step it calls for."""
+    """What the ladder works on: the faults of its rules on its GPUs (or the node), and the step they call for.
+    `rule` and `gpu` are the first, which the ladder's words name; `rules` and `gpus` all of them."""
 
     rule: str  # the health rule: xid-79, xid-reset, row-remap-pending
     gpu: str  # gpu3, or "node"
     action: str  # reset | reboot | inspect (inspect: straight to RMA)
     xid: int | None = None
+    gpus: tuple[str, ...] = ()  # every GPU with an open fault, `gpu` first (empty: `gpu` alone)
+    rules: tuple[str, ...] = ()  # every rule, `rule` first (empty: `rule` alone)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", tuple(dict.fromkeys((self.gpu, *self.gpus))))
+        object.__setattr__(self, "rules", tuple(dict.fromkeys((self.rule, *self.rules))))
 
     @property
     def gpu_index(self) -> int | None:
-        return int(self.gpu[3:]) if _GPU.match(self.gpu) else None
+        return int(self.gpu[3:]) if GPU.match(self.gpu) else None
+
+    @property
+    def gpu_indexes(self) -> tuple[int, ...] | None:
+        """Every GPU's index; None when one of them is no GPU (`node`): the node's step checks GPUs only."""
+        if not all(GPU.match(gpu) for gpu in self.gpus):
+            return None
+        return tuple(int(gpu[3:]) for gpu in self.gpus)
+
+    @property
+    def gpu_word(self) -> str:
+        return list_word(self.gpus)
 
 
 @dataclass(frozen=True)
@@ -62,43 +96,47 @@ class Rung:
 
 
 def fault_of(node: SlurmNode, catalog: XidCatalog) -> Fault | None:
-    """The ladder's fault behind opsctl's own health drain, `opsctl:xid-79 gpu3 xid=79 count=1`; None when
-    the drain is not one the ladder may touch: a person's, another rule's (an InfiniBand port, storage),
-    or several rules at once (a reset would not clear them all)."""
-    if not node.owned or node.manual:
+    """The ladder's fault behind opsctl's own health drain, `opsctl:xid-79 gpu3 xid=79 count=1` (every GPU its
+    evidence names: `...; gpu5 xid=79 count=1`); None when the drain is not one the ladder may touch: a
+    person's, one with another rule's fault (an InfiniBand port, storage), or a reason cut short (it may not
+    name every GPU)."""
+    if not node.owned or node.manual or node.reason.endswith(CUT) or step_words(node.reason) is not None:
         return None
     rules = node.reason_rules()
-    if len(rules) != 1:
+    gpus = entry_gpus(node.reason[len(OWNED_PREFIX):])
+    faults = [_rule_fault(rule, gpus, node.reason, catalog) for rule in rules]
+    if not faults or any(f is None for f in faults):
         return None
-    words = node.reason[len(OWNED_PREFIX):].split()
-    gpu = words[1] if len(words) > 1 and _GPU.match(words[1]) else "node"
-    rule = rules[0]
-    own, family = _OWN_XID.match(rule), _FAMILY.match(rule)
+    found = [f for f in faults if f is not None]
+    action = max((f.action for f in found), key=_STRENGTH.index)
+    return Fault(rules[0], gpus[0], action, found[0].xid, gpus=gpus, rules=tuple(rules))
+
+
+def _rule_fault(rule: str, gpus: tuple[str, ...], reason: str, catalog: XidCatalog) -> Fault | None:
+    """One rule of an entry drain as the ladder's fault, None when the ladder does not take it."""
+    own, family = OWN_XID.match(rule), FAMILY.match(rule)
     if own:
         code = int(own.group(1))
         action = catalog.action(code)
-        return Fault(rule, gpu, action, code) if action in DRAIN_ACTIONS else None
+        return Fault(rule, gpus[0], action, code) if action in DRAIN_ACTIONS else None
     if family:
-        found = _EVIDENCE_XID.search(node.reason)
-        return Fault(rule, gpu, family.group(1), int(found.group(1)) if found else None)
-    if rule in RESET_RULES and gpu != "node":
-        return Fault(rule, gpu, RESET_RULES[rule])
+        found = _EVIDENCE_XID.search(reason)
+        return Fault(rule, gpus[0], family.group(1), int(found.group(1)) if found else None)
+    if rule in RESET_RULES and NODE not in gpus:
+        return Fault(rule, gpus[0], RESET_RULES[rule])
     return None
 
 
 def rung_of(node: SlurmNode) -> Rung | None:
     """The node's step on the ladder from its reason, None when its reason is no step of it."""
-    if not node.owned or node.manual:
+    words: StepWords | None = step_words(node.reason) if node.owned and not node.manual else None
+    if words is None:
         return None
-    words = node.reason[len(OWNED_PREFIX):].split()
-    if len(words) < 3 or words[0] not in STEPS:
-        return None
-    step, gpu, rule = words[0], words[1], words[2]
-    fault = Fault(rule, gpu, "")
-    if step.startswith(VALIDATED):
-        after = words[3].removeprefix("after-") if len(words) > 3 else ""
-        return Rung(step, fault, after=after, detail=" ".join(words[4:]))
-    return Rung(step, fault, detail=" ".join(words[3:]))
+    fault = Fault(words.rules[0], words.gpus[0], "", gpus=words.gpus, rules=words.rules)
+    if words.step.startswith(VALIDATED):
+        after, _, detail = words.tail.partition(" ")
+        return Rung(words.step, fault, after=after.removeprefix("after-"), detail=" ".join(detail.split()))
+    return Rung(words.step, fault, detail=" ".join(words.tail.split()))
 
 
 def serial_word(serial: str) -> str:
@@ -112,8 +150,8 @@ def serial_of(reason: str) -> str | None:
 
 
 def step_reason(step: str, fault: Fault, detail: str = "") -> str:
-    """`opsctl:<step> <gpu> <rule> <detail>`, uncapped (the actor's callers cap it)."""
-    return " ".join(part for part in (f"{OWNED_PREFIX}{step}", fault.gpu, fault.rule, detail) if part)
+    """`opsctl:<step> <gpus> <rules> <detail>`, uncapped (the actor's callers cap it)."""
+    return StepWords(step, fault.gpus, fault.rules, detail).reason
 
 
 def validated_reason(result: str, fault: Fault, after: str, detail: str = "") -> str:

@@ -104,7 +104,9 @@ def test_reason_is_capped_and_lists_every_rule():
     (node("gpu040", "mixed", flags=("REBOOT_REQUESTED",)), "skip:slurm-state"),
     (node("gpu040", flags=("POWERED_DOWN",)), "skip:slurm-state"),
     (node("gpu040", flags=("DRAIN",), reason="opsctl:ib-down mlx5_2 state_id=1"), "escalate"),
-    (node("gpu040", flags=("DRAIN",), reason="opsctl:xid-48 gpu1 xid=48 count=1"), "skip:already-drained"),
+    (node("gpu040", flags=("DRAIN",), reason="opsctl:xid-79 gpu3 xid=79 count=1"), "skip:already-drained"),
+    # A new fault under the remediation ladder is added to its reason (tests/unit/test_ladder_second_fault.py).
+    (node("gpu040", flags=("DRAIN",), reason="opsctl:xid-48 gpu1 xid=48 count=1"), "escalate"),
     (node("gpu040", flags=("DRAIN",), reason="opsctl:manual fan"), "skip:already-drained"),
     (node("gpu040", flags=("DRAIN",), reason="opsctl:epilog GPU3=1024MiB"), "skip:already-drained"),  # not a rule
 ])
