@@ -33,6 +33,7 @@ from opsctl.ladder.reasons import (
     Fault,
     Rung,
     fault_of,
+    needed_action,
     rung_of,
     step_reason,
 )
@@ -115,7 +116,7 @@ def _next(name: str, node: SlurmNode, catalog: XidCatalog, records: list[dict[st
     if rung is None:
         assert fault is not None
         return _enter(name, node, fault, records, config, now)
-    return _climb(name, node, rung, records, config, now)
+    return _climb(name, node, rung, records, config, now, catalog)
 
 
 def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any]], config: Config,
@@ -123,9 +124,10 @@ def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any
     """A node that opsctl's health run drained for a fault the ladder clears."""
     rem = config.remediation
     since = now - duration_seconds(rem.rma_window)
-    drains = _episodes(records, name, fault, since)
+    drains, rule, gpu = max((_episodes(records, name, rule, gpu, since), rule, gpu)
+                            for rule in fault.rules for gpu in fault.gpus)
     if drains >= rem.rma_after:
-        why = f"drained {drains} times for {fault.rule} on {fault.gpu} within {rem.rma_window}"
+        why = f"drained {drains} times for {rule} on {gpu} within {rem.rma_window}"
         return _step(name, node, RMA, fault, why, config)
     if fault.action == "inspect":
         return _step(name, node, RMA, fault, "NVIDIA's XID catalog: contact support, inspect the hardware",
@@ -139,9 +141,17 @@ def _enter(name: str, node: SlurmNode, fault: Fault, records: list[dict[str, Any
 
 
 def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]], config: Config,
-           now: float) -> LadderDecision:
+           now: float, catalog: XidCatalog) -> LadderDecision:
     """A node already on the ladder: wait for its step, or take the next one."""
     fault = rung.fault
+    if rung.step == RESET or rung.after == RESET:
+        # A fault that joined a reset under the ladder may need more than a reset: it goes to its own step.
+        needed = needed_action(fault, node.reason, catalog)
+        if needed == "inspect":
+            return _step(name, node, RMA, fault, "NVIDIA's XID catalog: contact support, inspect the hardware",
+                         config)
+        if needed == REBOOT:
+            return _step(name, node, REBOOT, fault, f"{rung.step}: a fault a reset does not clear joined it", config)
     started = _last(records, name, rung.step)
     if rung.step == REBOOT and started is not None and node.boot_time is not None and node.boot_time > started:
         # `scontrol reboot ASAP` waits for the node's jobs, hours at times: the node's checks have had time to
@@ -187,15 +197,17 @@ def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, conf
     return LadderDecision(name, step, fault, reason=reason, detail=detail, seen=node)
 
 
-def _episodes(records: list[dict[str, Any]], node: str, fault: Fault, since: float) -> int:
+def _episodes(records: list[dict[str, Any]], node: str, rule: str, gpu: str, since: float) -> int:
     """How many times opsctl drained this node for this rule on this GPU since `since` (this time included)."""
-    gpu = re.compile(rf"(^|\s){re.escape(fault.gpu)}(\s|$)") if fault.gpu != "node" else None
+    word = re.compile(rf"(^|\s){re.escape(gpu)}(\s|$)") if gpu != "node" else None
     count = 0
     for record in records:
-        drained = record.get("event") == "drain" and record.get("node") == node
-        if not drained or fault.rule not in (record.get("checks") or []) or _seconds(record) < since:
+        # A drain, or a fault that joined the node's reason under the ladder (health/ladder_reason.py): its
+        # record's checks are the new rule alone, its evidence names the new GPU as a word of its own.
+        drained = record.get("event") in ("drain", "escalate") and record.get("node") == node
+        if not drained or rule not in (record.get("checks") or []) or _seconds(record) < since:
             continue
-        if gpu is None or gpu.search(str(record.get("evidence") or record.get("reason") or "")):
+        if word is None or word.search(str(record.get("evidence") or record.get("reason") or "")):
             count += 1
     return count
 

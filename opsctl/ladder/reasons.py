@@ -44,7 +44,7 @@ from opsctl.health.xid import DRAIN_ACTIONS, XidCatalog
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 __all__ = ["REBOOT", "RESET", "RESET_RULES", "RESULTS", "RMA", "STEPS", "UNVALIDATED", "VALIDATED", "Fault", "Rung",
-           "fault_of", "rung_of", "serial_of", "serial_word", "step_reason", "validated_reason"]
+           "fault_of", "needed_action", "rung_of", "serial_of", "serial_word", "step_reason", "validated_reason"]
 # The strongest action of several faults is the node's: an inspect goes to RMA, a reboot also clears what a
 # reset would.
 _STRENGTH = ("reset", "reboot", "inspect")
@@ -125,6 +125,15 @@ def _rule_fault(rule: str, gpus: tuple[str, ...], reason: str, catalog: XidCatal
     if rule in RESET_RULES and NODE not in gpus:
         return Fault(rule, gpus[0], RESET_RULES[rule])
     return None
+
+
+def needed_action(fault: Fault, reason: str, catalog: XidCatalog) -> str:
+    """The strongest action that the rules of a step's fault call for, "" when none is known. A step's reason
+    names no action: a fault that joined it under the ladder (opsctl/health/ladder_reason.py) may need more
+    than the step it joined (an XID 79 that joins a reset)."""
+    found = [_rule_fault(rule, fault.gpus, reason, catalog) for rule in fault.rules]
+    actions = [f.action for f in found if f is not None]
+    return max(actions, key=_STRENGTH.index) if actions else ""
 
 
 def rung_of(node: SlurmNode) -> Rung | None:

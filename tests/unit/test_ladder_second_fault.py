@@ -3,7 +3,9 @@ rule to the ladder's reason (opsctl/health/ladder_reason.py); the ladder's parse
 step resets and validates every GPU listed (opsctl/ladder/node_step.py), answering a pass only when each passed."""
 
 import json
+import time
 
+from opsctl.actor.audit import AuditLog
 from opsctl.actor.state import State
 from opsctl.config import parse_config
 from opsctl.health.xid import xid_catalog
@@ -127,3 +129,24 @@ def test_defect_3_a_persons_step_keeps_its_reason(tmp_path):
     w.prom.breach("xid-48", "gpu040", "3")
     _, nodes, _ = w.json("--drain")
     assert nodes["gpu040"]["action"] == "skip:already-drained" and w.slurm.calls == []
+
+
+def test_defect_3_a_fault_a_reset_does_not_clear_that_joins_a_reset_takes_the_node_to_a_reboot(tmp_path):
+    joined = "opsctl:reset gpu1,gpu3 xid-48,xid-79 xid=48 count=1; gpu3 xid=79 count=1"
+    w = World(tmp_path, gpu040=node("gpu040", flags=("DRAIN",), reason=joined))
+    assert w.run("remediate") == 0
+    [(event, names, reason)] = w.slurm.calls
+    assert (event, names) == ("reboot", ("gpu040",))
+    assert reason.startswith("opsctl:reboot gpu1,gpu3 xid-48,xid-79 reset: a fault a reset does not clear")
+
+
+def test_defect_3_a_fault_that_joined_under_the_ladder_counts_towards_rma_on_its_gpu(tmp_path):
+    w = World(tmp_path)
+    audit = AuditLog(w.config.audit_log)
+    for hours_ago in (20, 10):  # XID 48 joined gpu3 twice today while gpu1's XID 79 had the node on the ladder
+        audit.write("escalate", node="gpu040", checks=["xid-48"], now=time.time() - hours_ago * 3600,
+                    evidence="gpu1,gpu3 xid-79,xid-48 xid=79 count=1; gpu3 xid=48 count=1")
+    w.slurm.state["gpu040"] = node("gpu040", flags=("DRAIN",), reason="opsctl:xid-48 gpu3 xid=48 count=1")
+    audit.write("drain", node="gpu040", checks=["xid-48"], evidence="gpu3 xid=48 count=1")
+    assert w.run("remediate") == 0
+    assert w.slurm.state["gpu040"].reason == "opsctl:rma gpu3 xid-48 drained 3 times for xid-48 on gpu3 within 1d"
