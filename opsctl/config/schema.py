@@ -21,6 +21,7 @@ import yaml
 from opsctl.config import rails as rail_names
 from opsctl.config.fields import Duration, duration, duration_seconds, fail, key, load, parse_duration
 from opsctl.errors import ConfigError
+from opsctl.gpu.tools import node_step_bound_s
 
 __all__ = ["Config", "Duration", "duration_seconds", "load_config", "parse_config", "parse_duration"]
 
@@ -317,6 +318,23 @@ class RemediationConfig:
     step_timeout: Duration = key(duration("30m"))
     # dcgmi diag -r <level> on the node after a reset or reboot (1 quick, 2 medium, 3-4 long)
     validate_level: int = key(2, check=_between(1, 4), hint="must be 1-4")
+
+    def check_together(self, where: str) -> None:
+        """An unanswered step counts as failed after step_timeout: never before the node's step over a GPU at
+        validate_level could have answered (the head would reboot a node whose diag still runs)."""
+        least = node_step_bound_s(self.validate_level)
+        if self.step_timeout < least:
+            fail(f"{where}.step_timeout", f"must be at least {Duration(least)} at validate_level {self.validate_level} "
+                                          "(the node's dcgmi diag and its other tools may take that long)",
+                 str(self.step_timeout))
+
+
+# What the node's side of the ladder (ladder/node_step.py, on every GPU node) reads of the head's settings: the
+# node_check role renders the head's values of these into the node's own config (node-check.yaml), so that
+# both sides run one ladder. A section stands for all its keys: the node's config checks remediation as the
+# head's does (step_timeout against validate_level). tests/unit/test_node_config_reaches_node.py derives the
+# keys the node's step reads from its code and keeps the role's list the same as this one.
+NODE_LADDER_SETTINGS = ("remediation", "safety.reason_max_length")
 
 
 @dataclass(frozen=True)

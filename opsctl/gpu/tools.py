@@ -8,8 +8,24 @@ import subprocess
 from collections.abc import Callable
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
-# dcgmi's own limit per level is minutes (level 2) to an hour (level 4); the node check's unit allows this.
+# How long `dcgmi diag -r <level>` may run, per level. NVIDIA's dcgmi diag reference (docs.nvidia.com/datacenter/
+# dcgm/latest/reference/command-line-reference/dcgmi/dcgmi-diag.html, option -r): level 1 "normally lasting
+# seconds", 2 "approximately two minutes", 3 "approximately 15 minutes", 4 "extended, longer-running" (no
+# figure). Each bound leaves several times that for a slow or busy node; level 4 twice level 3's.
 DIAG_TIMEOUT_S = {1: 120, 2: 600, 3: 2400, 4: 4800}
+# The other tools of the node's ladder step (ladder/node_step.py), each at most this long: nvidia-smi, for each
+# GPU of the step (-pm 0, -r and -pm 1 around its reset, -q after a diag that did not pass), and
+# nvidia-bug-report.sh once (after a diag that did not pass following a reboot).
+NVIDIA_SMI_TIMEOUT_S = 120
+NVIDIA_SMI_CALLS_PER_GPU = 4
+BUG_REPORT_TIMEOUT_S = 300
+
+
+def node_step_bound_s(level: int, gpus: int = 1) -> int:
+    """The longest the node's ladder step over `gpus` GPUs may run at `dcgmi diag -r <level>` (one diag checks
+    them all): every tool it may call at its timeout, one after another. The node check's unit (node_check
+    role) allows a step over every GPU of the node, the head's remediation.step_timeout one over a GPU."""
+    return DIAG_TIMEOUT_S[level] + gpus * NVIDIA_SMI_CALLS_PER_GPU * NVIDIA_SMI_TIMEOUT_S + BUG_REPORT_TIMEOUT_S
 
 
 def run_tool(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
