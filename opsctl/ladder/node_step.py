@@ -35,6 +35,7 @@ from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
 from opsctl.gpu.tools import DIAG_TIMEOUT_S, Run, run_tool
 from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
 from opsctl.slurm import Slurm, SlurmNode
+from opsctl.slurm.reach import reach
 
 RESET_TIMEOUT_S = 120
 # nvidia-bug-report.sh gathers logs for minutes on a busy node; within the node check unit's 15 minutes.
@@ -49,14 +50,15 @@ class StepOutcome:
 
 
 def due(node: SlurmNode | None) -> Rung | None:
-    """The ladder step this node must take now, None when there is none."""
+    """The ladder step this node must take now, None when there is none: the head's judgement of what opsctl may
+    touch (opsctl/slurm/reach.py) holds here too, so a node that Slurm or a person holds takes no step."""
     rung = rung_of(node) if node is not None else None
-    if rung is None or rung.fault.gpu_indexes is None:
+    if rung is None or node is None or rung.fault.gpu_indexes is None:
         return None
-    if rung.step == RESET and node is not None and node.drained and not node.runs_jobs and not node.held_by_slurm:
+    if rung.step == RESET and node.drained and not node.runs_jobs and reach(node).ok:
         return rung
-    if rung.step == REBOOT and node is not None and node.back_from_reboot:
-        return rung
+    if rung.step == REBOOT and node.state == "down" and reach(node, down_ok=True).ok:
+        return rung  # back from the reboot the head asked for: DOWN with its reason, nothing else set
     return None
 
 

@@ -144,3 +144,13 @@ def test_the_state_sets_of_slurm_base_agree_with_the_one_table():
     assert IN_SERVICE_FLAGS <= {name for name, (kind, _) in FLAGS.items() if kind in ("service", "drain")}
     assert OUT_OF_SERVICE_FLAGS <= {name for name, (kind, _) in FLAGS.items() if kind not in ("service", "drain")}
     assert DOWN_STATES <= {name for name, (kind, _) in STATES.items() if kind in ("down", "hands-off")}
+
+
+@pytest.mark.parametrize("state,flags", [*SLURM_HOLDS, ("idle", ("DRAIN", "SOME_FLAG_OF_2030"))])
+def test_defect_2_the_nodes_own_step_takes_no_step_on_a_node_slurm_holds(tmp_path, state, flags):
+    hw = NodeHardware(node="gpu007")
+    slurm = FakeSlurm({"gpu007": node("gpu007", state=state, flags=flags, reason="opsctl:reset gpu2 xid-48 x")})
+    gpus = EmulatedGpus(hw)
+    config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
+    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    assert (gpus.calls, slurm.calls) == ([], [])
