@@ -32,14 +32,15 @@ from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
-from opsctl.gpu.tools import DIAG_TIMEOUT_S, Run, run_tool
+from opsctl.gpu.tools import BUG_REPORT_TIMEOUT_S, DIAG_TIMEOUT_S, NVIDIA_SMI_TIMEOUT_S, Run, run_tool
 from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.reach import reach
 
-RESET_TIMEOUT_S = 120
-# nvidia-bug-report.sh gathers logs for minutes on a busy node; within the node check unit's 15 minutes.
-BUG_REPORT_TIMEOUT_S = 300
+# Each nvidia-smi call (-pm, -r, -q) and nvidia-bug-report.sh, which gathers logs for minutes on a busy node,
+# within the node check unit's timeout, which the node_check role derives from the same bounds
+# (opsctl.gpu.tools.node_step_bound_s).
+RESET_TIMEOUT_S = NVIDIA_SMI_TIMEOUT_S
 SERIAL = re.compile(r"^\s*Serial Number\s*:\s*(\S+)\s*$", re.MULTILINE)
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from opsctl.actor.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.gpu.tools import DIAG_TIMEOUT_S
 from opsctl.health.plan import counted_nodes
 from opsctl.health.xid import XidCatalog
 from opsctl.ladder.hold import is_held, without_hold
@@ -158,7 +157,9 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
         # answer only since the boot Slurm reports, not since the request.
         started = node.boot_time
     age = now - started if started is not None else 0.0
-    timeout = step_timeout(config, rung.step)
+    # The config refuses a step_timeout shorter than the node's longest step at validate_level (the reset or the
+    # boot, the diagnostics, nvidia-smi -q, the bug report: opsctl.gpu.tools.node_step_bound_s).
+    timeout = float(duration_seconds(config.remediation.step_timeout))
     if rung.step == RESET:
         if age > timeout:
             return _step(name, node, REBOOT, fault, f"no validation {age / 60:.0f}m after the reset",
@@ -178,17 +179,6 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
         # The node's detail starts with the GPU's serial (`serial=...`): the RMA's reason keeps it for sinfo -R.
         return _step(name, node, RMA, fault, f"failed its checks after the reboot: {rung.detail}".strip(), config)
     return _step(name, node, UNVALIDATED, fault, "the checks could not run after the reboot", config)
-
-
-def step_timeout(config: Config, step: str) -> float:
-    """How long the ladder waits for the node's answer to a step. A reset's answer comes after the reset and
-    the diagnostics at remediation.validate_level, which the node runs within its own timeouts: the wait
-    covers them beside remediation.step_timeout, so that a level-3 diagnostic (up to 40 minutes) is never
-    overtaken by a reboot."""
-    timeout = float(duration_seconds(config.remediation.step_timeout))
-    if step == RESET:
-        timeout += DIAG_TIMEOUT_S[config.remediation.validate_level]
-    return timeout
 
 
 def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, config: Config) -> LadderDecision:
