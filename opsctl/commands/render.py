@@ -68,6 +68,7 @@ def summary(result) -> dict:
         "skipped": sum(1 for a in actions if a.startswith("skip:")),
         "safety_stop": result.plan.stop or None,
         "outage": result.plan.outage or None,
+        "breaker": breaker_json(result.plan.counted),
         "warnings": list(result.report.warnings),
         "dry_run": result.options.dry_run,
         "queries": result.report.queries,
@@ -79,9 +80,20 @@ def summary(result) -> dict:
     }
 
 
+def breaker_json(counted) -> dict | None:
+    """What the circuit breaker counted over every judged node (opsctl.health.plan.BreakerCount), or None
+    in a run that planned no drains."""
+    if counted is None:
+        return None
+    return {"failing": counted.failing, "pending": counted.pending, "ladder": counted.ladder,
+            "limit": _number(counted.limit)}
+
+
 def node_json(verdict: NodeVerdict, action: str = "none", eligible_at: float | None = None) -> dict:
     entry = {"node": verdict.node, "status": verdict.status, "in_slurm": verdict.in_slurm,
              "checks": [check_json(c) for c in verdict.checks], "action": action}
+    if verdict.pending:
+        entry["pending"] = [check_json(c) for c in verdict.pending]
     if eligible_at is not None:
         entry["eligible_at"] = iso_time(eligible_at)
     return entry
@@ -151,6 +163,10 @@ def summary_lines(result) -> list[str]:
                                                        "escalated", "would_escalate") if s[k]]
     if acted:
         tail += "; " + ", ".join(acted)
+    counted = s["breaker"]
+    if counted and (counted["pending"] or counted["ladder"]):
+        tail += (f"; breaker counts {counted['failing']} failing, {counted['pending']} pending, "
+                 f"{counted['ladder']} on the ladder (limit {counted['limit']:g})")
     lines = [tail]
     if s["safety_stop"]:
         lines.append(f"safety stop: {s['safety_stop']}")

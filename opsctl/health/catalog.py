@@ -51,6 +51,9 @@ _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 _RANGE = re.compile(r"\[(\d+[smhd])(?::\d*[smhd]?)?\]")
 # The opposite of each comparison, to select the series that are certainly ok.
 _NOT_OP = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
+# The label that marks, in a run's answer for a rule, a series whose condition holds now but whose hold has
+# not yet elapsed (Rule.pending_expr). Only the circuit breaker counts them: never a failure, never a drain.
+PENDING_LABEL = "opsctl_pending"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,21 @@ class Rule:
         """The value without the hold wrapper, against the threshold: the series that breach at each moment
         (`opsctl why` reads a job's window with it, where one scrape's breach is evidence)."""
         return f"({self.plot_expr or self.expr}) {self.op} {_number(self.threshold)}"
+
+    def pending_expr(self) -> str:
+        """The series of a draining rule whose value breaches now, held or not, marked PENDING_LABEL="1": a
+        fault that reaches many nodes over a few scrapes shows on all of them before its hold has elapsed
+        on the first, and the circuit breaker counts them. "" for a rule that reports only, and for one
+        whose expr holds by itself (a ${hold} window): it has no value without its hold."""
+        if self.action != "drain" or not self.plot_expr:
+            return ""
+        return f'label_replace({self.unheld_expr()}, "{PENDING_LABEL}", "1", "", "")'
+
+    def judged_expr(self) -> str:
+        """What `opsctl health` asks for this rule, in one query: alert_expr()'s series, and pending_expr()'s
+        beside them (the marker label keeps the two apart). The exported alert stays alert_expr() alone."""
+        pending = self.pending_expr()
+        return f"({self.alert_expr()}) or {pending}" if pending else self.alert_expr()
 
     def format_evidence(self, device: str, value: float) -> str:
         # Evidence goes into a capped drain reason: words and three significant digits (opsctl.health.units).

@@ -6,6 +6,12 @@ whose recorded results are missing or stale, plus one listing the jobs only when
 target.
 `judge` is the pure decision over their answers.
 
+Each rule's answer holds, beside its held breaches, the series whose condition holds now but whose hold
+has not yet elapsed, marked `opsctl_pending="1"` (Rule.judged_expr; the recorded results carry them too).
+They become a verdict's `pending` checks, which no status, report or action reads: only the circuit
+breaker counts them (opsctl/health/plan.py), so a fault that reaches many nodes a scrape apart stops
+the run before the first node's hold completes.
+
 Errors: a configured job that the source does not know is a config error (exit 2); a source with no
 `up` series at all, or whose answers may be partial, is a source error (exit 3; --watch goes on).
 """
@@ -19,7 +25,7 @@ from typing import Protocol
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.health import precomputed
-from opsctl.health.catalog import Rule
+from opsctl.health.catalog import PENDING_LABEL, Rule
 from opsctl.health.identity import XID_GAUGE, XID_WINDOW, Identities, Target, TargetInfo, identity_query
 from opsctl.prom.client import PromQuery, Sample
 
@@ -32,7 +38,9 @@ STATUS_ORDER = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 class Check:
     id: str
     severity: str
-    status: str  # fail | warn | handled (an event opsctl already acted on) | unknown (no usable data)
+    # fail | warn | handled (an event opsctl already acted on) | unknown (no usable data) | pending (its
+    # condition holds now, its hold has not yet elapsed: in NodeVerdict.pending only)
+    status: str
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
     kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet) or ""
     value: float | None = None
@@ -51,6 +59,9 @@ class NodeVerdict:
     status: str = "ok"
     checks: list[Check] = field(default_factory=list)
     in_slurm: bool = True
+    # What a draining rule sees now whose hold has not yet elapsed, on a device where it does not already
+    # hold: counted by the circuit breaker only, never part of the status.
+    pending: list[Check] = field(default_factory=list)
 
     def drain_checks(self) -> list[Check]:
         return [c for c in self.checks if c.status == "fail" and c.action == "drain"]
@@ -109,9 +120,10 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
     _check_jobs(client, config, up)
     moment = up[0].at or None  # a source that gives no time (a test's fake) is read at its present
     found = precomputed.read(results[3], rules, config) if recorded else precomputed.everything_direct(rules)
-    # A rule without fresh recorded results runs as the exported alert's expression: Prometheus filters by
-    # the threshold, so answers carry only breaching (or non-finite) series, small at any cluster size.
-    direct = client.query_many([rule.alert_expr() for rule in found.direct], at=moment)
+    # A rule without fresh recorded results runs as the exported alert's expression (with the pending
+    # series beside it, in the same query): Prometheus filters by the threshold, so answers carry only
+    # breaching (or non-finite) series, small at any cluster size.
+    direct = client.query_many([rule.judged_expr() for rule in found.direct], at=moment)
     up = up_in_both(up, client.query(up_since(up_q, found, config), at=moment))
     answers = {**found.answers, **{rule.id: samples for rule, samples in zip(found.direct, direct, strict=True)}}
     report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,
@@ -265,11 +277,7 @@ def judge(rules: list[Rule], answers: dict[str, list[Sample]], identities: Ident
                                         f"${{by}} labels, in its by() clause): {sample.labels!r}")
             if name in ignore or (math.isfinite(sample.value) and not rule.breaches(sample.value)):
                 continue
-            check = check_for(rule, sample)
-            if memory is not None and check.memory != "none" and check.status != "unknown" \
-                    and memory.covers(name, check, now):
-                check.status = "handled"
-            nodes.setdefault(name, NodeVerdict(name, in_slurm=False)).checks.append(check)
+            _place(nodes.setdefault(name, NodeVerdict(name, in_slurm=False)), rule, sample, memory, now)
     xid_rules = any(rule.xid is not None for rule in rules) and config.catalog.xid_source == "auto"
     by_node = identities.by_node()
     for name, verdict in nodes.items():
@@ -282,10 +290,31 @@ def judge(rules: list[Rule], answers: dict[str, list[Sample]], identities: Ident
                 verdict.checks.append(_data_check(source, "missing"))
         if xid_rules and "dcgm" not in found:
             verdict.checks += _xid_data(by_node, name)
+        held = {(c.id, c.device) for c in verdict.checks}
+        verdict.pending = sorted((c for c in verdict.pending if (c.id, c.device) not in held),
+                                 key=lambda c: (c.id, c.device))
         statuses = [c.status for c in verdict.checks if c.status != "handled"]
         verdict.status = max(statuses or ["ok"], key=STATUS_ORDER.__getitem__)
         verdict.checks.sort(key=lambda c: (-STATUS_ORDER.get(c.status, 0), c.id, c.device))
     return Report(nodes=dict(sorted(nodes.items())), rules=rules, time=now, identities=identities)
+
+
+def _place(verdict: NodeVerdict, rule: Rule, sample: Sample, memory: Memory | None, now: float) -> None:
+    """One breaching series of a rule onto its node's verdict: a check (handled when opsctl already acted
+    on that event), or one marked pending: a pending check of a draining rule, unless opsctl already
+    acted on that event (it is the same event, not one coming)."""
+    pending = sample.labels.get(PENDING_LABEL) == "1"
+    if pending:
+        sample = Sample({k: v for k, v in sample.labels.items() if k != PENDING_LABEL}, sample.value, sample.at)
+    check = check_for(rule, sample)
+    covered = memory is not None and check.memory != "none" and check.status != "unknown" \
+        and memory.covers(verdict.node, check, now)
+    if not pending:
+        check.status = "handled" if covered else check.status
+        verdict.checks.append(check)
+    elif rule.action == "drain" and check.status != "unknown" and not covered:
+        check.status = "pending"
+        verdict.pending.append(check)
 
 
 def _xid_data(by_node: dict[str, dict[str, list[tuple[Target, TargetInfo]]]], node: str) -> list[Check]:

@@ -3,7 +3,8 @@ the InfiniBand precheck of provisioning.
 
 The same safety rules as `opsctl health --drain`, through the same plan (plan.plan_drains): the run
 lock, ownership (a drain, a reason or a state opsctl did not set is left alone), the drain budget,
-the out-of-service limit and the circuit breaker, then compare and set against Slurm and one audit
+the out-of-service limit and the circuit breaker (which counts the nodes that the remediation ladder
+holds for a reset or a reboot beside the failing ones), then compare and set against Slurm and one audit
 record per drain or refusal. Before any of them, the caller's own breaker: when more than
 `max_fail_fraction` of the tested nodes fail, the fault is in what they share (the fabric, the subnet
 manager), not in the nodes, and nothing is drained.

@@ -16,7 +16,16 @@ from opsctl.config.schema import SafetyConfig
 from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
-from opsctl.health.ladder_reason import GPU, NEW_FAULT, open_faults, step_words, under_ladder, with_new_step_faults
+from opsctl.health.ladder_reason import (
+    GPU,
+    NEW_FAULT,
+    REBOOT,
+    RESET,
+    open_faults,
+    step_words,
+    under_ladder,
+    with_new_step_faults,
+)
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
 
@@ -37,11 +46,35 @@ def check_values(checks: tuple[Check, ...] | list[Check]) -> tuple[dict[str, obj
     return tuple({"rule": c.id, "device": c.device, "value": c.value, "threshold": c.threshold} for c in checks)
 
 
+@dataclass(frozen=True)
+class BreakerCount:
+    """What the circuit breaker counted, over every judged node: the nodes that newly fail, those whose
+    condition holds now but whose hold has not yet elapsed (pending), and those the remediation ladder
+    holds out of service for a reset or a reboot; and the limit it held their sum to."""
+
+    failing: int
+    pending: int
+    ladder: int
+    limit: float
+
+    @property
+    def all(self) -> int:
+        return self.failing + self.pending + self.ladder
+
+    def text(self) -> str:
+        """'7 nodes newly fail', with the pending and the ladder's nodes when it counted any."""
+        if not self.pending and not self.ladder:
+            return f"{self.failing} nodes newly fail"
+        return (f"{self.failing} nodes newly fail, {self.pending} pending (failing now, their hold not yet "
+                f"elapsed) and {self.ladder} on the remediation ladder (a reset or a reboot): {self.all} in all")
+
+
 @dataclass
 class Plan:
     decisions: dict[str, Decision] = field(default_factory=dict)
     stop: str = ""  # set when a safety limit stopped (some of) the run: exit 4
     breaker: bool = False  # the circuit breaker tripped: nothing at all is changed
+    counted: BreakerCount | None = None  # what the breaker counted; None when the run planned no drains
     outage: str = ""  # the shared service the breaker named ("storage"), whose failing nodes it stands for
     outage_nodes: tuple[str, ...] = ()
     healthy_since: dict[str, float] = field(default_factory=dict)
@@ -128,6 +161,35 @@ def shared_outage(report: Report, candidates: list[str], rules: list[Rule]) -> s
     return f"storage ({shown}), a storage outage rather than node faults"
 
 
+def pending_nodes(report: Report, cluster: dict[str, SlurmNode], candidates: list[str],
+                  resumed_after: dict[str, float] | None) -> list[str]:
+    """The nodes that a draining rule's condition holds on now, its hold not yet elapsed, and that a drain
+    could reach once it has: in Slurm, with usable data, in service, held by no one, not newly resumed,
+    and not already failing (those count as failing). A fault that reaches many nodes a scrape or two
+    apart shows here on all of them before its hold has completed on the first."""
+    out, failing = [], set(candidates)
+    for name, verdict in report.nodes.items():
+        node = cluster.get(name)
+        if not verdict.pending or node is None or name in failing or verdict.status == "unknown":
+            continue
+        if node.out_of_service or node.held_by_slurm or node.foreign_reason or name in (resumed_after or {}):
+            continue
+        out.append(name)
+    return out
+
+
+def ladder_holds(node: SlurmNode) -> bool:
+    """The remediation ladder has this node out of service for a GPU reset or a reboot right now: its
+    reason is that step's (`opsctl:reset gpu3 xid-79 ...`, opsctl/health/ladder_reason.py, whose words the
+    ladder reads too)."""
+    words = step_words(node.reason) if node.owned and not node.manual and node.out_of_service else None
+    return words is not None and words.step in (RESET, REBOOT)
+
+
+def ladder_nodes(cluster: dict[str, SlurmNode]) -> list[str]:
+    return [name for name, node in cluster.items() if ladder_holds(node)]
+
+
 def _held(node: SlurmNode) -> str:
     return f"Slurm holds it {node.state_text}"
 
@@ -205,8 +267,10 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
     total = len(counted_nodes(cluster))
     limit = breaker_limit(safety, total)
     stop = unknown_stop(report, cluster, safety)
-    if len(candidates) > limit:
-        stop = (f"circuit breaker: {len(candidates)} nodes newly fail, more than the limit {limit:g} (max of "
+    plan.counted = BreakerCount(len(candidates), len(pending_nodes(report, cluster, candidates, resumed_after)),
+                                len(ladder_nodes(cluster)), limit)
+    if candidates and plan.counted.all > limit:
+        stop = (f"circuit breaker: {plan.counted.text()}, more than the limit {limit:g} (max of "
                 f"{safety.breaker_min_nodes} nodes and {safety.breaker_fraction:.0%} of {total}); acting on none")
         outage = shared_outage(report, candidates, rules)
         if outage:

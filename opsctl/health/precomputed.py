@@ -5,13 +5,16 @@ Each catalog rule becomes a rule group of its own with one recording rule:
     record: opsctl:health_breach
     labels: {opsctl_rule: <id>, opsctl_expr: <hash of the expression>}
     expr:   (<Rule.alert_expr()>) or label_replace(vector(time()), "opsctl_heartbeat", "1", "", "")
+              [or <Rule.pending_expr()>, for a rule that drains]
 
 so Prometheus writes, every `prometheus.recording_interval`, one series per breaching, NaN or infinite
-device (the labels of the direct answer, which the verdict needs, plus the two above) and one
-heartbeat whose value is the time of that evaluation. The heartbeat is part of the same expression: a
-rule that failed to evaluate (a timeout, a store down) writes no heartbeat, so its old results are
-never read as new. One group per rule lets Prometheus evaluate them side by side on a head node's cores,
-and a slow rule delays only itself.
+device (the labels of the direct answer, which the verdict needs, plus the two above), one per device
+whose condition holds now but whose hold has not yet elapsed, marked `opsctl_pending="1"` (the circuit
+breaker counts those nodes: opsctl/health/plan.py), and one heartbeat whose value is the time of that
+evaluation. The heartbeat and the pending series are part of the same expression: a rule that failed to
+evaluate (a timeout, a store down) writes no heartbeat, so its old results are never read as new, and
+the pending series are always of the same evaluation as the breaches beside them. One group per rule
+lets Prometheus evaluate them side by side on a head node's cores, and a slow rule delays only itself.
 
 `opsctl health` reads them all with one query. A rule's results are used when its heartbeat is there,
 carries the hash of the expression opsctl would run (a config changed since the export, another cluster's
@@ -39,13 +42,16 @@ QUERY = RECORD  # every rule's results and heartbeats: small, whatever the clust
 
 
 def expr_hash(rule: Rule) -> str:
-    """What the recorded results were computed from: 16 hex digits of the rule's alert expression."""
-    return hashlib.sha256(rule.alert_expr().encode()).hexdigest()[:16]
+    """What the recorded results were computed from: 16 hex digits of what a direct run asks for the rule
+    (Rule.judged_expr), so results recorded without the pending series (an older export) are not used."""
+    return hashlib.sha256(rule.judged_expr().encode()).hexdigest()[:16]
 
 
 def recorded_expr(rule: Rule) -> str:
+    """The direct answer (Rule.judged_expr: the breaches, then the pending series) with the heartbeat."""
     heartbeat = f'label_replace(vector(time()), "{HEARTBEAT_LABEL}", "1", "", "")'
-    return f"({rule.alert_expr()}) or {heartbeat}"
+    pending = rule.pending_expr()
+    return f"({rule.alert_expr()}) or {heartbeat}" + (f" or {pending}" if pending else "")
 
 
 def recording_groups(rules: list[Rule], config: Config) -> list[dict[str, Any]]:

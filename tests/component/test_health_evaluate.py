@@ -4,6 +4,7 @@ the in-memory hardware model. Every verdict read here comes from both databases,
 agree, drain decisions included."""
 
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -11,11 +12,14 @@ import yaml
 
 from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.config import parse_config
+from opsctl.config.schema import Duration
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import evaluate
 from opsctl.health.evidence import read_evidence
 from opsctl.health.export import render_prometheus_rules
+from opsctl.health.plan import BreakerCount, plan_drains
 from opsctl.prom import PromClientImpl
+from opsctl.slurm import SlurmNode
 from opsctl_lab.dcgm_emulator import send_body
 from tests.component.promlab import (
     HAVE_NODE_EXPORTER,
@@ -299,6 +303,48 @@ def test_stale_or_missing_recorded_results_are_queried_directly_and_decide_the_s
     assert "recorded from another expression (export the rules again): gpu-temp-high" in mixed.rule_results_note
     assert "not recorded (opsctl rules export installs the recording rules): never-probe" in mixed.rule_results_note
     assert verdicts(mixed) == verdicts(recorded)
+
+
+def pending_of(report) -> dict:
+    return {n: sorted((c.id, c.device) for c in v.pending) for n, v in report.nodes.items()}
+
+
+def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
+    """A condition that holds now but whose hold has not yet elapsed (row-remap-pending, held for 10m here)
+    comes back marked pending from the rule results Prometheus recorded, from its direct query and from
+    VictoriaMetrics' alike, never as a failure; a fault whose hold has elapsed (row-remap-failure on
+    gpu004) is a failure, not also pending. The breaker counts them all: with a limit of 2 it stops before
+    the first drain. The exported alert stays on the held breach alone."""
+    for node in ("gpu001", "gpu002", "gpu003"):
+        clean.dcgm[node].hw.inject("row-remap-pending", gpu=2)
+    clean.dcgm["gpu004"].hw.inject("row-remap-failure", gpu=5)
+    clean.wait_scrapes(3)
+    config = config_for(clean, catalog={"overrides": {**FAST_HOLDS, "row-remap-pending": {"hold": "10m"}}})
+    expected = {**{n: [("row-remap-pending", "gpu2")] for n in ("gpu001", "gpu002", "gpu003")}, "gpu004": []}
+    recorded, client, rules = run(clean, config)  # verdicts and decisions agree on every engine and path
+    assert {n: v.status for n, v in recorded.nodes.items()} == {**{n: "ok" for n in expected}, "gpu004": "fail"}
+    recorded_config = replace(config, prometheus=replace(config.prometheus, recording_interval=Duration(2)))
+    direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
+    paths = {"prometheus, recorded": (client, recorded_config), "prometheus, direct": (client, direct_config),
+             **{f"{kind}, direct": (PromClientImpl(tsdb.url), direct_config) for kind, tsdb in clean.tsdbs.items()
+                if kind != "prometheus"}}
+    for path, (on, cfg) in paths.items():
+        found = {}
+
+        def judged(on=on, cfg=cfg, found=found) -> bool:
+            found["report"] = evaluate(on, rules, cfg, NODES)
+            return pending_of(found["report"]) == expected
+        wait(judged, 20, f"the pending series on {path}")
+        report = found["report"]
+        assert report.rule_results == ("precomputed" if "recorded" in path else "direct"), path
+        assert [c.status for c in report.nodes["gpu001"].pending] == ["pending"] and \
+            report.nodes["gpu001"].checks == [], path
+        safety = parse_config({"safety": {"breaker_min_nodes": 2, "max_out_of_service_fraction": 1.0}}, "t", {}).safety
+        cluster = {n: SlurmNode(n, "idle", partitions=("gpu",), gres="gpu:8") for n in NODES}
+        plan = plan_drains(report, cluster, rules, safety, 0, True)
+        assert (plan.action("gpu004"), plan.counted) == ("skip:circuit-breaker", BreakerCount(1, 3, 0, 2.0)), path
+    pending_rule = next(r for r in rules if r.id == "row-remap-pending")
+    assert clean.query(pending_rule.alert_expr()) == []
 
 
 def test_unknown_when_slurm_node_has_no_metrics_and_metrics_without_slurm_node_are_marked(clean):

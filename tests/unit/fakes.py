@@ -3,7 +3,9 @@ prove the same behaviour against a real Prometheus, VictoriaMetrics and three Sl
 
 FakeProm answers each query the way Prometheus would for a described cluster: every node has a dcgm
 and a node target labelled node=<name>; `breach(rule, node, device, value)` makes a rule's alert
-expression return that series; `value(...)` sets what the rule's own expression (positive evidence)
+expression return that series; `pending(rule, node, device, value)` makes it breach now with its hold
+not yet elapsed (the run's query for the rule returns it marked as pending, as does a recording
+expression that asks for it); `value(...)` sets what the rule's own expression (positive evidence)
 returns for a node, which by default is a healthy value for every node.
 """
 
@@ -19,7 +21,7 @@ from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.errors import SourceUnavailable
 from opsctl.health import precomputed
-from opsctl.health.catalog import Rule, load_catalog
+from opsctl.health.catalog import PENDING_LABEL, Rule, load_catalog
 from opsctl.health.identity import SELF_METRICS
 from opsctl.prom.client import Sample
 from opsctl.slurm.base import SlurmNode
@@ -47,6 +49,7 @@ class FakeProm:
         self.up = {(n, s): 1.0 for n in self.nodes for s in config.prometheus.jobs}
         self.age = {}
         self.breaching: dict[str, list[tuple[str, str, float]]] = {}
+        self.pending_now: dict[str, list[tuple[str, str, float]]] = {}  # breach now, hold not yet elapsed
         self.raw: dict[str, dict[str, list[tuple[str, float]]]] = {}  # rule -> node -> [(device, value)]
         self.reported: dict[str, str] = {}  # node -> name its dcgm target reports (Hostname)
         self.xid_metrics = set(SELF_METRICS)
@@ -68,6 +71,22 @@ class FakeProm:
         device = DEVICE[rule.device_label] if device is None else device
         self.breaching.setdefault(rule_id, []).append((node, device, value))
         self.value(rule_id, node, value, device)
+
+    def pending(self, rule_id, node, device=None, value=1.0):
+        rule = self.rule(rule_id)
+        device = DEVICE[rule.device_label] if device is None else device
+        self.pending_now.setdefault(rule_id, []).append((node, device, value))
+        self.value(rule_id, node, value, device)
+
+    def _answer(self, rule, pending: bool):
+        """The held breaches, and with `pending` every series that breaches now, held or not, marked
+        (Rule.pending_expr selects a held breach as well: its condition holds now too)."""
+        held = [self._series(rule, n, d, v) for n, d, v in self.breaching.get(rule.id, [])]
+        if not pending:
+            return held
+        now = self.breaching.get(rule.id, []) + self.pending_now.get(rule.id, [])
+        return held + [Sample({**s.labels, PENDING_LABEL: "1"}, s.value)
+                       for s in (self._series(rule, n, d, v) for n, d, v in now)]
 
     def value(self, rule_id, node, value, device=None):
         rule = self.rule(rule_id)
@@ -112,8 +131,8 @@ class FakeProm:
         if expr == "count by (job) (up)":
             return [Sample({"job": job}, 1.0) for job in ("dcgm", "node", "other")]
         for rule in self.rules:
-            if expr == rule.alert_expr():
-                return [self._series(rule, n, d, v) for n, d, v in self.breaching.get(rule.id, [])]
+            if expr in (rule.alert_expr(), rule.judged_expr()):
+                return self._answer(rule, pending=bool(rule.pending_expr()) and rule.pending_expr() in expr)
             if expr == rule.expr:
                 raw = self.raw.get(rule.id, {})
                 return [self._series(rule, n, d, v) for n in self.nodes
@@ -133,8 +152,10 @@ class FakeProm:
                     precomputed.EXPR_LABEL: "0" * 16 if age == "other" else precomputed.expr_hash(rule)}
             beat = self.now - (0.0 if age == "other" else float(age))
             out.append(Sample({**tags, precomputed.HEARTBEAT_LABEL: "1"}, beat, at=self.now))
+            # Prometheus records what the recording expression selects: the pending series where it asks.
+            pending = bool(rule.pending_expr()) and rule.pending_expr() in precomputed.recorded_expr(rule)
             out += [Sample({**s.labels, **tags, "__name__": precomputed.RECORD}, s.value, at=self.now)
-                    for s in (self._series(rule, n, d, v) for n, d, v in self.breaching.get(rule.id, []))]
+                    for s in self._answer(rule, pending)]
         return out
 
 
