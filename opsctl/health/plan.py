@@ -27,6 +27,7 @@ from opsctl.health.ladder_reason import (
     with_new_step_faults,
 )
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
+from opsctl.slurm.reach import HANDS_OFF, Reach, reach
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,15 @@ def ladder_reason(node: SlurmNode, new: list[Check], max_length: int) -> str:
     return cap_reason(added.reason, max_length)
 
 
+def _rewording_reach(node: SlurmNode) -> Reach:
+    """May a new fault re-word opsctl's own drain of this node? The one judgement, with the ladder's own reboot
+    (its reason is the reboot step, or the answer after it) not counted as a hold."""
+    words = step_words(node.reason)
+    rebooting = words is not None and words.step == "reboot"
+    after_reboot = rebooting or (words is not None and words.tail.startswith("after-reboot"))
+    return reach(node, down_ok=after_reboot, rebooting=rebooting)
+
+
 def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
                 drains_last_hour: int, dry_run: bool, scope: set[str] | None = None,
                 resumed_after: dict[str, float] | None = None) -> Plan:
@@ -243,7 +253,10 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                 # a new fault on a node under the remediation ladder joins what its validation must clear.
                 new = [c for c in drain if c.id in needs_person and c.id not in node.reason_rules()]
                 ladder = new_ladder_faults(node, drain)
-                if ladder:
+                touch = _rewording_reach(node)
+                if (new or ladder) and touch.verdict == HANDS_OFF and not node.manual:
+                    plan.set(Decision(name, "skip:" + touch.why.split(":", 1)[0], touch.why, seen=node))
+                elif ladder:
                     plan.set(Decision(name, "would-escalate" if dry_run else "escalate", checks=tuple(ladder),
                                       detail=f"{NEW_FAULT}: " + ", ".join(f"{c.device} {c.id}".strip() for c in ladder),
                                       reason=ladder_reason(node, ladder, safety.reason_max_length), seen=node,
@@ -254,11 +267,8 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                                       values=check_values(new)))
                 else:
                     plan.set(Decision(name, "skip:already-drained"))
-            elif node.foreign_reason:
-                plan.set(Decision(name, "skip:not-owned", f"not-owned: {node.state_text} with a reason opsctl did "
-                                  "not set", seen=node))
-            elif node.out_of_service or node.held_by_slurm:
-                plan.set(Decision(name, "skip:slurm-state", f"slurm-state: {_held(node)}", seen=node))
+            elif not (judged := reach(node, take=True)).ok:  # the one judgement (opsctl/slurm/reach.py)
+                plan.set(Decision(name, "skip:" + judged.why.split(":", 1)[0], judged.why, seen=node))
             elif name in (resumed_after or {}):
                 plan.set(Decision(name, "skip:resumed-since-data", "resumed-since-data: opsctl resumed it after "
                                   "the data this run read; the next run judges newer data", seen=node))

@@ -153,13 +153,16 @@ def reach(node: "SlurmNode", take: bool = False, down_ok: bool = False, rebootin
     at all, or its own, is needed then; for every other change (a resume, a ladder step, a re-wording, a
     reboot) the reason must be opsctl's own and automatic (not `opsctl:manual`). `down_ok` and `rebooting`
     as for holds(): only for a node whose reason is opsctl's reboot, or the answer to it."""
-    if node.reason and not node.owned:
+    # opsctl's words that a resume left on a node in service hold nothing: a new drain replaces them.
+    if node.reason and not node.owned and not (take and node.leftover):
         return Reach(HANDS_OFF, f"not-owned: {node.state_text} with a reason opsctl did not set")
     if not take and not node.owned:
         return Reach(HANDS_OFF, "not-owned: no opsctl reason")
     if node.manual:
         return Reach(HANDS_OFF, "manual: a person's drain through opsctl drain")
     held = holds(node, down_ok, rebooting)
+    if held and take:  # a node in service to be taken out: its whole state says more than what holds it
+        return Reach(HANDS_OFF, f"slurm-state: Slurm holds it {node.state_text}")
     if held:
         return Reach(HANDS_OFF, f"slurm-state: held by Slurm: {'+'.join(held)}")
     if rebooting and (state_kind(node.state) == REBOOT or any(flag_kind(f) == REBOOT for f in node.flags)):

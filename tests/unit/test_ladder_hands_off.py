@@ -154,3 +154,11 @@ def test_defect_2_the_nodes_own_step_takes_no_step_on_a_node_slurm_holds(tmp_pat
     config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
     take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
     assert (gpus.calls, slurm.calls) == ([], [])
+
+
+@pytest.mark.parametrize("flags", [("DRAIN", "MAINT"), ("DRAIN", "POWERED_DOWN"), ("DRAIN", "SOME_FLAG_OF_2030")])
+def test_defect_2_the_health_run_adds_no_fault_to_a_node_slurm_holds(tmp_path, flags):
+    w = World(tmp_path, gpu040=node("gpu040", flags=flags, reason="opsctl:reset gpu1 xid-48 xid=48 count=1"))
+    w.prom.breach("xid-79", "gpu040", "3")
+    code, nodes, _ = w.json("--drain")
+    assert w.slurm.calls == [] and nodes["gpu040"]["action"] == "skip:slurm-state"
