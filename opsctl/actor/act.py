@@ -6,16 +6,24 @@ fabric-test --drain`, `ib quarantine`, `hw quarantine`, `rollout drain|resume`, 
 and `--remediate-self`) builds Changes and hands them to an Actor; nothing else calls the Slurm client's
 drain, resume, set_reason or reboot (tests/unit/test_act.py fails if something does).
 
+Every acting path reads the nodes through Actor.nodes(): a reason that reads as opsctl's is judged against
+the custody store and Slurm's record of who set it and when (SlurmNode.custody, actor/custody.py), so Slurm's
+own drain or DOWN that kept opsctl's words is not opsctl's.
+
 The Actor is entered once per run and holds the run lock for it. For each batch of changes that share one
 scontrol call, in this order:
 
 1. compare and set: Slurm is read again, and a change whose node no longer shows what the decision rested
    on (its flags and reason, and whether its base state is in service) is dropped and audited, and so is
    every reboot where slurm.conf sets ReturnToService=2;
-2. intent: the handled-event records and the budget (drains and resumes per hour) are written to the
-   state directory before scontrol runs, so a crash, SIGKILL or a full audit disk after it still counts
-   the change: the next run can never drain past the budget or re-drain what a person repaired;
-3. scontrol;
+2. intent: the handled-event records, the budget (drains and resumes per hour) and the custody entry (what
+   this actor sets on the node, actor/custody.py) are written to the state directory before scontrol runs,
+   so a crash, SIGKILL or a full audit disk after it still counts the change: the next run can never drain
+   past the budget or re-drain what a person repaired, nor mistake its own reason for someone else's;
+3. scontrol; after a resume, words that Slurm kept (24.11 and earlier without accounting storage keep a
+   node's last reason: `clusteracct_storage_g_node_up()`, SchedMD/slurm cd41b6164d) are replaced with
+   `opsctl:resumed`, which is no drain of opsctl's. An empty reason cannot clear them: `update_node()` sets a
+   reason only when it is not empty (src/slurmctld/node_mgr.c, checked on 22.05, 24.11 and 26.05);
 4. audit: one fsync'd record per change. `done` lists each change as it is made, so that any error after
    it (the audit log's disk full: exit 3; Ctrl-C: exit 130, with an audit record) still says what was done.
 
@@ -24,9 +32,10 @@ command that builds one.
 """
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 
+from opsctl.actor.custody import effective_user, entry, holds
 from opsctl.actor.ledger import Ledger
 from opsctl.actor.lock import RunLock
 from opsctl.actor.memory import Handled, HandledMemory
@@ -34,6 +43,7 @@ from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config
 from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
 from opsctl.slurm import Slurm, SlurmNode
+from opsctl.slurm.base import RESUMED_REASON
 
 DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 # The remediation ladder's steps that re-word opsctl's own drain (opsctl/ladder/reasons.py): ask the
@@ -104,6 +114,8 @@ class Actor:
         self._lock: contextlib.AbstractContextManager[object] = (
             RunLock(config.state_dir) if lock else contextlib.nullcontext())
         self._return_to_service: int | None = None
+        self._user = effective_user()
+        self._custody_before: dict[str, dict[str, object] | None] = {}
 
     def __enter__(self) -> "Actor":
         self._lock.__enter__()
@@ -118,7 +130,17 @@ class Actor:
         return self.result.done
 
     def nodes(self) -> dict[str, SlurmNode]:
-        return self.slurm.nodes()
+        """Slurm's nodes, each reason that reads as opsctl's judged against the custody store (SlurmNode.custody)."""
+        return self._judged(self.slurm.nodes())
+
+    def _judged(self, nodes: dict[str, SlurmNode]) -> dict[str, SlurmNode]:
+        words = {name: node for name, node in nodes.items() if node.opsctl_words}
+        if not words:
+            return nodes
+        records, resumed = self.state.custody.load(), self.state.resumes.load()
+        return {**nodes, **{name: replace(node, custody=holds(node, records.get(name), resumed.get(name),
+                                                                {self._user}))
+                            for name, node in words.items()}}
 
     def refuses_reboots(self) -> bool:
         """slurm.conf sets ReturnToService=2 (REBOOT_REFUSED); read from Slurm once per run, when first asked."""
@@ -158,12 +180,13 @@ class Actor:
         return acted
 
     def _apply_batch(self, batch: list[Change], acted: Acted) -> None:
-        current = self.slurm.nodes()
+        current = self.nodes()
         acted.nodes = current
         kept = []
         for change in batch:
             now_seen = current.get(change.node)
-            if now_seen is not None and now_seen.same_as(change.seen):
+            # The reason's words unchanged, and opsctl's custody too: what the plan took as its own still is.
+            if now_seen is not None and now_seen.same_as(change.seen) and (now_seen.owned or not change.seen.owned):
                 kept.append(change)
                 continue
             state = now_seen.state_text if now_seen else "gone"
@@ -213,6 +236,17 @@ class Actor:
         spent = sum(1 for change in batch if change.budget)
         if kind and spent:
             self.state.budgets.record(kind, spent, self.now)
+        before = self.state.custody.load()
+        self._custody_before = {change.node: before.get(change.node) for change in batch}
+        self.state.custody.record({change.node: self._custody_entry(change) for change in batch})
+
+    def _custody_entry(self, change: Change) -> dict[str, object]:
+        """What this change sets on the node; `prior` the reason it had when that was opsctl's own (a resume:
+        the words it lifts, which Slurm may keep)."""
+        if change.event == RESUME:
+            return entry(RESUME, "", change.seen.reason, self._user, self.now)
+        return entry(change.event, change.reason, change.seen.reason if change.seen.owned else "", self._user,
+                     self.now)
 
     def _made(self, batch: list[Change], acted: Acted) -> None:
         for change in batch:  # first what was done, so that a failing audit write still lists it
@@ -228,7 +262,17 @@ class Actor:
             self.memory.settle(c.node for c in batch)
             self.state.handled.save(self.memory)
         with contextlib.suppress(SourceUnavailable):
-            acted.nodes = self.slurm.nodes()
+            acted.nodes = self.nodes()
+            self._clear_kept(batch, acted)
+
+    def _clear_kept(self, batch: list[Change], acted: Acted) -> None:
+        """The resumed nodes whose reason Slurm kept (the words opsctl lifted, unchanged) get RESUMED_REASON in
+        their place: no drain of anyone's. Refused, the custody entry of the resume still says whose they were."""
+        kept = [c.node for c in batch if c.event == RESUME and c.seen.reason and (node := acted.nodes.get(c.node))
+                is not None and node.reason == c.seen.reason and not node.drained]
+        if kept:
+            self.slurm.set_reason(kept, RESUMED_REASON)
+            acted.nodes = self.nodes()
 
     def _audit_made(self, change: Change) -> None:
         self.audit.write(change.event, node=change.node, checks=change.checks, evidence=change.evidence,
@@ -251,6 +295,8 @@ class Actor:
 
         made = [c for c in batch if made_it(c)]
         acted.failed += [c for c in batch if c not in made]
+        # What did not happen leaves the custody entry it would have replaced.
+        self.state.custody.record({c.node: self._custody_before.get(c.node) for c in batch if c not in made})
         if self.memory is not None:
             self.memory.drop_intents(c.node for c in batch if c not in made)
             self.state.handled.save(self.memory)

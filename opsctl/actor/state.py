@@ -7,6 +7,7 @@
 | `handled` | handled.json | the events opsctl acted on (actor/memory.py), so a repair is never undone |
 | `healthy_since` | healthy_since.json | since when each drained node reads healthy, for resume |
 | `resumes` | resumed.json | when opsctl last put each node back in service (kept a day) |
+| `custody` | custody.json | what the actor last set on each node in Slurm (actor/custody.py), before scontrol |
 | `validations` | validated.json | when `opsctl validate` last validated each node |
 | `validate_queue` | validate-queue.json | the nodes `opsctl suspects --queue` asked to validate first |
 | `last_runs` | last_runs.json | the verdicts of the last run of each kind, for `health --changes-only` |
@@ -137,6 +138,25 @@ class Resumes:
         self.file.save(data | dict.fromkeys(nodes, now))
 
 
+class Custody:
+    def __init__(self, directory: Path):
+        self.file = JsonFile(directory, "custody.json")
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        """node -> the actor's last entry for it: {"event", "reason", "prior", "user", "at"} (actor/custody.py)."""
+        return _entries(self.file.load({}))
+
+    def record(self, entries: dict[str, dict[str, Any] | None]) -> None:
+        """Set each node's entry; None removes it (a failed change gives back the entry it replaced)."""
+        data = self.load()
+        for node, last in entries.items():
+            if last is None:
+                data.pop(node, None)
+            else:
+                data[node] = last
+        self.file.save(data)
+
+
 class ValidateQueue:
     def __init__(self, directory: Path):
         self.file = JsonFile(directory, "validate-queue.json")
@@ -186,6 +206,7 @@ class State:
         self.handled = HandledEvents(self.path)
         self.healthy_since = NodeTimes(self.path, "healthy_since.json")  # since when a drained node reads ok
         self.resumes = Resumes(self.path)
+        self.custody = Custody(self.path)
         self.validations = NodeTimes(self.path, "validated.json")  # when its last validation job ended
         self.validate_queue = ValidateQueue(self.path)
         self.last_runs = LastRuns(self.path)

@@ -77,7 +77,8 @@ def _act(config: Config, slurm: Slurm, hostlist: str, event: str, reason: str, t
 def _foreign(node: SlurmNode, event: str) -> bool:
     if event == RESUME:
         return bool(node.reason) and not node.owned
-    return (node.out_of_service or bool(node.reason)) and not node.owned
+    # opsctl's words that a resume left on a node in service are no one's drain (SlurmNode.leftover).
+    return (node.out_of_service or bool(node.reason)) and not node.owned and not node.leftover
 
 
 # ---- what `opsctl nodes`, `drain` and `resume` call ---------------------------------------------------------

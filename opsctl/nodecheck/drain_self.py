@@ -2,7 +2,10 @@
 its own drain, through the one actor, within the fleet's limits (docs/health.md, "The node draining itself").
 
 The reason is `opsctl:node-check <check> <device>, ...`; a person's drain, or one that names another rule
-too, is left alone (as LBNL NHC does with the drains it did not set)."""
+too, is left alone (as LBNL NHC does with the drains it did not set), and so is a drain that only reads as
+the node's own: the actor judges each reason against what it set (its custody store in the node's state
+directory, opsctl/actor/custody.py), so Slurm's own drain that kept the words of an earlier node-check drain
+is never resumed."""
 
 import time
 
@@ -90,8 +93,9 @@ def _said(actor: Actor, line: str, exit_code: ExitCode = ExitCode.OK, stop: str 
 def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: SlurmNode,
            own: list[CheckResult]) -> ActionResult:
     node, failing = current.name, ExitCode.FAILING
-    if current.out_of_service or current.reason:
-        if current.reason.startswith(REASON_PREFIX):
+    # opsctl's words left on a node in service (a resume on a release that keeps the reason) hold nothing.
+    if current.out_of_service or (current.reason and not current.leftover):
+        if current.owned and current.reason.startswith(REASON_PREFIX):
             return _said(actor, f"{node} stays drained: {current.reason}", exit_code=failing)
         actor.skip(node, f"{current.state_text} ({current.reason or 'no reason'})")
         return _said(actor, f"{node} left alone: {current.state_text} ({current.reason or 'no reason'})",

@@ -1,7 +1,14 @@
 """What opsctl needs from Slurm, who owns a node's drain, and which Slurm states opsctl leaves alone.
 
-A drain is opsctl's when its reason starts with `opsctl:`. `opsctl:manual ...` is a drain a person
-made through `opsctl drain`: opsctl owns the reason text but never resumes it on its own.
+A drain is opsctl's when its reason starts with `opsctl:` and opsctl still holds it. `opsctl:manual ...` is a
+drain a person made through `opsctl drain`: opsctl owns the reason text but never resumes it on its own.
+
+The words alone do not make a reason opsctl's. Slurm keeps a node's last reason after a resume (24.11 without
+accounting storage, see opsctl/actor/act.py), its own drains keep a reason the node has (`_drain_node()`), and
+its own verdicts are appended to it as ` : <note>` (`set_node_reason()`: ` : Not responding`, ` : reboot timed
+out`; src/slurmctld/node_mgr.c). So a reason is opsctl's only when its words are, no note but a reboot's own is
+appended, and the actor's custody record agrees with Slurm's record of who set the reason and when
+(opsctl/actor/custody.py: `custody`, judged by Actor.nodes() for every acting path; None where nobody judged).
 
 Node state names are Slurm's own (`node_state_string`, src/common/slurm_protocol_defs.c), as the
 JSON of every release prints them: a base state (IDLE, ALLOCATED, MIXED, DOWN, ...) and flags
@@ -10,7 +17,7 @@ tests/fixtures/slurm/ holds real outputs of each state from 22.05, 24.11 and 26.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opsctl.errors import SourceUnavailable
@@ -21,6 +28,13 @@ if TYPE_CHECKING:
 
 OWNED_PREFIX = "opsctl:"
 MANUAL_PREFIX = "opsctl:manual"
+# What opsctl's resume leaves in place of its words where Slurm keeps the last reason (Actor._clear_kept): no
+# drain of opsctl's, nothing to resume, and a later drain by Slurm that keeps it is Slurm's.
+RESUMED_REASON = "opsctl:resumed"
+# How slurmctld appends its own note to a node's reason (set_node_reason(), src/slurmctld/node_mgr.c), and the
+# notes that are part of a reboot through Slurm (`scontrol reboot`): any other note is Slurm's own verdict.
+SLURM_NOTE = " : "
+REBOOT_NOTES = ("reboot issued", "reboot complete")
 # Base states in which a node is out of service whatever its flags say. "invalid" is what Slurm prints
 # for a base state its own release does not know (node_state_base_string).
 DOWN_STATES = {"down", "fail", "failing", "future", "unknown", "error", "inval", "invalid"}
@@ -68,7 +82,15 @@ class SlurmNode:
     reason: str = ""
     partitions: tuple[str, ...] = ()
     gres: str = ""  # as configured, e.g. "gpu:h200:8(S:0-1)"
-    boot_time: float | None = None  # when slurmd last booted, as Slurm reports it (None: not reported)
+    # Slurm's record, not compared (a node read from Slurm equals one described by its state and reason): when
+    # slurmd last booted, who set the reason and when (reason_set_by_user, reason_changed_at); None or "" where
+    # the release or backend does not say.
+    boot_time: float | None = field(default=None, compare=False)
+    reason_user: str = field(default="", compare=False)
+    reason_time: float | None = field(default=None, compare=False)
+    # Whether the actor's custody record and Slurm's record agree that opsctl set this reason
+    # (opsctl/actor/custody.py); None: not judged, the words decide.
+    custody: bool | None = field(default=None, compare=False)
 
     @property
     def drained(self) -> bool:
@@ -90,25 +112,49 @@ class SlurmNode:
         return self.drained or self.state in DOWN_STATES or any(f in OUT_OF_SERVICE_FLAGS for f in self.flags)
 
     @property
+    def slurm_notes(self) -> tuple[str, ...]:
+        """The notes slurmctld appended to the reason: 'opsctl:reboot ... : reboot issued' -> ('reboot issued',)."""
+        return tuple(self.reason.split(SLURM_NOTE)[1:])
+
+    @property
+    def opsctl_words(self) -> bool:
+        """The reason reads as one opsctl set and holds: its prefix, not the words a resume left, and no note
+        of Slurm's own appended (a reboot's notes are part of opsctl's reboot)."""
+        return self.reason.startswith(OWNED_PREFIX) and not self.resume_marker and \
+            set(self.slurm_notes) <= set(REBOOT_NOTES)
+
+    @property
+    def resume_marker(self) -> bool:
+        return self.reason == RESUMED_REASON or self.reason.startswith(RESUMED_REASON + " ")
+
+    @property
     def owned(self) -> bool:
-        return self.reason.startswith(OWNED_PREFIX)
+        """opsctl's own reason: its words, and (where the actor judged it) its custody."""
+        return self.opsctl_words and self.custody is not False
 
     @property
     def manual(self) -> bool:
         return self.reason.startswith(MANUAL_PREFIX)
 
     @property
+    def leftover(self) -> bool:
+        """opsctl's words on a node in service that opsctl no longer holds (what a resume left, or kept): no
+        drain of anyone's, so a new drain may replace them."""
+        return self.reason.startswith(OWNED_PREFIX) and not self.owned and not self.out_of_service \
+            and not self.held_by_slurm
+
+    @property
     def foreign_reason(self) -> bool:
         """A reason that someone else set: opsctl never changes such a node, whatever its state."""
-        return bool(self.reason) and not self.owned
+        return bool(self.reason) and not self.owned and not self.leftover
 
     @property
     def owner(self) -> str:
         if not self.reason:
             return ""
-        if self.manual:
+        if self.manual and self.owned:
             return "opsctl-manual"
-        return "opsctl" if self.owned else "other"
+        return "opsctl" if self.owned or self.leftover else "other"
 
     @property
     def runs_jobs(self) -> bool:

@@ -3,14 +3,22 @@
 Which command prints the nodes depends on the release (`scontrol --version`, read once per run):
 
 - 22.05 has no `scontrol ... --json` (it answers "unrecognized option"); its `sinfo --json` lists
-  one entry per node, the base state as a string and the flags apart:
+  one entry per node, the base state as a string and the flags apart, times as Unix seconds (0: none):
     {"nodes": [{"name": "gpu042", "state": "idle", "state_flags": ["DRAIN"], "reason": "...",
+                "reason_set_by_user": "root", "reason_changed_at": 1796075950, "boot_time": 1796073198,
                 "partitions": ["gpu"], "gres": "gpu:h200:8"}], ...}
 - 23.02 and later print `sinfo --json` as aggregated records (`{"sinfo": [{"node": {"state": [...]},
   "nodes": {"nodes": [names]}, ...}]}`), one per group of alike nodes, so it no longer describes each
-  node; `scontrol show nodes --json` (new in 23.02) does, with state and flags in one list:
-    {"nodes": [{"name": "gpu042", "state": ["IDLE", "DRAIN"], "reason": "...", "partitions": ["gpu"],
-                "gres": ""}], "errors": [], ...}
+  node; `scontrol show nodes --json` (new in 23.02) does, with state and flags in one list and times
+  as numbers that may be unset:
+    {"nodes": [{"name": "gpu042", "state": ["IDLE", "DRAIN"], "reason": "...", "reason_set_by_user": "root",
+                "reason_changed_at": {"set": true, "infinite": false, "number": 1796075926},
+                "boot_time": {"set": true, "infinite": false, "number": 1796073197},
+                "partitions": ["gpu"], "gres": ""}], "errors": [], ...}
+
+`reason_set_by_user` and `reason_changed_at` are Slurm's record of who set the reason and when (`scontrol
+show node` prints them as `Reason=... [root@2026-12-04T10:12:30]`); a node without a reason has none (0, or
+an empty or default user). The actor judges opsctl's reasons with them (opsctl/actor/custody.py).
 
 scontrol exits 0 on success and 1 with a message on stderr otherwise. A slurm.conf that SLURM_CONF
 names but that is missing or unreadable makes sinfo and scontrol retry for 60 s ("cannot stat file
@@ -31,6 +39,17 @@ SCONTROL_JSON_SINCE = (23, 2)
 _VERSION = re.compile(r"\b(\d+)\.(\d+)\.\d+")
 
 
+def _seconds(value: object) -> float | None:
+    """A time of Slurm's JSON: 22.05's number, or 23.02+'s {"set", "infinite", "number"}; None when unset or 0."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return float(value)
+
+
 def _node(raw: object, where: str) -> SlurmNode:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise SourceUnavailable(f"{where}: a node entry has no name")
@@ -42,10 +61,13 @@ def _node(raw: object, where: str) -> SlurmNode:
     if not isinstance(state, str):
         raise SourceUnavailable(f"{where}: node {raw['name']} has a state of type {type(state).__name__}")
     partitions = raw.get("partitions") or []
-    return SlurmNode(name=raw["name"], state=state.lower(), flags=tuple(dict.fromkeys(flags)),
-                     reason=str(raw.get("reason") or ""),
+    reason = str(raw.get("reason") or "")
+    return SlurmNode(name=raw["name"], state=state.lower(), flags=tuple(dict.fromkeys(flags)), reason=reason,
                      partitions=tuple(str(p) for p in partitions) if isinstance(partitions, list) else (),
-                     gres=str(raw.get("gres") or ""))
+                     gres=str(raw.get("gres") or ""), boot_time=_seconds(raw.get("boot_time")),
+                     # Only a reason has a setter: 24.11 names root for a node that has none.
+                     reason_user=str(raw.get("reason_set_by_user") or "") if reason else "",
+                     reason_time=_seconds(raw.get("reason_changed_at")) if reason else None)
 
 
 def parse_nodes(text: str, where: str = "scontrol show nodes --json") -> dict[str, SlurmNode]:

@@ -10,6 +10,11 @@ from opsctl.slurm.base import SlurmNode
 from opsctl.slurm.cli import SlurmCliImpl
 
 
+def _seconds(value: object) -> float | None:
+    """pyslurm's Node times (boot_time, reason_time): Unix seconds, None or 0 when Slurm has none."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
 class PySlurmImpl:
     def __init__(self) -> None:
         try:
@@ -27,9 +32,13 @@ class PySlurmImpl:
         for name, node in raw.items():
             states = [s.lower() for s in str(node.state).replace("+", " ").split()]
             flags = tuple(s.upper() for s in states[1:])
+            reason = node.reason or ""
             nodes[name] = SlurmNode(name=name, state=states[0] if states else "", flags=flags,
-                                    reason=node.reason or "", partitions=tuple(node.partitions or ()),
-                                    gres=",".join(f"{k}:{v}" for k, v in (node.configured_gres or {}).items()))
+                                    reason=reason, partitions=tuple(node.partitions or ()),
+                                    gres=",".join(f"{k}:{v}" for k, v in (node.configured_gres or {}).items()),
+                                    boot_time=_seconds(getattr(node, "boot_time", None)),
+                                    reason_user=str(getattr(node, "reason_user", "") or "") if reason else "",
+                                    reason_time=_seconds(getattr(node, "reason_time", None)) if reason else None)
         return nodes
 
     def _update(self, names: list[str], **changes: str) -> None:

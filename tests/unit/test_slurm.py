@@ -58,6 +58,21 @@ def test_fail_down_maint_and_a_reservation_are_held_by_slurm(release):
     assert nodes["gpu042"].resumable and not nodes["gpu043"].resumable
 
 
+# Slurm's record of who set gpu042's reason (opsctl, as root) and when, and when its slurmd booted, as each
+# capture holds it (reason_set_by_user, reason_changed_at, boot_time).
+RECORDS = {"22.05.8": ("root", 1796075950.0, 1796073198.0), "24.11.5": ("root", 1796075926.0, 1796073197.0),
+           "26.05.5": ("root", 1796075886.0, 1796073198.0)}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_defect_4_every_release_says_who_set_the_reason_when_and_when_the_node_booted(release):
+    nodes = STATES[release]
+    assert (nodes["gpu042"].reason_user, nodes["gpu042"].reason_time, nodes["gpu042"].boot_time) == RECORDS[release]
+    # No reason, no setter (24.11 names root for it) and no time; the boot is still known.
+    assert (nodes["gpu041"].reason_user, nodes["gpu041"].reason_time) == ("", None) and nodes["gpu041"].boot_time
+    assert nodes["gpu042"].custody is None and nodes["gpu042"].owned  # the parser judges nothing: the actor does
+
+
 @pytest.mark.parametrize("release", ["24.11.5", "26.05.5"])
 def test_reboot_requested_and_powered_down_are_held_by_slurm(release):
     nodes = STATES[release]
@@ -87,6 +102,17 @@ def test_a_reboot_through_slurm_reads_as_under_way_then_back_down_with_opsctls_r
     for nodes in (during, after):
         assert nodes[busy].state_text == "MIXED+DRAIN+REBOOT_REQUESTED" and nodes[busy].runs_jobs
         assert nodes[busy].down_for_reboot and not nodes[busy].back_from_reboot
+
+
+@pytest.mark.parametrize("release", list(REBOOTS))
+def test_defect_4_a_reboot_through_slurm_shows_the_new_boot_and_slurms_own_note(release):
+    stem, rebooted, busy = REBOOTS[release]
+    during = parse_nodes((SLURM / f"{stem}-reboot-issued.json").read_text())
+    after = parse_nodes((SLURM / f"{stem}-reboot-complete.json").read_text())
+    assert after[rebooted].boot_time > during[rebooted].boot_time == during[busy].boot_time
+    # Slurm appended its notes as SlurmUser (root in these clusters), when the node registered again.
+    assert after[rebooted].slurm_notes == ("reboot issued", "reboot complete") and after[rebooted].opsctl_words
+    assert after[rebooted].reason_time >= after[rebooted].boot_time and after[rebooted].reason_user == "root"
 
 
 def test_slurmrestd_node_json_of_23_02_and_23_11_parse_too():
