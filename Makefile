@@ -16,7 +16,10 @@ MACHINES_DEBS := debootstrap systemd-container apt-cacher-ng iproute2 openssh-cl
 # The health tests read metrics from VictoriaMetrics too, started by the tests themselves; amtool and
 # the real Alertmanager serve the alertmanager role's tests.
 TSDB_DEBS := victoria-metrics
-TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) $(TSDB_DEBS) prometheus-alertmanager
+# The fabric test's picture: a real headless browser opens its HTML page, and cairosvg (the extra
+# opsctl[picture]) renders its PNG with the cairo library.
+PICTURE_DEBS := chromium libcairo2
+TEST_DEBS := $(LAB_DEBS) $(MACHINES_DEBS) $(TSDB_DEBS) $(PICTURE_DEBS) prometheus-alertmanager
 
 .PHONY: all venv deps-lab deps-machines deps-test test test-unit provision lint bench clean
 

@@ -253,10 +253,15 @@ def ib_quarantine_cmd(clients, results, as_json, dry_run, config_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @click.option("--drain", is_flag=True, help="Drain the culprits (opsctl:ib-fabric), within the safety limits.")
 @click.option("--dry-run", is_flag=True, help="Show what --drain would do; change nothing.")
+@click.option("--html", "html_path", default=None, metavar="FILE",
+              help="Draw the rails x nodes grid, culprits marked, into FILE: one self-contained HTML page.")
+@click.option("--svg", "svg_path", default=None, metavar="FILE", help="The same picture as SVG.")
+@click.option("--png", "png_path", default=None, metavar="FILE", help="The same picture as PNG (needs cairosvg).")
 @config_option
 @click.pass_obj
 @one_line_errors
-def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain, dry_run, config_path):
+def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain, dry_run, config_path,
+                       html_path=None, svg_path=None, png_path=None):
     """Run ib_write_bw between nodes over SSH, rail-aligned, in pairing rounds that isolate slow or dead
     HCAs; name them with their bandwidths, and with --drain drain their nodes.
 
@@ -265,7 +270,8 @@ def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain,
     """
     from opsctl.commands.ib_fabric_test import fabric_test
 
-    return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run)
+    return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run,
+                       html=html_path, svg=svg_path, png=png_path)
 
 
 @main.group("hw")

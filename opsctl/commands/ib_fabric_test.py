@@ -5,10 +5,15 @@ progress bar on a terminal.
 Exit codes: 0 every rail good, 1 slow, dead or unresolved rails, 2 usage or config error, 3 a node could
 not be reached (nothing tested), 4 a safety stop: too many nodes fail at once (the fabric is at fault),
 or a limit of `opsctl health --drain` (budget, out-of-service, the lock held).
+
+After the report, the run's figures go to node_exporter's textfile directory (beside metrics.textfile, when it
+is set; opsctl.fabrictest.textfile) and, with --html/--svg/--png, into the picture of the rails x nodes grid
+(opsctl.fabrictest.picture); a picture file that cannot be written is a usage error (exit 2).
 """
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,15 +22,21 @@ import click
 from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
+from opsctl.fabrictest.figures import Scale
 from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, RailVerdict
+from opsctl.fabrictest.picture import png_renderer, write_pictures
 from opsctl.fabrictest.run import FabricTest, Rounds
 from opsctl.fabrictest.run import fabric_test as run_fabric_test
+from opsctl.fabrictest.textfile import write_metrics
 
 _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}
 
 
 def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, group: str | None, as_json: bool,
-                drain: bool, dry_run: bool) -> ExitCode:
+                drain: bool, dry_run: bool, html: str | None = None, svg: str | None = None,
+                png: str | None = None) -> ExitCode:
+    if png:
+        png_renderer()  # a missing renderer is said before the test, not after minutes of it
     bar = ProgressBar() if not as_json and sys.stderr.isatty() else None
     try:
         result = run_fabric_test(clients, inventory, hosts_pattern, group, drain, dry_run,
@@ -35,7 +46,19 @@ def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, gro
         if bar is not None:
             bar.stop()
     click.echo(json.dumps(_json(result), indent=1) if as_json else _table(result))
+    _publish(clients, result, html, svg, png)
     return result.exit_code
+
+
+def _publish(clients: Clients, result: FabricTest, html: str | None, svg: str | None, png: str | None) -> None:
+    """The run's figures: metrics for the dashboard, and the pictures asked for."""
+    config = clients.config()
+    scale = Scale(expected_gbps=config.hardware.ib_rate_bytes_per_second * 8 / 1e9, slow_gbps=result.slow_gbps)
+    now = time.time()
+    write_metrics(config.metrics.textfile, result, scale, now,
+                  warn=lambda line: click.echo(f"opsctl: warning: {line}", err=True))
+    title = f"opsctl ib fabric-test, {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(now))}"
+    write_pictures(result, scale, html, svg, png, title=title)
 
 
 class ProgressBar:

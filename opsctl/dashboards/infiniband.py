@@ -1,11 +1,25 @@
 """InfiniBand fabric: port state, rate, error counters and traffic per node and HCA (node_exporter's
-InfiniBand collector), with the catalog's InfiniBand rules and their thresholds."""
+InfiniBand collector), with the catalog's InfiniBand rules and their thresholds, and the last fabric test's
+Gb/s per node and rail with its culprits (opsctl/fabrictest/textfile.py)."""
 
 from grafana_foundation_sdk.builders import dashboard as db
 
-from opsctl.dashboards.common import Site, graph, mapping, new_dashboard, note, query, rule_graph, steps, timeline
+from opsctl.dashboards.common import (
+    Site,
+    graph,
+    listing,
+    mapping,
+    new_dashboard,
+    query,
+    rule_graph,
+    single,
+    steps,
+    timeline,
+)
+from opsctl.fabrictest.pairing import Thresholds
 
 UID = "opsctl-infiniband"
+DEAD_GBPS = Thresholds().dead_gbps  # the fabric test's "dead": no traffic
 # node_infiniband_state_id / physical_state_id, as sysfs numbers them (ib_verbs port states).
 PORT_STATES = {1: ("DOWN", "red"), 2: ("INIT", "orange"), 3: ("ARMED", "orange"), 4: ("ACTIVE", "green"),
                5: ("ACTIVE_DEFER", "orange")}
@@ -48,9 +62,28 @@ def build(site: Site) -> db.Dashboard:
             f"Data {direction}", f"Bytes {direction} per second per node and HCA (port data counters).", "Bps",
             [query(f"rate(node_infiniband_port_data_{direction}_bytes_total{{{hcas}}}[$__rate_interval])", per_port)],
             steps("green", (site.config.hardware.ib_rate_bytes_per_second, "orange"))))
-    # The place of the fabric test's results: node_exporter has no such metric; opsctl exports none yet.
+    return _fabric_test(site, dash)
+
+
+def _fabric_test(site: Site, dash: db.Dashboard) -> db.Dashboard:
+    """The last `opsctl ib fabric-test` run's figures (opsctl/fabrictest/textfile.py, from node_exporter's textfile
+    collector on the host that ran it): the same rails x nodes grid as its --html picture."""
+    ib = site.config.ib
+    rails = 'slurm_node=~"$node", device=~"$hca"'
+    per_rail = "{{slurm_node}} {{device}}"
     dash = dash.with_row(db.Row("Fabric test: last results"))
-    dash = dash.with_panel(note("Fabric test", "The results of the last fabric test (bandwidth per rail and node "
-                                "pair, and the nodes it named) belong in this row; opsctl exports no fabric test "
-                                "metrics yet, so the row shows only node_exporter's counters above."))
-    return dash
+    dash = dash.with_panel(timeline(
+        "Fabric test: Gb/s per node and rail", "What the last `opsctl ib fabric-test` measured on each node's rail "
+        f"(ib_write_bw, Gb/s): below {ib.slow_gbps:g} (ib.slow_gbps) is slow, below {DEAD_GBPS:g} dead. A culprit "
+        "shows its worst measurement, any other rail its last against a partner not named on that rail. Each run "
+        "replaces the figures; a rail the run did not test has none.", "Gbits",
+        f"max by (slurm_node, device) (opsctl_fabric_test_rail_gbps{{{rails}}})", per_rail,
+        steps("red", (DEAD_GBPS, "orange"), (ib.slow_gbps, "green")), height=16))
+    dash = dash.with_panel(listing(
+        "Fabric test: culprits", "The nodes' rails the last fabric test named slow or dead (`opsctl ib fabric-test "
+        "--drain` drains them as opsctl:ib-fabric).",
+        f"max by (slurm_node, device, rail) (opsctl_fabric_test_culprit{{{rails}}}) == 1", width=16))
+    return dash.with_panel(single(
+        "Fabric test: age of the results", "Time since the last fabric test ended: the row shows that run.", "s",
+        "time() - max(opsctl_fabric_test_timestamp_seconds)", steps("green", (7 * 86400, "orange")), width=8,
+        height=8))

@@ -23,6 +23,8 @@ WRITES_ELSEWHERE = {
     "fileio.py": "the atomic writer itself",
     "metrics/recorder.py": "opsctl's own metrics, in node_exporter's textfile directory",
     "nodecheck/report.py": "the node check's results, in node_exporter's textfile directory",
+    "fabrictest/textfile.py": "the fabric test's figures, in node_exporter's textfile directory",
+    "fabrictest/picture.py": "the fabric test's picture into the --html, --svg and --png files a person names",
     "storage/probe_child.py": "the probe file on each checked mount",
     "why/run.py": "removes the entries of the controller's spool directory that it explains",
     "commands/dashboards.py": "the dashboards' JSON into the --out directory a person names",

@@ -40,10 +40,12 @@ FAULTS = [
     ("remapped-rows", "gpu030", ["--gpu", "6"], [("opsctl-gpu", "remapped-rows-high")]),
 ]
 # Panels that plot a health signal: each must be shown by one of the faults above, except traffic, the
-# last-XID table (the XID panel shows the fault), and counters that no lab fault raises.
+# last-XID table (the XID panel shows the fault), counters that no lab fault raises, and the fabric test's
+# results (`opsctl ib fabric-test` runs against the lab machines, not this simulated cluster).
 HEALTH_DASHBOARDS = ("opsctl-gpu", "opsctl-infiniband")
 NOT_HEALTH = {"Last XID per GPU", "GPU power", "Data received", "Data transmitted", "Link downs/s",
-              "Transmit discards/s"}
+              "Transmit discards/s", "Fabric test: Gb/s per node and rail", "Fabric test: culprits",
+              "Fabric test: age of the results"}
 
 
 def load(uid: str) -> dict:
