@@ -67,7 +67,8 @@ def lab_env() -> ExitCode:
 @click.option("--hca", default=None, help="HCA rail 0-7, or a device name such as mlx5_bond_0.")
 @one_line_errors
 def lab_inject(node: str, fault: str, gpu: int | None, hca: str | None) -> ExitCode:
-    """Inject FAULT into NODE's emulated hardware (see `opsctl lab faults`); NODE `all`: every node."""
+    """Inject FAULT into NODE's emulated hardware (see `opsctl lab faults`); NODE `all`: every node; NODE `fabric`:
+    the InfiniBand fabric's own faults (uplink-down:<leaf>)."""
     from opsctl_lab.cluster import inject
 
     return inject(node, fault, gpu=gpu, hca=hca)
@@ -77,7 +78,7 @@ def lab_inject(node: str, fault: str, gpu: int | None, hca: str | None) -> ExitC
 @click.argument("node")
 @one_line_errors
 def lab_clear(node: str) -> ExitCode:
-    """Clear every fault on NODE (NODE `all`: on every node)."""
+    """Clear every fault on NODE (NODE `all`: on every node and the fabric; `fabric`: the fabric's own)."""
     from opsctl_lab.cluster import clear
 
     return clear(node)
@@ -147,7 +148,7 @@ def lab_machines_reset() -> ExitCode:
 @one_line_errors
 def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | None) -> ExitCode:
     """Inject FAULT into MACHINE's emulated hardware (`opsctl lab faults` lists them); MACHINE `all`: every
-    GPU machine at once."""
+    GPU machine at once; MACHINE `fabric`: the InfiniBand fabric's own faults (uplink-down:<leaf>)."""
     from opsctl_lab.machines.lifecycle import inject
 
     return inject(machine, fault, gpu=gpu, hca=hca, echo=click.echo)
@@ -157,7 +158,7 @@ def lab_machines_inject(machine: str, fault: str, gpu: int | None, hca: str | No
 @click.argument("machine")
 @one_line_errors
 def lab_machines_clear(machine: str) -> ExitCode:
-    """Clear every fault on MACHINE (MACHINE `all`: on every GPU machine)."""
+    """Clear every fault on MACHINE (MACHINE `all`: on every GPU machine and the fabric; `fabric`: its own)."""
     from opsctl_lab.machines.lifecycle import clear
 
     return clear(machine, echo=click.echo)

@@ -16,7 +16,7 @@ import click
 import yaml
 
 from opsctl.errors import ExitCode
-from opsctl_lab import accounting, processes, prometheus_lab, slurm_lab
+from opsctl_lab import accounting, fabric_lab, processes, prometheus_lab, slurm_lab
 from opsctl_lab import paths as lp
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault, write_kernel_log
@@ -94,6 +94,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("accounting", accounting.start, paths)
     phase("slurm", slurm_lab.start_slurm, paths, nodes)
     phase("emulated hardware", prometheus_lab.prepare_nodes, paths, nodes)
+    fabric_lab.write_fabric(paths, nodes)
     phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
@@ -107,6 +108,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
         click.echo(f"  {name:24} {seconds:6.1f} s")
     states = slurm_lab.node_states(paths)
     faults = {n: [_fault_label(f) for f in NodeHardware.load(paths.hardware(n), n).active] for n in states}
+    faults[fabric_lab.FABRIC] = fabric_lab.faults(paths)
     up_count = sum(1 for t in prometheus_lab.targets() if t.get("health") == "up")
     for line in ready_report(states, faults, up_count, time.monotonic() - started):
         click.echo(line)
@@ -138,6 +140,8 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
               "validate": {"job_command": prometheus_lab.validate_job_command(paths),
                            "all_reduce_perf": str(prometheus_lab.write_node_tool(paths, "all_reduce_perf")),
                            "srun_mpi": "none"},
+              # The head's ibnetdiscover of each rail: the lab fabric's (opsctl_lab.fabric_lab).
+              "ib": {"ibnetdiscover": str(fabric_lab.write_ibnetdiscover(paths))},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
@@ -215,6 +219,8 @@ def status() -> ExitCode:
     faulty = [(n, hw.active) for n in states for hw in [NodeHardware.load(paths.hardware(n), n)] if hw.active]
     for node, faults in faulty:
         click.echo(f"  faults {node}: " + ", ".join(_fault_label(f) for f in faults))
+    if fabric_lab.faults(paths):
+        click.echo(f"  faults {fabric_lab.FABRIC}: " + ", ".join(fabric_lab.faults(paths)))
     return ExitCode.OK if all(alive == total for total, alive in groups.values()) else ExitCode.FAILING
 
 
@@ -256,6 +262,9 @@ def reset() -> ExitCode:
             write_storage(paths.storage(node), prometheus_lab.mount_base(paths, node), fresh)
         if hw.active:
             prometheus_lab.start_node_exporter(paths, index)  # an exporter-down fault had stopped it
+    cleared_fabric = fabric_lab.clear(paths)
+    if cleared_fabric:
+        lines.append(f"cleared {fabric_lab.FABRIC}: " + ", ".join(cleared_fabric))
     # What `opsctl node check` wrote for a node's textfile collector describes the past now, and so does
     # Prometheus' record of it: a series last scraped before a restart reads as current for the lookback
     # (5 minutes), as no staleness marker ends it.
@@ -323,14 +332,23 @@ ALL_NODES = "all"
 
 
 def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None) -> ExitCode:
-    """NODE `all`: every node at once, as a shared service failing does (a Lustre OST down for all)."""
+    """NODE `all`: every node at once, as a shared service failing does (a Lustre OST down for all); NODE
+    `fabric`: a fault of the InfiniBand fabric itself (uplink-down:<leaf>)."""
+    spec, _ = parse_fault(fault)
+    if (node == fabric_lab.FABRIC) != (spec.target == "fabric"):
+        raise LabError(f"{fault} is a fault of the fabric: `opsctl lab inject {fabric_lab.FABRIC} {fault}`"
+                       if spec.target == "fabric" else f"the fabric takes only its own faults (uplink-down:<leaf>), "
+                       f"not {fault}")
+    if node == fabric_lab.FABRIC:
+        _names(_paths())  # the lab runs
+        click.echo(f"injected {fabric_lab.inject(_paths(), fault)} on the {fabric_lab.FABRIC}")
+        return ExitCode.OK
     if node == ALL_NODES:
         for name in _names(_paths()):
             inject(name, fault, gpu, hca)
         return ExitCode.OK
     paths = _paths()
     index = _node_index(paths, node)
-    spec, _ = parse_fault(fault)
     if spec.machines_only:
         raise LabError(f"{fault} is a fault of the lab machines: `opsctl lab machines inject`")
     if spec.target != "gpu" and gpu is not None or spec.target != "hca" and hca is not None:
@@ -347,8 +365,12 @@ def inject(node: str, fault: str, gpu: int | None = None, hca: str | None = None
 
 
 def clear(node: str) -> ExitCode:
-    if node == ALL_NODES:
-        for name in _names(_paths()):
+    """NODE `all`: every node and the fabric; NODE `fabric`: the fabric's own faults."""
+    if node in (ALL_NODES, fabric_lab.FABRIC):
+        names = _names(_paths())
+        cleared = fabric_lab.clear(_paths())
+        click.echo(f"cleared {fabric_lab.FABRIC}: " + (", ".join(cleared) or "no faults"))
+        for name in names if node == ALL_NODES else []:
             clear(name)
         return ExitCode.OK
     paths = _paths()

@@ -78,6 +78,9 @@ XID_WINDOW_MS = 300000
 # The faults that take an XID code (`xid:79`): `xid` shows in DCGM (the lab writes no kernel log line for
 # it), `xid-kernel` in the node's kernel log only.
 XID_FAULTS = ("xid", "xid-kernel")
+# The faults that take a rail (`recable-leaf:3`): a cable of the node's rail-3 HCA moved (opsctl_lab.fabric).
+RAIL_FAULTS = ("recable-leaf", "recable-rail")
+RAILS = 8
 # The emulated node's boot, unless `reboot` moved it: the origin of the dcgm-exporter emulator's
 # time-driven counters (its COUNTER_EPOCH) and of the kernel log's microseconds since boot.
 EMULATED_BOOT = 1_750_000_000.0
@@ -94,7 +97,9 @@ class FaultSpec:
     counters, `steps` one-time rises at injection; keys are `<metric>` names of the emulators."""
 
     name: str
-    target: str  # "gpu", "hca" or "node"
+    # "gpu", "hca" or "node"; "rail": a node's fault on one rail, named by its argument (`recable-leaf:3`);
+    # "fabric": a fault of the InfiniBand fabric itself, injected on `fabric` (opsctl_lab.fabric).
+    target: str
     summary: str
     rates: dict[str, float] = field(default_factory=dict)
     steps: dict[str, float] = field(default_factory=dict)
@@ -170,6 +175,13 @@ FAULTS = {
                   simulated_only=False),
         FaultSpec("lnet-down", "node", "the node's LNet NI on o2ib (bond0) is down: `lnetctl net show` says so and "
                   "`lctl ping` of the MGS fails", simulated_only=True),
+        # The fabric's cabling, as `ibnetdiscover` of each rail shows it (opsctl_lab.fabric).
+        FaultSpec("recable-leaf", "rail", "recable-leaf:<rail>: the rail's HCA is cabled to that rail's leaf of the "
+                  "other scalable unit (a free down port, else the leaf's last up-link port)"),
+        FaultSpec("recable-rail", "rail", "recable-rail:<rail>: the rail's HCA is cabled to the next rail's leaf "
+                  "(rail r to rail (r+1) % 8) of its own scalable unit"),
+        FaultSpec("uplink-down", "fabric", "uplink-down:<leaf>: the leaf's last up-link (port 64, to spine 2) is "
+                  "down; inject it on `fabric` (`opsctl lab inject fabric uplink-down:rail3-su1-leaf`)"),
     ]
 }
 
@@ -177,25 +189,35 @@ FAULTS = {
 def describe_faults() -> str:
     lines = []
     for spec in FAULTS.values():
-        where = {"gpu": "--gpu G", "hca": "--hca H", "node": ""}[spec.target]
-        name = f"{spec.name}:<code>" if spec.name in XID_FAULTS else spec.name
+        where = {"gpu": "--gpu G", "hca": "--hca H"}.get(spec.target, "")
+        name = spec.name + FAULT_ARGUMENTS.get(spec.name, "")
         tier = " (lab machines only)" if spec.machines_only else " (simulated lab only)" if spec.simulated_only else ""
         lines.append(f"{name:22} {where:8} {spec.summary}{tier}")
     return "\n".join(lines)
 
 
 def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
-    """'xid:79' -> (xid spec, 79); 'xid-kernel:62' -> (xid-kernel spec, 62); 'dbe' -> (dbe spec, None).
-    Raises LabError on anything else."""
+    """'xid:79' -> (xid spec, 79); 'xid-kernel:62' -> (xid-kernel spec, 62); 'recable-rail:3' -> (its spec, 3);
+    'dbe' -> (dbe spec, None); 'uplink-down:rail3-su1-leaf' -> (its spec, None): the fabric's own faults name a
+    switch, which opsctl_lab.fabric checks. Raises LabError on anything else."""
     name, _, arg = text.partition(":")
     spec = FAULTS.get(name)
-    if spec is None or (name in XID_FAULTS) != bool(arg):
+    if spec is None or (name in FAULT_ARGUMENTS) != bool(arg):
         raise LabError(f"unknown fault {text!r}; `opsctl lab faults` lists them")
     if name in XID_FAULTS:
         if not arg.isdigit() or not 0 < int(arg) < 1000:
             raise LabError(f"bad XID code in {text!r}: expected {name}:<1-999>")
         return spec, int(arg)
+    if name in RAIL_FAULTS:
+        if not arg.isdigit() or not 0 <= int(arg) < RAILS:
+            raise LabError(f"bad rail in {text!r}: expected {name}:<0-{RAILS - 1}>")
+        return spec, int(arg)
     return spec, None
+
+
+# What a fault's argument is, for those that take one (`xid:79`, `recable-leaf:3`, `uplink-down:rail3-su1-leaf`).
+FAULT_ARGUMENTS = {**dict.fromkeys(XID_FAULTS, ":<code>"), **dict.fromkeys(RAIL_FAULTS, ":<rail>"),
+                   "uplink-down": ":<leaf>"}
 
 
 def hca_name(hca: str | int | None, names: HcaLayout | None = None) -> str:
@@ -248,14 +270,16 @@ class ActiveFault:
     hca: str | None = None
     since: float = 0.0
     xid: int | None = None
+    rail: int | None = None  # the rail of a rail fault (recable-leaf:3)
 
     def key(self, counter: str) -> str:
         return f"{self.gpu if self.hca is None else self.hca}:{counter}"
 
 
 def fault_label(fault: ActiveFault) -> str:
-    """How the lab's reports name a fault: `xid:79 gpu3`, `ib-down mlx5_2`, `exporter-down`."""
-    name = f"{fault.fault}:{fault.xid}" if fault.fault in XID_FAULTS else fault.fault
+    """How the lab's reports name a fault: `xid:79 gpu3`, `ib-down mlx5_2`, `recable-rail:3`, `exporter-down`."""
+    name = f"{fault.fault}:{fault.xid}" if fault.fault in XID_FAULTS else \
+        f"{fault.fault}:{fault.rail}" if fault.fault in RAIL_FAULTS else fault.fault
     where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
     return name + where
 
@@ -312,9 +336,13 @@ class NodeHardware:
     # ---- faults ------------------------------------------------------------------------------
     def inject(self, text: str, gpu: int | None = None, hca: str | int | None = None,
                now: float | None = None) -> ActiveFault:
-        spec, xid = parse_fault(text)
+        spec, arg = parse_fault(text)
+        if spec.target == "fabric":
+            raise LabError(f"{spec.name} is a fault of the fabric, not of a node: inject it on `fabric` "
+                           f"(`opsctl lab inject fabric {text}`)")
         now = time.time() if now is None else now
-        fault = ActiveFault(fault=spec.name, since=now, xid=xid)
+        xid = arg if spec.name in XID_FAULTS else None
+        fault = ActiveFault(fault=spec.name, since=now, xid=xid, rail=arg if spec.target == "rail" else None)
         if spec.target == "gpu":
             fault.gpu = 0 if gpu is None else int(gpu)
             if not 0 <= fault.gpu < GPUS_PER_NODE:
@@ -329,8 +357,8 @@ class NodeHardware:
         elif spec.name == "xid-kernel":
             assert fault.gpu is not None and xid is not None  # a GPU fault, and parse_fault requires its code
             self._log_xid(fault.gpu, xid, now)
-        self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid) != (fault.fault, fault.gpu,
-                                                                                    fault.hca, fault.xid)]
+        same = (fault.fault, fault.gpu, fault.hca, fault.xid, fault.rail)
+        self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid, f.rail) != same]
         self.active.append(fault)
         return fault
 
@@ -389,6 +417,10 @@ class NodeHardware:
 
     def node_fault(self, name: str) -> bool:
         return any(f.fault == name for f in self.active)
+
+    def recabled(self, name: str) -> set[int]:
+        """The rails under this rail fault (`recable-leaf`, `recable-rail`)."""
+        return {f.rail for f in self.active if f.fault == name and f.rail is not None}
 
     def counter(self, device: int | str, counter: str, base: float, now: float | None = None) -> float:
         """base + what past faults added + what active faults add now."""

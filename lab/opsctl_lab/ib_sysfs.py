@@ -61,12 +61,20 @@ def node_guid(node: str, hca: str) -> str:
     return f"a088:c203:00{raw[0:2]}:{raw[2:6]}"  # NVIDIA OUI a0:88:c2 as in real CX-7 GUIDs
 
 
+def port_lid(hw: NodeHardware, hca: str, port: dict[str, str]) -> int:
+    """The port's LID: stable per node and device; 0 where no subnet manager configured it (INIT), and on a
+    port of no InfiniBand rail. What ibstat and the lab fabric's ibnetdiscover show too."""
+    configured = hca in hw.hca_layout().rails and not port["state"].startswith("2")
+    return stable_int(hw.node, hca, "lid", modulo=0xBFFF) + 1 if configured else 0
+
+
 def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
     """Relative path -> content for one device, exactly one line each as in sysfs."""
     port = hw.hca_port(hca)
     compute = hca in hw.hca_layout().rails
     bluefield = hca == STORAGE_HCA  # the HGX storage port; a DGX's are ConnectX-7 ports
     configured = compute and not port["state"].startswith("2")
+    lid = port_lid(hw, hca, port)
     files = {
         "board_id": "MT_0000000884" if bluefield else "MT_0000000838",
         "fw_ver": port["fw_ver"],
@@ -78,7 +86,7 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
         "ports/1/rate": port["rate"],
         "ports/1/link_layer": port["link_layer"],
         # A port the subnet manager has not configured (INIT) has no LID and knows no SM.
-        "ports/1/lid": f"0x{stable_int(hw.node, hca, 'lid', modulo=0xbfff) + 1:x}" if configured else "0x0",
+        "ports/1/lid": f"0x{lid:x}",
         "ports/1/sm_lid": "0x1" if configured else "0x0",
         "ports/1/cap_mask": "0xa651e848" if compute else "0x00010000",
     }

@@ -124,6 +124,11 @@ class LabPaths:
     def opsctl_state(self) -> Path:
         return self.root / "state"
 
+    @property
+    def fabric(self) -> Path:
+        """The InfiniBand fabric's state: its nodes and its own faults (opsctl_lab.fabric_lab)."""
+        return self.root / "fabric.json"
+
     def node_dir(self, node: str) -> Path:
         return self.root / "nodes" / node
 

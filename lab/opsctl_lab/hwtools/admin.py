@@ -39,6 +39,7 @@ from pathlib import Path
 from opsctl_lab.hardware import kernel_log_path, write_kernel_log
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 from opsctl_lab.machines import boot, storage_mounts
+from opsctl_lab.machines.fabric_cabling import publish
 
 MACHINE_BASE = Path("/")
 
@@ -102,11 +103,18 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)
         write_kernel_log(kernel_log_path(state_path()), hw)
+        if fabric_dir().is_dir():  # a lab machine: the fabric's other hosts see its cabling (ibnetdiscover)
+            publish(fabric_dir() / "nodes", hw)
         base = mount_base()
         storage_mounts.apply_storage(hw, storage_root(), base, units if base == MACHINE_BASE else None)
         if args.cmd == "sysfs" and args.link_host:
             link_host_sysfs(root)
     return 1 if failures else 0
+
+
+def fabric_dir() -> Path:
+    """The fabric's directory, next to the state file (HW_FABRIC in a lab machine: machines.fabric_cabling)."""
+    return state_path().parent / "fabric"
 
 
 def loaded_modules_dir() -> Path:

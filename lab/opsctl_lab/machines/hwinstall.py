@@ -10,7 +10,7 @@ from pathlib import Path
 import opsctl
 import opsctl_lab
 from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
-from opsctl_lab.installed_tools import HW_CODE, HW_ROOT, HW_STATE, HW_SYSFS_ROOT, TOOLS, tool_wrapper
+from opsctl_lab.installed_tools import HEAD_TOOLS, HW_CODE, HW_ROOT, HW_STATE, HW_SYSFS_ROOT, TOOLS, tool_wrapper
 from opsctl_lab.machines.settings import DCGM_PORT, REVERSED_MINORS_MACHINE
 from opsctl_lab.machines.storage_mounts import BIND_MOUNTS, export_dir, mount_unit, place_exports
 from opsctl_lab.storage_view import MOUNTS
@@ -97,18 +97,27 @@ WantedBy=multi-user.target
 """
 
 
-def install(upper: Path, name: str, address: str) -> None:
+def _install_tools(upper: Path, paths: list[str]) -> None:
     code = upper / HW_CODE.lstrip("/")
     shutil.rmtree(code, ignore_errors=True)
     # The emulated tools are opsctl_lab modules; they need opsctl for its error types only.
     for package in (opsctl, opsctl_lab):
         source = Path(package.__path__[0])
         shutil.copytree(source, code / source.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "templates"))
-    for path in TOOLS:
+    for path in paths:
         target = upper / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(tool_wrapper(path))
         target.chmod(0o755)
+
+
+def install_head(upper: Path) -> None:
+    """The head's tools: ibnetdiscover of the fabric its HCAs are cabled to (opsctl_lab.fabric)."""
+    _install_tools(upper, HEAD_TOOLS)
+
+
+def install(upper: Path, name: str, address: str) -> None:
+    _install_tools(upper, list(TOOLS))
     state = upper / HW_STATE.lstrip("/")
     # Keep injected faults across a restart, as hardware would; the minor numbers are the machine's own.
     hw = NodeHardware.load(state, name)

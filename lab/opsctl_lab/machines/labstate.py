@@ -17,7 +17,7 @@ import opsctl
 from opsctl.config.schema import DEFAULT_AUDIT_LOG, DEFAULT_STATE_DIR
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, fault_label
-from opsctl_lab.machines import keys, nspawn
+from opsctl_lab.machines import fabric_cabling, keys, nspawn
 from opsctl_lab.machines.settings import HW_STATE, Settings
 from opsctl_lab.slurm_lab import base_state, is_out_of_service
 
@@ -148,12 +148,14 @@ def settled_slurm_nodes(settings: Settings, timeout: float = SETTLE_S) -> tuple[
 
 
 def faults(settings: Settings, machines: list[str]) -> dict[str, list[str]]:
-    """Faults injected into each GPU machine, from its state file in the machine's own layer."""
+    """Faults injected into each GPU machine, from its state file in the machine's own layer, and the
+    fabric's own (opsctl_lab.machines.fabric_cabling)."""
     found = {}
     for name in machines:
         state = nspawn.upper(settings, name) / HW_STATE.lstrip("/")
         if name != HEAD and state.exists():
             found[name] = [fault_label(f) for f in NodeHardware.load(state, name).active]
+    found[fabric_cabling.FABRIC] = fabric_cabling.faults(settings)
     return found
 
 
@@ -188,8 +190,9 @@ def empty_opsctl_state(settings: Settings, role_defaults: Path = ROLE_DEFAULTS) 
 def reset(settings: Settings, running: list[str], role_defaults: Path = ROLE_DEFAULTS) -> list[str]:
     """Clear every fault, resume every node out of service, empty opsctl's state and audit log."""
     cleared = faults(settings, running)
+    fabric_cabling.clear(settings)
     for name, labels in cleared.items():
-        if labels:
+        if labels and name != fabric_cabling.FABRIC:
             result = _ssh(settings, name, "/usr/local/sbin/opsctl-hw clear", timeout=60)
             if result.returncode != 0:
                 raise LabError(f"{name}: opsctl-hw clear: {_first_line(result)}")

@@ -16,9 +16,28 @@ from contextlib import AbstractContextManager, contextmanager
 from opsctl.errors import ExitCode
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import NodeHardware, parse_fault
-from opsctl_lab.machines import aptcache, disks, hwinstall, image, inventory, keys, labstate, net, nspawn, readiness
+from opsctl_lab.machines import (
+    aptcache,
+    disks,
+    fabric_cabling,
+    hwinstall,
+    image,
+    inventory,
+    keys,
+    labstate,
+    net,
+    nspawn,
+    readiness,
+)
 from opsctl_lab.machines import vendor_server as vendor_serve
-from opsctl_lab.machines.settings import MAX_GPU_NODES, STORAGE_MACHINE, Settings, is_gpu_machine, machine_names
+from opsctl_lab.machines.settings import (
+    HW_STATE,
+    MAX_GPU_NODES,
+    STORAGE_MACHINE,
+    Settings,
+    is_gpu_machine,
+    machine_names,
+)
 from opsctl_lab.processes import stop_pids
 from opsctl_lab.vendor_repos import build as vendor_build
 
@@ -119,6 +138,7 @@ def _start_machines(settings: Settings, names: list[str], kernel_key: str = "") 
         nspawn.stop(settings, extra)
         net.remove_machine_netns(settings, extra)
     pubkey = keys.ensure_client_key(settings)
+    fabric_cabling.write_fabric(settings, names)
     uppers = {}
     started = []
     for name in names:
@@ -130,6 +150,10 @@ def _start_machines(settings: Settings, names: list[str], kernel_key: str = "") 
         uppers[name] = nspawn.prepare_layer(settings, name, names, pubkey, kernel_key)
         if is_gpu_machine(name):
             hwinstall.install(uppers[name], name, settings.addr(name))
+            state = uppers[name] / HW_STATE.lstrip("/")
+            fabric_cabling.publish(settings.fabric_dir / "nodes", NodeHardware.load(state, name))
+        elif name == "head":
+            hwinstall.install_head(uppers[name])
         machine_args = (disks.nspawn_args(settings) if name == STORAGE_MACHINE
                         else nspawn.gpu_machine_args() if is_gpu_machine(name) else [])
         nspawn.start(settings, name, machine_args)
@@ -217,6 +241,14 @@ def _targets(settings: Settings, machine: str) -> list[str]:
 
 def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = None,
            echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    """MACHINE `fabric`: a fault of the InfiniBand fabric itself (uplink-down:<leaf>), in the fabric's state
+    on this host (opsctl_lab.machines.fabric_cabling)."""
+    if machine == fabric_cabling.FABRIC or parse_fault(fault)[0].target == "fabric":
+        if machine != fabric_cabling.FABRIC or parse_fault(fault)[0].target != "fabric":
+            raise LabError(f"the fabric's own faults (uplink-down:<leaf>) go on `{fabric_cabling.FABRIC}`, "
+                           f"not {fault} on {machine}")
+        echo(f"injected {fabric_cabling.inject(settings or Settings(), fault)} on the {fabric_cabling.FABRIC}")
+        return ExitCode.OK
     NodeHardware(node=machine).inject(fault, gpu=gpu, hca=hca)  # bad input fails here, before any SSH
     if parse_fault(fault)[0].simulated_only:
         raise LabError(f"{fault} is a fault of the simulated lab: `opsctl lab inject`")
@@ -232,7 +264,12 @@ def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = N
 
 
 def clear(machine: str, echo: Echo = lambda _line: None, settings: Settings | None = None) -> ExitCode:
+    """MACHINE `all`: every GPU machine and the fabric; `fabric`: the fabric's own faults."""
     settings = settings or Settings()
+    if machine in ("all", fabric_cabling.FABRIC):
+        echo(f"{fabric_cabling.FABRIC}: cleared " + (", ".join(fabric_cabling.clear(settings)) or "no faults"))
+        if machine == fabric_cabling.FABRIC:
+            return ExitCode.OK
     for name in _targets(settings, machine):
         echo(_ssh_admin(settings, name, ["clear"]))
     return ExitCode.OK

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from opsctl_lab.machines import fabric_cabling, keys
 from opsctl_lab.machines import image as img
-from opsctl_lab.machines import keys
 from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, Settings
 from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
 from opsctl_lab.vendor_repos import spec
@@ -152,6 +152,9 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
     for group in groups:
         group.mkdir(parents=True, exist_ok=True)
     log = open(mdir / "console.log", "ab")  # noqa: SIM115 - handed to nspawn
+    fabric = fabric_cabling.nspawn_args(settings, name)
+    if fabric:
+        settings.fabric_dir.mkdir(parents=True, exist_ok=True)
     image = str(img.path(settings))
     # The supervisor boots the machine again when it reboots (supervise.py); its pid is the machine's.
     proc = subprocess.Popen(
@@ -160,7 +163,7 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
          f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
          "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",
          # RDMA needs unlimited locked memory, as on a real node (limits.conf / slurmd's LimitMEMLOCK).
-         "--rlimit=MEMLOCK=infinity", *(extra_args or [])],
+         "--rlimit=MEMLOCK=infinity", *fabric, *(extra_args or [])],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         preexec_fn=_enter(groups))  # noqa: PLW1509 - the lab starts machines from one thread
     write_pidfile(_pid_file(settings, name), proc.pid)

@@ -144,6 +144,11 @@ class Settings:
     def machine_dir(self, name: str) -> Path:
         return self.state_dir / name
 
+    @property
+    def fabric_dir(self) -> Path:
+        """The InfiniBand fabric's directory (HW_FABRIC in the GPU machines and the head)."""
+        return self.state_dir / "fabric"
+
     # In a dot directory: ansible never reads those as inventory sources (a key or known_hosts next to
     # hosts.yml would be tried as one, with a warning each).
     @property
