@@ -274,6 +274,34 @@ def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain,
                        html=html_path, svg=svg_path, png=png_path)
 
 
+@ib_group.command("topology")
+@click.option("--input", "input_path", type=click.Path(exists=True), default=None, metavar="PATH",
+              help="Saved ibnetdiscover outputs: a directory with <hca>.txt per rail, or one file (one fabric). "
+                   "Default: run ib.ibnetdiscover -C <hca> -P 1 per rail of ib.rails here.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write topology.conf here (atomically) and accept this fabric for --check.")
+@click.option("--format", "fmt", type=click.Choice(["tree", "block", "both"]), default="tree", show_default=True,
+              help="topology/tree (Slurm 22.05+) or topology/block (24.05+) lines; both: print both.")
+@click.option("--check", is_flag=True, help="Compare with the accepted fabric (or --design); drain cross-cabled nodes.")
+@click.option("--design", type=click.Path(exists=True), default=None, metavar="FILE",
+              help="With --check: compare with this fabric record (JSON) or ibnetdiscover output instead.")
+@click.option("--dry-run", is_flag=True, help="With --check: show what would be drained; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fabric, topology.conf and the drift as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def ib_topology_cmd(clients, input_path, output, fmt, check, design, dry_run, as_json, config_path):
+    """Map each node's HCAs to their leaf switches and the leaves to spines, per rail, from ibnetdiscover; print or
+    write topology.conf; with --check name each cabling change and drain the nodes cabled to another rail or
+    leaf group (opsctl:ib-cabling).
+
+    Exit codes: 0 read (and written), or no change; 1 a change found (--check); 2 usage/config error; 3
+    ibnetdiscover, an input, Slurm or the output unreadable or unwritable (nothing done); 4 safety stop.
+    """
+    from opsctl.commands.ib_topology import topology
+
+    return topology(clients.use(config_path), input_path, output, fmt, check, design, dry_run, as_json)
+
 @main.group("hw")
 def hw_group():
     """Hardware: the nodes that differ from their group's profile."""

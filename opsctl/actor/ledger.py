@@ -60,6 +60,10 @@ class Ledger:
     def save_last_run(self, kind: str, record: dict[str, Any]) -> None:
         self.state.last_runs.save(kind, record)
 
+    def save_accepted_fabric(self, record: dict[str, Any]) -> None:
+        """The fabric `opsctl ib topology --output` wrote topology.conf from: what `--check` compares with."""
+        self.state.fabric.save(record)
+
     # ---- evidence for the vendor ------------------------------------------------------------------------
     def write_rma_bundle(self, node: str, now: float, files: dict[str, str]) -> Path:
         """<state_dir>/rma/<node>-<UTC time>/, one file per entry of `files`; ConfigError when it cannot."""

@@ -11,6 +11,7 @@
 | `validations` | validated.json | when `opsctl validate` last validated each node |
 | `validate_queue` | validate-queue.json | the nodes `opsctl suspects --queue` asked to validate first |
 | `last_runs` | last_runs.json | the verdicts of the last run of each kind, for `health --changes-only` |
+| `fabric` | fabric.json | the InfiniBand fabric last accepted by `opsctl ib topology --output`, for `--check` |
 
 Files are opened with O_NOFOLLOW (a symlink planted in their place is refused, never followed) and replaced
 atomically, so a crash never leaves half a file. Reads are free to anyone; writes go through the actor
@@ -196,6 +197,23 @@ class LastRuns:
         return runs
 
 
+class AcceptedFabric:
+    def __init__(self, directory: Path):
+        self.file = JsonFile(directory, "fabric.json")
+
+    def load(self) -> dict[str, Any] | None:
+        """The fabric record (opsctl/topology/fabric.py, Fabric.record) with "accepted" (when) and "source"; None
+        before the first `opsctl ib topology --output`."""
+        record = self.file.load(None)
+        if record is not None and not (isinstance(record, dict) and isinstance(record.get("hcas"), dict)
+                                       and isinstance(record.get("switches"), dict)):
+            raise self.file.unreadable("not a fabric record")
+        return record
+
+    def save(self, record: dict[str, Any]) -> None:
+        self.file.save(record)
+
+
 class State:
     """The stores of one state directory."""
 
@@ -210,3 +228,4 @@ class State:
         self.validations = NodeTimes(self.path, "validated.json")  # when its last validation job ended
         self.validate_queue = ValidateQueue(self.path)
         self.last_runs = LastRuns(self.path)
+        self.fabric = AcceptedFabric(self.path)  # the accepted InfiniBand fabric

@@ -245,6 +245,8 @@ class IbConfig:
     test_timeout_seconds: Duration = key(duration("60s"), check=_between(5, 3600), hint="must be 5-3600 seconds")
     # more failing nodes than this: the fabric, not the nodes; drain none
     max_fail_fraction: float = key(0.25, check=lambda v: 0 < v <= 1, hint="must be above 0 and at most 1")
+    # `opsctl ib topology` runs `<ibnetdiscover> -C <rail> -P 1` once per rail (the lab points it at its emulation)
+    ibnetdiscover: str = key("ibnetdiscover", check=bool, hint="must not be empty")
     # Whether the file lists ib.rails (or hardware.ib_devices): set by parse_config, not a key.
     rails_pinned: bool = field(default=False, metadata={"internal": True})
 

@@ -28,6 +28,7 @@ WRITES_ELSEWHERE = {
     "storage/probe_child.py": "the probe file on each checked mount",
     "why/run.py": "removes the entries of the controller's spool directory that it explains",
     "commands/dashboards.py": "the dashboards' JSON into the --out directory a person names",
+    "topology/run.py": "topology.conf at the --output path a person (or the slurm role) names",
 }
 
 

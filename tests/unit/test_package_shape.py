@@ -13,7 +13,7 @@ PACKAGE = Path(opsctl.__file__).resolve().parent
 # called), and its own rendering modules. Not prom, slurm, gpu, storage or fileio: a command that needs them
 # calls a feature.
 FEATURES = {"health", "ladder", "rollout", "why", "validate", "ib", "fabrictest", "hw", "nodecheck", "dashboards",
-            "metrics"}
+            "metrics", "topology"}
 COMMANDS_MAY_IMPORT = FEATURES | {"actor", "config", "errors", "exit", "clients", "commands"}
 # What the Clients build: a command passes the Clients to its feature and never calls these itself.
 CLIENT_EDGES = {"slurm", "prom", "prom_range", "fresh_prom", "jobs", "accounting"}
