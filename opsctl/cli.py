@@ -246,8 +246,8 @@ def ib_quarantine_cmd(clients, results, as_json, dry_run, config_path):
 
 
 @ib_group.command("fabric-test")
-@click.option("--inventory", required=True, type=click.Path(exists=True), metavar="INV",
-              help="The Ansible inventory (hosts.yml or its directory) whose nodes to test.")
+@click.option("--inventory", default=None, type=click.Path(exists=True), metavar="INV",
+              help="The Ansible inventory (hosts.yml or its directory) whose nodes to test (required to test).")
 @click.option("--hosts", "hosts_pattern", default=None, metavar="PATTERN", help="Only hosts matching this glob.")
 @click.option("--group", default=None, help="Inventory group to test (default: gpu_nodes when there is one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
@@ -257,19 +257,33 @@ def ib_quarantine_cmd(clients, results, as_json, dry_run, config_path):
               help="Draw the rails x nodes grid, culprits marked, into FILE: one self-contained HTML page.")
 @click.option("--svg", "svg_path", default=None, metavar="FILE", help="The same picture as SVG.")
 @click.option("--png", "png_path", default=None, metavar="FILE", help="The same picture as PNG (needs cairosvg).")
+@click.option("--history", "show_history", is_flag=True,
+              help="Test nothing: show each node's HCA judged on the kept runs, culprits first.")
 @config_option
 @click.pass_obj
 @one_line_errors
 def ib_fabric_test_cmd(clients, inventory, hosts_pattern, group, as_json, drain, dry_run, config_path,
-                       html_path=None, svg_path=None, png_path=None):
+                       html_path=None, svg_path=None, png_path=None, show_history=False):
     """Run ib_write_bw between nodes over SSH, rail-aligned, in pairing rounds that isolate slow or dead
     HCAs; name them with their bandwidths, and with --drain drain their nodes.
 
-    Exit codes: 0 all rails good, 1 culprits or unresolved rails, 2 usage/config error, 3 a node could not
-    be reached (nothing tested), 4 safety stop (too many nodes fail: the fabric is at fault; drain limits).
+    Exit codes: 0 all rails good, 1 culprits (the run's or the history's) or unresolved rails, 2 usage/config
+    error, 3 a node could not be reached (nothing tested), 4 safety stop (too many nodes fail: the fabric is at
+    fault; drain limits). With --history: 0 no culprit, 1 culprits, 2 the history unreadable.
     """
     from opsctl.commands.ib_fabric_test import fabric_test
 
+    if show_history:
+        from opsctl.commands.ib_fabric_test import history
+
+        given = [name for name, value in (("--inventory", inventory), ("--hosts", hosts_pattern), ("--group", group),
+                                          ("--drain", drain), ("--dry-run", dry_run), ("--html", html_path),
+                                          ("--svg", svg_path), ("--png", png_path)) if value]
+        if given:
+            raise click.UsageError(f"--history tests nothing and shows the kept runs: drop {', '.join(given)}")
+        return history(clients.use(config_path), as_json)
+    if inventory is None:
+        raise click.UsageError("Missing option '--inventory' (or --history, to show the kept runs)")
     return fabric_test(clients.use(config_path), inventory, hosts_pattern, group, as_json, drain, dry_run,
                        html=html_path, svg=svg_path, png=png_path)
 

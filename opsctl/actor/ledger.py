@@ -64,6 +64,10 @@ class Ledger:
         """The fabric `opsctl ib topology --output` wrote topology.conf from: what `--check` compares with."""
         self.state.fabric.save(record)
 
+    def save_fabric_history(self, runs: list[dict[str, Any]]) -> None:
+        """The fabric test's kept runs (opsctl/fabrictest/history.py), replacing the file's."""
+        self.state.fabric_history.save(runs)
+
     # ---- evidence for the vendor ------------------------------------------------------------------------
     def write_rma_bundle(self, node: str, now: float, files: dict[str, str]) -> Path:
         """<state_dir>/rma/<node>-<UTC time>/, one file per entry of `files`; ConfigError when it cannot."""

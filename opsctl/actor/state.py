@@ -12,6 +12,7 @@
 | `validate_queue` | validate-queue.json | the nodes `opsctl suspects --queue` asked to validate first |
 | `last_runs` | last_runs.json | the verdicts of the last run of each kind, for `health --changes-only` |
 | `fabric` | fabric.json | the InfiniBand fabric last accepted by `opsctl ib topology --output`, for `--check` |
+| `fabric_history` | fabric-test-history.json | the rail tests of the last fabric-test runs (fabrictest/history.py) |
 
 Files are opened with O_NOFOLLOW (a symlink planted in their place is refused, never followed) and replaced
 atomically, so a crash never leaves half a file. Reads are free to anyone; writes go through the actor
@@ -214,6 +215,30 @@ class AcceptedFabric:
         self.file.save(record)
 
 
+class FabricHistory:
+    """The fabric test's runs, oldest first: {"format": FORMAT, "runs": [...]}. Every run writes it, read-only
+    runs too (as --changes-only does): two runs at once may lose one run's record."""
+
+    FORMAT = "opsctl-fabric-test-history/1"
+
+    def __init__(self, directory: Path):
+        self.file = JsonFile(directory, "fabric-test-history.json")
+
+    def load(self) -> list[dict[str, Any]]:
+        """The runs' records ([] before the first run); a file that is not this history is unreadable."""
+        data = self.file.load(None)
+        if data is None:
+            return []
+        if not (isinstance(data, dict) and data.get("format") == self.FORMAT and isinstance(data.get("runs"), list)
+                and all(isinstance(run, dict) for run in data["runs"])):
+            raise self.file.unreadable(f"not a fabric-test history ({self.FORMAT})")
+        runs: list[dict[str, Any]] = data["runs"]
+        return runs
+
+    def save(self, runs: list[dict[str, Any]]) -> None:
+        self.file.save({"format": self.FORMAT, "runs": runs})
+
+
 class State:
     """The stores of one state directory."""
 
@@ -229,3 +254,4 @@ class State:
         self.validate_queue = ValidateQueue(self.path)
         self.last_runs = LastRuns(self.path)
         self.fabric = AcceptedFabric(self.path)  # the accepted InfiniBand fabric
+        self.fabric_history = FabricHistory(self.path)  # the fabric test's runs
