@@ -27,13 +27,12 @@ import click
 from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
-from opsctl.fabrictest.figures import Scale
 from opsctl.fabrictest.history import MODEL, Evidence, HistoryRun, ranked
 from opsctl.fabrictest.pairing import DEAD, GOOD, SLOW, UNKNOWN, RailVerdict
-from opsctl.fabrictest.picture import png_renderer, write_pictures
+from opsctl.fabrictest.picture import png_renderer
+from opsctl.fabrictest.publish import publish
 from opsctl.fabrictest.run import FabricTest, HistoryReport, Rounds, fabric_history
 from opsctl.fabrictest.run import fabric_test as run_fabric_test
-from opsctl.fabrictest.textfile import write_metrics
 
 _RANK = {GOOD: 0, UNKNOWN: 1, SLOW: 2, DEAD: 3}
 
@@ -58,13 +57,8 @@ def fabric_test(clients: Clients, inventory: str, hosts_pattern: str | None, gro
 
 def _publish(clients: Clients, result: FabricTest, html: str | None, svg: str | None, png: str | None) -> None:
     """The run's figures: metrics for the dashboard, and the pictures asked for."""
-    config = clients.config()
-    scale = Scale(expected_gbps=config.hardware.ib_rate_bytes_per_second * 8 / 1e9, slow_gbps=result.slow_gbps)
-    now = time.time()
-    write_metrics(config.metrics.textfile, result, scale, now,
-                  warn=lambda line: click.echo(f"opsctl: warning: {line}", err=True))
-    title = f"opsctl ib fabric-test, {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(now))}"
-    write_pictures(result, scale, html, svg, png, title=title)
+    publish(clients.config(), result, html, svg, png,
+            warn=lambda line: click.echo(f"opsctl: warning: {line}", err=True))
 
 
 class ProgressBar:

@@ -12,6 +12,7 @@ from opsctl.cli import main
 from opsctl.clients import Clients
 from opsctl.config import parse_config
 from opsctl.fabrictest.history import MODEL, HistoryRun, RailTest, assess, parse_runs
+from opsctl.fabrictest.publish import past_runs
 from tests.unit.fakes import FakeSlurm, gpu_nodes
 from tests.unit.test_fabric_test import ADDRESSES, FakeRemote, inventory  # noqa: F401 (a fixture)
 
@@ -236,3 +237,13 @@ def test_an_empty_history_shows_no_run(tmp_path):
     result = CliRunner().invoke(main, ["ib", "fabric-test", "--history"],
                                 obj=Clients(config=config, slurm=FakeSlurm([])))
     assert result.exit_code == 0 and result.output.strip() == "fabric-test history: no run kept yet"
+
+
+def test_the_pictures_history_strip_shows_each_kept_run_with_the_historys_culprit_marked():
+    runs = runs_with({run: {"n03"} for run in (1, 3, 4, 6)}, 7)
+    strip = past_runs(runs)
+    assert [band.label.split(",")[0] for band in strip] == [f"run {n}" for n in range(1, 8)]
+    # n03 is the history's culprit: marked in every run that tested it; its partners are not.
+    assert all(band.culprits == {("n03", 0)} for band in strip)
+    slow = sorted(node for (node, _), gbps in strip[0].gbps.items() if gbps < 360.0)  # run 1: n03 and its partner
+    assert "n03" in slow and len(slow) == 2 and all(gbps >= 360.0 for gbps in strip[1].gbps.values())
