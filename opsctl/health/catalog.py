@@ -6,10 +6,15 @@ PromQL that `opsctl health` runs and the PromQL that `opsctl rules export` write
 Every rule holds for at least two scrape intervals (`prometheus.scrape_interval`): its effective hold is
 max(hold, 2 x scrape_interval), so one missed scrape of one series never drains a node.
   - A rule whose expr uses ${hold} in a range selector holds by itself: the effective hold goes there.
-  - Any other rule is wrapped (`held`): its value is the least breaching one over the hold, sampled once
-    per scrape interval (min_over_time for > and >=, max_over_time for < and <=), and only for series
-    that already existed before the hold began. A value that breached at one scrape only, or a series
-    that appeared breaching (a new node-check finding, a GPU that went missing from one scrape), waits.
+  - Any other rule is held by opsctl (`held_breaches`, the decision; `held`, the value that the resume
+    evidence, dashboards and `opsctl why` read): a series is held when its condition was not certainly ok
+    (`condition`: breaching, NaN or infinite) at every sample over the hold, the hold's first sample
+    included, sampled once per `prometheus.recording_interval` (the scrape interval unless set); its
+    value is the least breaching one (min_over_time for > and >=, max_over_time for < and <=). So only a
+    series that existed when the hold began is held: a value that breached at one scrape only, or a
+    series that appeared breaching (a new node-check finding, a GPU that went missing from one scrape),
+    waits a whole hold. The recording rules (opsctl/health/precomputed.py) compute the same over the
+    condition's recorded history, sampled at the same interval, so both paths decide alike.
 """
 
 import itertools
@@ -81,6 +86,9 @@ class Rule:
     # The device label values every node is expected to have a series for, healthy or not (the resume
     # evidence needs each of them): GPUs 0..gpus_per_node-1, the configured IB rails; () when unknown.
     devices: tuple[str, ...] = ()
+    # How often a held rule's condition is sampled over its hold: prometheus.recording_interval (the scrape
+    # interval unless set), so that the recorded and the direct path sample it alike.
+    step: str = "30s"
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -88,8 +96,16 @@ class Rule:
     def alert_expr(self) -> str:
         """The series that breach, and those whose value is NaN or infinite (no comparison holds for NaN,
         so `(expr) > 0` alone would hide it and read it as ok): everything but the certainly-ok series."""
+        if self.plot_expr:  # held by opsctl: the hold keeps only the series whose condition held
+            return held_breaches(self.plot_expr, self.op, self.threshold, self.hold, self.step)
         ok = f"({self.expr}) {_NOT_OP[self.op]} {_number(self.threshold)} > -Inf < +Inf"
         return f"({self.expr}) unless ({ok})"
+
+    def condition_expr(self) -> str:
+        """What the first recording stage records every round: the series whose value is not certainly
+        ok now (`condition`): the value before the hold for a held rule, the rule's own answer for one
+        whose expr holds by itself. Empty for a healthy GPU."""
+        return condition(self.plot_expr or self.expr, self.op, self.threshold)
 
     def unheld_expr(self) -> str:
         """The value without the hold wrapper, against the threshold: the series that breach at each moment
@@ -106,10 +122,12 @@ class Rule:
         return f'label_replace({self.unheld_expr()}, "{PENDING_LABEL}", "1", "", "")'
 
     def judged_expr(self) -> str:
-        """What `opsctl health` asks for this rule, in one query: alert_expr()'s series, and pending_expr()'s
-        beside them (the marker label keeps the two apart). The exported alert stays alert_expr() alone."""
+        """What `opsctl health` asks for this rule, in one query: the series that breach after the hold, or
+        are NaN or infinite (alert_expr(), as the recording rules compute it: `condition` for a rule that
+        holds by itself), and pending_expr()'s beside them (the marker label keeps the two apart)."""
+        breaches = self.alert_expr() if self.plot_expr else self.condition_expr()
         pending = self.pending_expr()
-        return f"({self.alert_expr()}) or {pending}" if pending else self.alert_expr()
+        return f"({breaches}) or {pending}" if pending else breaches
 
     def format_evidence(self, device: str, value: float) -> str:
         # Evidence goes into a capped drain reason: words and three significant digits (opsctl.health.units).
@@ -257,7 +275,8 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
                 description=" ".join(str(merged["description"]).split()),
                 remediation=" ".join(str(merged["remediation"]).split()), xid=xid, xid_series=xid_series,
                 memory=memory,
-                domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config))
+                domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config),
+                step=_duration(max(1, round(config.prometheus.recording_interval_seconds))))
 
 
 def _devices(label: str, config: Config) -> tuple[str, ...]:
@@ -282,11 +301,48 @@ def _duration(seconds: int) -> str:
     return f"{seconds}s"
 
 
+def condition(expr: str, op: str, threshold: float) -> str:
+    """The series of `expr` whose value is not certainly ok: those that breach, and those whose value is
+    NaN or infinite (no comparison holds for NaN, so `(expr) > t` alone would read it as ok), each with its
+    own value, infinities included (MetricsQL drops NaN from answers, so an infinity must stay one).
+    `expr` is evaluated twice for > and <, and never joined with itself over the fleet: the clamp keeps
+    every value on the breaching side as it is and NaN as NaN (clamp_min(NaN, t) is NaN) and folds every
+    ok value into the threshold, which `!= t` drops; the one infinity it would fold too is selected beside."""
+    t = _number(threshold)
+    if op == ">":
+        return f"clamp_min({expr}, {t}) != {t} or ({expr}) == -Inf"
+    if op == "<":
+        return f"clamp_max({expr}, {t}) != {t} or ({expr}) == +Inf"
+    if op == "!=":  # NaN != t and inf != t hold already
+        return f"({expr}) != {t}"
+    infinite = {">=": "== -Inf", "<=": "== +Inf", "==": "== -Inf or ({e}) == +Inf"}[op].format(e=expr)
+    return f"({expr}) {op} {t} or ({expr}) {infinite} or ({expr}) * 0 != 0"
+
+
+def least_breaching(window: str, op: str, threshold: float) -> str:
+    """Over a window of values that are all not certainly ok, the one that breaches least. For == it is
+    the maximum unless that is the threshold, then the minimum (the threshold only when every sample was).
+    For != any: none equals the threshold."""
+    if op in (">", ">="):
+        return f"min_over_time({window})"
+    if op in ("<", "<="):
+        return f"max_over_time({window})"
+    if op == "==":
+        return f"(max_over_time({window}) != {_number(threshold)}) or min_over_time({window})"
+    return f"max_over_time({window})"
+
+
+def hold_samples(hold: str, step: str) -> int:
+    """How many samples a held series needs: one every `step` over the hold, the first one included."""
+    return -(-duration_seconds(hold) // duration_seconds(step)) + 1
+
+
 def held(expr: str, op: str, threshold: float, hold: str, step: str) -> str:
-    """`expr` held for `hold`: per series, the value that breaches least over the hold (sampled every
-    `step`, the scrape interval), so the result breaches only when every sample in the hold does; and
-    only series that existed before the hold began (a series that appeared breaching has held for no
-    time at all). NaN stays NaN, so the NaN-aware alert form (Rule.alert_expr) still sees it.
+    """`expr` held for `hold`, as a value of every series (the resume evidence, dashboards and `opsctl why`
+    read it): per series, the value that breaches least over the hold (sampled every `step`, the scrape
+    interval), so the value breaches only when every sample in the hold does; and only series that
+    existed before the hold began. NaN stays NaN. The decision reads held_breaches(), the same hold as
+    a filter that keeps only the series that are not certainly ok.
     For == the value is the maximum unless that is the threshold, then the minimum: it equals the
     threshold only when every sample did. For != it is the threshold when any sample equalled it."""
     window = f"({expr})[{hold}:{step}]"
@@ -300,6 +356,18 @@ def held(expr: str, op: str, threshold: float, hold: str, step: str) -> str:
     else:
         value = f"min_over_time((({expr}) == {t})[{hold}:{step}]) or max_over_time({window})"
     return f"({value}) and count_over_time({window} offset {hold})"
+
+
+def held_breaches(expr: str, op: str, threshold: float, hold: str, step: str) -> str:
+    """`expr` held for `hold`: the series whose condition (`condition`: breaching, NaN or infinite) held at
+    every one of the hold_samples() samples, `step` apart, that end now (the hold's first sample included,
+    so a series that appeared breaching has held for no time at all), with its least breaching value.
+    A sample of the subquery's own clock that is missing (the series did not exist, or was ok) fails the
+    count. The recording rules compute the same from the condition they record at every `step`."""
+    span = (hold_samples(hold, step) - 1) * duration_seconds(step) + duration_seconds(step)
+    window = f"({condition(expr, op, threshold)})[{_duration(span)}:{step}]"
+    every = f"scalar(count_over_time(vector(1)[{_duration(span)}:{step}]))"
+    return f"({least_breaching(window, op, threshold)}) and (count_over_time({window}) >= {every})"
 
 
 def _check_windows(expr: str, config: Config, where: str) -> None:
@@ -349,3 +417,7 @@ def load_catalog(config: Config) -> list[Rule]:
     placeholders = _placeholders(config, own_rule_xids)
     rules = [_build(raw, config, label, placeholders) for raw, label in entries.values()]
     return rules
+
+
+promql_number = _number  # for the recording rules (opsctl.health.precomputed): the same spelling
+promql_duration = _duration

@@ -5,12 +5,17 @@ the breaching series, and those whose value is NaN or infinite) and no `for:`: t
 hold, max(hold, 2 x prometheus.scrape_interval), is already inside the expression (its `${hold}` range
 selectors, or the hold that opsctl.health.catalog.held wraps around it), so the alert holds exactly as
 long as `opsctl health` does; a `for:` would hold it a second time.
+
+When the file also holds the recording groups (opsctl.health.precomputed, as `opsctl rules export`
+writes it), each alert reads its rule's recorded results instead (precomputed.alert_expr): the same
+series, and Prometheus evaluates each condition once per round, for the alert and `opsctl health` alike.
 """
 
 from typing import Any
 
 import yaml
 
+from opsctl.health import precomputed
 from opsctl.health.catalog import Rule
 
 
@@ -21,10 +26,11 @@ def alert_name(rule_id: str) -> str:
 def render_prometheus_rules(rules: list[Rule], group: str = "opsctl-health", node_label: str = "node",
                             extra_groups: list[dict[str, Any]] | None = None) -> str:
     alerts = []
+    recorded = any(g.get("name", "").startswith(precomputed.GROUP_PREFIX) for g in extra_groups or [])
     for rule in rules:
         alerts.append({
             "alert": alert_name(rule.id),
-            "expr": rule.alert_expr(),
+            "expr": precomputed.alert_expr(rule) if recorded else rule.alert_expr(),
             "labels": {"severity": rule.severity, "action": rule.action, "rule_id": rule.id},
             "annotations": {
                 "summary": rule.description,

@@ -1,27 +1,41 @@
 """Rule results that Prometheus has already computed: the catalog as recording rules, and their reading.
 
-Each catalog rule becomes a rule group of its own with one recording rule:
+Each catalog rule becomes a rule group of its own. The expensive part, the rule's expression over every
+device of the fleet, runs once per round; what follows runs over its result, which holds only the devices
+that are not certainly ok (an empty result for a healthy GPU):
 
-    record: opsctl:health_breach
-    labels: {opsctl_rule: <id>, opsctl_expr: <hash of the expression>}
-    expr:   (<Rule.alert_expr()>) or label_replace(vector(time()), "opsctl_heartbeat", "1", "", "")
-              [or <Rule.pending_expr()>, for a rule that drains]
+  1. record: opsctl:health_condition        (a rule opsctl holds: Rule.plot_expr without its hold)
+     expr:   <Rule.condition_expr()> or <heartbeat: vector(time()), opsctl_heartbeat="1">
+     the devices whose value breaches, or is NaN or infinite, now, each with its value.
+  2. record: opsctl:health_breach
+     expr:   the hold over stage 1's own history: the series present at each of the last
+             catalog.hold_samples() evaluations (one every recording interval over the hold, its first
+             sample included: a series that appeared breaching has held for no time), with the least
+             breaching of those values (catalog.least_breaching)
+             or stage 1's heartbeat (its value is the time of stage 1's evaluation), when stage 1 ran
+             at every round of the hold; else it is marked opsctl_heartbeat="young" and opsctl reads the
+             rule directly (the rules were just loaded, Prometheus restarted, or rounds were missed)
+             [or stage 1's breaching series now, marked opsctl_pending="1", for a rule that drains]
 
-so Prometheus writes, every `prometheus.recording_interval`, one series per breaching, NaN or infinite
-device (the labels of the direct answer, which the verdict needs, plus the two above), one per device
-whose condition holds now but whose hold has not yet elapsed, marked `opsctl_pending="1"` (the circuit
-breaker counts those nodes: opsctl/health/plan.py), and one heartbeat whose value is the time of that
-evaluation. The heartbeat and the pending series are part of the same expression: a rule that failed to
-evaluate (a timeout, a store down) writes no heartbeat, so its old results are never read as new, and
-the pending series are always of the same evaluation as the breaches beside them. One group per rule
-lets Prometheus evaluate them side by side on a head node's cores, and a slow rule delays only itself.
+A rule whose expr holds by itself (a ${hold} window) has stage 1 only, recorded as opsctl:health_breach:
+its condition is its answer. Both carry {opsctl_rule: <id>, opsctl_expr: <hash of the expression>}.
 
-`opsctl health` reads them all with one query. A rule's results are used when its heartbeat is there,
-carries the hash of the expression opsctl would run (a config changed since the export, another cluster's
-catalog on the same Prometheus: the hash differs), and is younger than two recording intervals. Any
-other rule is queried directly, as before; the run says which path it took and why. Decisions are the
-same on both paths: the recorded series are the direct answer as of the last evaluation, less the two
-labels above (tests/component/test_health_evaluate.py compares them, and VictoriaMetrics, on every test).
+Rules in one group run in order at one evaluation timestamp, and each rule's results are written before
+the next one runs ("Rules within a group are run sequentially at a regular interval, with the same
+evaluation time": prometheus.io/docs/prometheus/latest/configuration/recording_rules/), so stage 2 reads
+stage 1 of the same round. The hold is sampled at the recording interval: the direct path (catalog.held)
+samples its subquery at the same interval, so both decide alike; with the default recording interval
+(the scrape interval) that is every scrape. Nothing joins over the whole fleet: stage 1 filters by
+comparisons with a number, stage 2 reads a few series. The pending series (plan.py's circuit breaker
+counts those nodes) and the heartbeat come from stage 1's evaluation of the same round: a stage 1 that
+failed to evaluate (a timeout, a store down) leaves stage 2 an old heartbeat, so no result is read as new.
+
+`opsctl health` reads opsctl:health_breach with one query. A rule's results are used when its heartbeat is
+there, carries the hash of the expression opsctl would run (a config changed since the export, another
+cluster's catalog on the same Prometheus: the hash differs), and is younger than two recording intervals.
+Any other rule is queried directly, as before; the run says which path it took and why. Decisions are the
+same on both paths (tests/component/test_health_evaluate.py compares them, and VictoriaMetrics, on every
+test; bench/health_scale.py at 16,384 nodes).
 """
 
 import hashlib
@@ -29,36 +43,94 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from opsctl.config.schema import Config
-from opsctl.health.catalog import Rule
+from opsctl.config.schema import Config, duration_seconds
+from opsctl.health.catalog import (
+    PENDING_LABEL,
+    Rule,
+    hold_samples,
+    least_breaching,
+    promql_number,
+)
 from opsctl.prom.client import Sample
 
 RECORD = "opsctl:health_breach"
+CONDITION = "opsctl:health_condition"  # stage 1 of a held rule: the devices not certainly ok now
 RULE_LABEL = "opsctl_rule"
 EXPR_LABEL = "opsctl_expr"
 HEARTBEAT_LABEL = "opsctl_heartbeat"
 GROUP_PREFIX = "opsctl-precomputed-"
+YOUNG = "young"  # a heartbeat of stage 2 whose stage 1 has not yet recorded a whole hold
 QUERY = RECORD  # every rule's results and heartbeats: small, whatever the cluster's size
+HEARTBEAT = f'label_replace(vector(time()), "{HEARTBEAT_LABEL}", "1", "", "")'
 
 
 def expr_hash(rule: Rule) -> str:
     """What the recorded results were computed from: 16 hex digits of what a direct run asks for the rule
-    (Rule.judged_expr), so results recorded without the pending series (an older export) are not used."""
+    (Rule.judged_expr: its hold, sampled at the recording interval, and the pending series), so results
+    recorded from another expression or interval are not used."""
     return hashlib.sha256(rule.judged_expr().encode()).hexdigest()[:16]
 
 
+def _selector(rule: Rule, metric: str, **labels: str) -> str:
+    matchers = {RULE_LABEL: rule.id, EXPR_LABEL: expr_hash(rule), **labels}
+    return metric + "{" + ", ".join(f'{k}="{v}"' for k, v in matchers.items()) + "}"
+
+
+def condition_expr(rule: Rule) -> str:
+    """Stage 1: the devices not certainly ok now, and the heartbeat of this evaluation."""
+    return f"{rule.condition_expr()} or {HEARTBEAT}"
+
+
+def hold_expr(rule: Rule) -> str:
+    """Stage 2 of a held rule, over stage 1's recorded history (see the module docstring). Stage 1 runs
+    every Rule.step (the recording interval): the window holds the last hold_samples() rounds and no more,
+    whether the engine's windows include their start (Prometheus 2) or not (Prometheus 3, MetricsQL)."""
+    samples = hold_samples(rule.hold, rule.step)
+    step_ms = duration_seconds(rule.step) * 1000
+    window_ms = (samples - 1) * step_ms + step_ms // 2
+    now = _selector(rule, CONDITION, **{HEARTBEAT_LABEL: ""})
+    window = f"{now}[{window_ms}ms]"
+    held = f"({least_breaching(window, rule.op, rule.threshold)}) and (count_over_time({window}) >= {samples})"
+    # Stage 1's heartbeat, when stage 1 ran at every round of the hold; else marked young: the history
+    # cannot hold anything yet (the rules were just loaded, Prometheus restarted or missed rounds), so
+    # opsctl reads the rule directly until it can.
+    beat = _selector(rule, CONDITION, **{HEARTBEAT_LABEL: "1"})
+    whole = f"count_over_time({beat}[{window_ms}ms]) >= {samples}"
+    young = f'label_replace({beat} unless on() ({whole}), "{HEARTBEAT_LABEL}", "{YOUNG}", "", "")'
+    out = f"{held} or ({beat} and on() ({whole})) or {young}"
+    if rule.pending_expr():
+        out += f' or label_replace({now} {rule.op} {promql_number(rule.threshold)}, "{PENDING_LABEL}", "1", "", "")'
+    return out
+
+
 def recorded_expr(rule: Rule) -> str:
-    """The direct answer (Rule.judged_expr: the breaches, then the pending series) with the heartbeat."""
-    heartbeat = f'label_replace(vector(time()), "{HEARTBEAT_LABEL}", "1", "", "")'
-    pending = rule.pending_expr()
-    return f"({rule.alert_expr()}) or {heartbeat}" + (f" or {pending}" if pending else "")
+    """What opsctl:health_breach records for the rule: stage 2 for a held rule, else stage 1."""
+    return hold_expr(rule) if rule.plot_expr else condition_expr(rule)
+
+
+def recording_rules(rule: Rule) -> list[dict[str, Any]]:
+    """The rule's group's rules, in the order they run."""
+    labels = {RULE_LABEL: rule.id, EXPR_LABEL: expr_hash(rule)}
+    if not rule.plot_expr:
+        return [{"record": RECORD, "expr": condition_expr(rule), "labels": labels}]
+    return [{"record": CONDITION, "expr": condition_expr(rule), "labels": labels},
+            {"record": RECORD, "expr": hold_expr(rule), "labels": labels}]
 
 
 def recording_groups(rules: list[Rule], config: Config) -> list[dict[str, Any]]:
-    interval = f"{config.prometheus.recording_interval_seconds:g}s"
-    return [{"name": GROUP_PREFIX + rule.id, "interval": interval, "rules": [{
-        "record": RECORD, "expr": recorded_expr(rule),
-        "labels": {RULE_LABEL: rule.id, EXPR_LABEL: expr_hash(rule)}}]} for rule in rules]
+    """One group per rule, run every prometheus.recording_interval: the interval its hold was written for
+    (Rule.step, from the same config), so stage 2's window always spans the rounds it counts."""
+    del config  # the rules carry it: Rule.step is prometheus.recording_interval
+    return [{"name": GROUP_PREFIX + rule.id, "interval": rule.step, "rules": recording_rules(rule)}
+            for rule in rules]
+
+
+def alert_expr(rule: Rule) -> str:
+    """The exported alert of a rule whose results are recorded: its recorded breaches (not the pending
+    series, not the heartbeat), without the two recording labels: the alert carries the labels of the
+    direct answer, and Prometheus does not evaluate the condition twice."""
+    breaches = _selector(rule, RECORD, **{HEARTBEAT_LABEL: "", PENDING_LABEL: ""})
+    return f'label_replace(label_replace({breaches}, "{RULE_LABEL}", "", "", ""), "{EXPR_LABEL}", "", "", "")'
 
 
 @dataclass
@@ -96,6 +168,7 @@ def read(samples: list[Sample], rules: list[Rule], config: Config) -> Precompute
     wanted = {rule.id: expr_hash(rule) for rule in rules}
     beats: dict[str, list[float]] = defaultdict(list)  # rule id -> ages of heartbeats with our hash
     other_hash: set[str] = set()
+    young: set[str] = set()  # rules whose recorded history is shorter than their hold
     results: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         rid = sample.labels.get(RULE_LABEL, "")
@@ -106,6 +179,9 @@ def read(samples: list[Sample], rules: list[Rule], config: Config) -> Precompute
             continue
         if sample.labels.get(HEARTBEAT_LABEL) == "1":
             beats[rid].append(sample.at - sample.value)
+            continue
+        if sample.labels.get(HEARTBEAT_LABEL) == YOUNG:
+            young.add(rid)
             continue
         labels = {k: v for k, v in sample.labels.items() if k not in (RULE_LABEL, EXPR_LABEL, "__name__")}
         results[rid].append(Sample(labels=labels, value=sample.value, at=sample.at))
@@ -118,6 +194,8 @@ def read(samples: list[Sample], rules: list[Rule], config: Config) -> Precompute
             continue
         if ages:
             why = f"older than {fresh_for:g}s (2 x prometheus.recording_interval)"
+        elif rule.id in young:
+            why = "recorded for less than their hold (rules just loaded, or rounds missed)"
         elif rule.id in other_hash:
             why = "recorded from another expression (export the rules again)"
         else:

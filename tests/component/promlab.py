@@ -143,7 +143,8 @@ class Tsdb:
             urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=10).close()
         if interval is None:
             client = PromClientImpl(self.url)
-            wait(lambda: not precomputed.read(client.query(precomputed.QUERY), rules, config).direct, 20,
+            # A held rule's results are used once its recorded history spans its hold (young before).
+            wait(lambda: not precomputed.read(client.query(precomputed.QUERY), rules, config).direct, 45,
                  "every rule's recorded results")
 
     def stop(self) -> None:

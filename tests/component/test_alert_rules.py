@@ -1,6 +1,12 @@
 """The alert rules that `opsctl rules export --format prometheus` writes: promtool accepts them, and every
 alert has a promtool unit test that fires and one that does not (tests/component/alerts/).
 
+The alerts read the results that the recording groups of the same file record (opsctl.health.precomputed):
+every promtool test evaluates the recording groups first and the alerts after them, at each step
+(group_eval_order), from the raw series, so each test proves the recording stages and the alert on them
+together. promtool evaluates every group once per evaluation_interval (1m), so the rules are exported with
+that recording interval, the one they are written for.
+
 The unit tests compare labels only, against a copy of the rules without annotations; one test below
 checks the annotations of the real file, so that their templates are proven to render."""
 
@@ -19,6 +25,7 @@ from tests.conftest import opsctl
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (make deps-lab)")
 CASES = Path(__file__).parent / "alerts" / "opsctl-rules.test.yaml"
+EVALUATION_INTERVAL = "1m"  # the cases' evaluation_interval
 XID_SERIES = 'DCGM_EXP_XID_ERRORS_COUNT{{job="dcgm", node="gpu020", Hostname="gpu020", gpu="3", xid="{xid}", ' \
              'window_size_in_ms="300000"}}'
 
@@ -30,8 +37,17 @@ def promtool(*args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("rules") / "opsctl.rules.yml"
-    path.write_text(opsctl("rules", "export", "--format", "prometheus", env={"OPSCTL_CONFIG": ""}).stdout)
+    config = path.parent / "config.yaml"
+    config.write_text(yaml.safe_dump({"prometheus": {"recording_interval": EVALUATION_INTERVAL}}))
+    path.write_text(opsctl("rules", "export", "--format", "prometheus", env={"OPSCTL_CONFIG": str(config)}).stdout)
     return path
+
+
+def in_order(doc: dict) -> list[str]:
+    """The groups in the order promtool must evaluate them at each step: the recording stages first."""
+    names = [g["name"] for g in doc["groups"]]
+    return [n for n in names if n.startswith(precomputed.GROUP_PREFIX)] + \
+        [n for n in names if not n.startswith(precomputed.GROUP_PREFIX)]
 
 
 def alerts(path: Path) -> dict[str, dict]:
@@ -97,27 +113,33 @@ def test_promtool_checks_the_export(exported):
     proc = promtool("check", "rules", str(exported))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recording = [r for g in yaml.safe_load(exported.read_text())["groups"] for r in g["rules"] if "record" in r]
-    assert len(recording) == len(load_catalog(parse_config({}, "t", {})))  # one recording rule per catalog rule
+    rules = load_catalog(parse_config({"prometheus": {"recording_interval": EVALUATION_INTERVAL}}, "t", {}))
+    assert len(recording) == sum(len(precomputed.recording_rules(rule)) for rule in rules)  # one or two stages
     assert f"SUCCESS: {len(alerts(exported)) + len(recording)} rules found" in proc.stdout
 
 
 def test_every_alert_fires_in_one_unit_test_and_stays_quiet_in_another(exported, tmp_path):
     doc = yaml.safe_load(exported.read_text())
-    # The alerts alone: the recording groups would double promtool's work at every step, and
-    # test_health_evaluate.py proves them against a real Prometheus.
-    doc["groups"] = [g for g in doc["groups"] if not g["name"].startswith(precomputed.GROUP_PREFIX)]
+    assert yaml.safe_load(CASES.read_text())["evaluation_interval"] == EVALUATION_INTERVAL
     for group in doc["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations", None)
     (tmp_path / "labels-only.rules.yml").write_text(yaml.safe_dump(doc))
-    # The XID cases, two per XID rule, run against the XID alerts alone: promtool evaluates every rule of its
-    # files at every step of every case, and the other alerts would only stay quiet there.
-    xid_doc = {"groups": [{**g, "rules": [r for r in g["rules"] if r["alert"].startswith("OpsctlXid")]}
-                          for g in doc["groups"]]}
-    (tmp_path / "xid.rules.yml").write_text(yaml.safe_dump({"groups": [g for g in xid_doc["groups"] if g["rules"]]}))
+    # The XID cases, two per XID rule, run against the XID alerts and their recording groups alone: promtool
+    # evaluates every rule of its files at every step of every case, and the others would only stay quiet.
+    def xid_group(group: dict) -> bool:
+        return group["name"].startswith(precomputed.GROUP_PREFIX + "xid-")
+
+    xid_doc = {"groups": [g for g in doc["groups"] if xid_group(g)] + [
+        {**g, "rules": [r for r in g["rules"] if r.get("alert", "").startswith("OpsctlXid")]}
+        for g in doc["groups"] if not g["name"].startswith(precomputed.GROUP_PREFIX)]}
+    xid_doc["groups"] = [g for g in xid_doc["groups"] if g["rules"]]
+    (tmp_path / "xid.rules.yml").write_text(yaml.safe_dump(xid_doc))
     tests = yaml.safe_load(CASES.read_text())
     tests["rule_files"] = ["labels-only.rules.yml"]
-    xid_tests = {**tests, "rule_files": ["xid.rules.yml"], "tests": xid_cases() + xid_family_cases()}
+    tests["group_eval_order"] = in_order(doc)
+    xid_tests = {**tests, "rule_files": ["xid.rules.yml"], "group_eval_order": in_order(xid_doc),
+                 "tests": xid_cases() + xid_family_cases()}
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
     (tmp_path / "xid-tests.yml").write_text(yaml.safe_dump(xid_tests, sort_keys=False))
 
@@ -136,7 +158,8 @@ def test_every_alert_fires_in_one_unit_test_and_stays_quiet_in_another(exported,
 
 def test_annotations_render_with_the_alerts_own_labels_and_value(exported, tmp_path):
     rule = alerts(exported)["OpsctlRowRemapFailure"]
-    test = {"rule_files": [str(exported)], "evaluation_interval": "15s", "tests": [{
+    test = {"rule_files": [str(exported)], "evaluation_interval": EVALUATION_INTERVAL,
+            "group_eval_order": in_order(yaml.safe_load(exported.read_text())), "tests": [{
         "interval": "15s",
         "input_series": [{"series": 'DCGM_FI_DEV_ROW_REMAP_FAILURE{job="dcgm", node="gpu002", gpu="2"}',
                           "values": "1x4"}],
@@ -149,3 +172,14 @@ def test_annotations_render_with_the_alerts_own_labels_and_value(exported, tmp_p
     (tmp_path / "annotations.yml").write_text(yaml.safe_dump(test))
     proc = promtool("test", "rules", str(tmp_path / "annotations.yml"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("vmalert") is None, reason="needs vmalert (victoria-metrics)")
+def test_the_export_is_valid_metricsql_for_vmalert(exported, tmp_path):
+    """The recording stages and the alerts stay valid for a site whose ruler is vmalert (docs/health.md,
+    sharding): vmalert parses every expression as MetricsQL, and refuses a file with one it cannot."""
+    proc = subprocess.run(["vmalert", "-dryRun", f"-rule={exported}"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    broken = tmp_path / "broken.rules.yml"
+    broken.write_text(exported.read_text() + '  - record: opsctl:broken\n    expr: "sum(("\n')
+    assert subprocess.run(["vmalert", "-dryRun", f"-rule={broken}"], capture_output=True, timeout=60).returncode != 0

@@ -310,16 +310,18 @@ def pending_of(report) -> dict:
 
 
 def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
-    """A condition that holds now but whose hold has not yet elapsed (row-remap-pending, held for 10m here)
+    """A condition that holds now but whose hold has not yet elapsed (row-remap-pending, held for 30s here)
     comes back marked pending from the rule results Prometheus recorded, from its direct query and from
     VictoriaMetrics' alike, never as a failure; a fault whose hold has elapsed (row-remap-failure on
     gpu004) is a failure, not also pending. The breaker counts them all: with a limit of 2 it stops before
-    the first drain. The exported alert stays on the held breach alone."""
+    the first drain. The exported alert stays on the held breach alone. The recording groups run for a
+    whole hold before the faults come: a group's history shorter than its hold is read directly."""
+    config = config_for(clean, catalog={"overrides": {**FAST_HOLDS, "row-remap-pending": {"hold": "30s"}}})
+    clean.tsdbs["prometheus"].record(load_catalog(config), config)  # until every group's history is whole
     for node in ("gpu001", "gpu002", "gpu003"):
         clean.dcgm[node].hw.inject("row-remap-pending", gpu=2)
     clean.dcgm["gpu004"].hw.inject("row-remap-failure", gpu=5)
     clean.wait_scrapes(3)
-    config = config_for(clean, catalog={"overrides": {**FAST_HOLDS, "row-remap-pending": {"hold": "10m"}}})
     expected = {**{n: [("row-remap-pending", "gpu2")] for n in ("gpu001", "gpu002", "gpu003")}, "gpu004": []}
     recorded, client, rules = run(clean, config)  # verdicts and decisions agree on every engine and path
     assert {n: v.status for n, v in recorded.nodes.items()} == {**{n: "ok" for n in expected}, "gpu004": "fail"}
@@ -540,3 +542,82 @@ def test_an_xid_only_the_kernel_log_saw_drains_by_its_catalog_action(texts):
     time.sleep(3)
     report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
     assert report.nodes["gpu001"].status == "ok"
+
+
+# ---- The recording stages: a condition recorded every round, held over its own history ----------------
+CHECK = 'opsctl_node_check{{check="ib-port-state",device="{device}"}} {value}\n'
+
+
+def staged_config(texts, hold="6s"):
+    """node-check alone, held for `hold` (six samples a second apart, the first included), recorded every
+    second as the scrapes come."""
+    shipped = [r.id for r in load_catalog(parse_config({}, "t", {}))]
+    return parse_config({"prometheus": {"url": texts.tsdbs["prometheus"].url, "scrape_interval": "1s"},
+                         "hardware": {"gpus_per_node": 1},
+                         "catalog": {"disable": [r for r in shipped if r != "node-check"],
+                                     "overrides": {"node-check": {"hold": hold}}}}, "t", {})
+
+
+def both_paths(texts, config, rules):
+    """gpu001's checks and pending checks, from the recorded results and from the direct query."""
+    prometheus = texts.tsdbs["prometheus"]
+    prometheus.record(rules, config)
+    client = PromClientImpl(prometheus.url)
+    direct = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
+    out = {}
+    for path, cfg in (("recorded", config), ("direct", direct)):
+        report = evaluate(client, rules, cfg, ["gpu001"])
+        assert report.rule_results == ("precomputed" if path == "recorded" else "direct"), report.rule_results_note
+        verdict = report.nodes["gpu001"]
+        out[path] = (sorted((c.id, c.device, c.status) for c in verdict.checks),
+                     sorted((c.id, c.device) for c in verdict.pending))
+    return out
+
+
+def test_a_breach_that_starts_within_the_hold_or_a_series_that_appears_breaching_waits_on_both_paths(texts):
+    """A check that turns failed, and a finding whose series appears failed: while the hold has not
+    elapsed both paths see them pending (the breaker counts them) and neither fails the node; once it
+    has, both fail it. The recorded path holds over the condition that stage 1 recorded every round."""
+    config = staged_config(texts)
+    rules = load_catalog(config)
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0)
+    texts.node.body = CHECK.format(device="node", value=0)
+    wait(lambda: texts.tsdbs["prometheus"].query("opsctl_node_check"), 10, "the check in Prometheus")
+    time.sleep(7)  # the passing check has a whole hold of history
+    both_paths(texts, config, rules)  # the groups run
+    texts.node.body = CHECK.format(device="node", value=1) + CHECK.format(device="mlx5_2", value=1)
+    wait(lambda: len(texts.tsdbs["prometheus"].query("opsctl_node_check == 1")) == 2, 10, "both findings scraped")
+    time.sleep(1.5)  # stage 1 has recorded them: still far from the end of the hold
+    early = both_paths(texts, config, rules)
+    pending = [("node-check", "ib-port-state mlx5_2"), ("node-check", "ib-port-state node")]
+    assert early["recorded"] == early["direct"] == ([], pending), early
+    time.sleep(7)
+    held = both_paths(texts, config, rules)
+    failed = [("node-check", "ib-port-state mlx5_2", "fail"), ("node-check", "ib-port-state node", "fail")]
+    assert held["recorded"] == held["direct"] == (failed, []), held
+    texts.node.body = ""
+
+
+def test_a_nan_condition_is_recorded_as_unknown_and_held_like_a_breach(texts, tmp_path):
+    """A probe whose value is NaN: stage 1 records it (it is not certainly ok), the hold keeps it, and both
+    paths read the node as unknown, never ok."""
+    (tmp_path / "nan.yaml").write_text(yaml.safe_dump({"rules": [{
+        "id": "nan-probe", "source": "dcgm", "device_label": "", "op": ">", "threshold": 0, "severity": "fail",
+        "action": "drain", "description": "d", "remediation": "r",
+        "expr": 'max by (${by}) (DCGM_FI_DEV_GPU_TEMP{job="${dcgm}"}) * 0 / 0'}]}))
+    shipped = [r.id for r in load_catalog(parse_config({}, "t", {}))]
+    config = parse_config({"prometheus": {"url": texts.tsdbs["prometheus"].url, "scrape_interval": "1s"},
+                           "hardware": {"gpus_per_node": 1},
+                           "catalog": {"files": [str(tmp_path / "nan.yaml")], "disable": shipped}}, "t", {})
+    rules = load_catalog(config)
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0)
+    texts.node.body = ""
+    time.sleep(3)
+    both_paths(texts, config, rules)
+    found = {}
+
+    def judged() -> bool:
+        found.update(both_paths(texts, config, rules))
+        return found["recorded"][0] == [("nan-probe", "", "unknown")]
+    wait(judged, 15, "the NaN held on the recorded path")
+    assert found["recorded"] == found["direct"] == ([("nan-probe", "", "unknown")], []), found

@@ -153,7 +153,7 @@ class FakeProm:
             beat = self.now - (0.0 if age == "other" else float(age))
             out.append(Sample({**tags, precomputed.HEARTBEAT_LABEL: "1"}, beat, at=self.now))
             # Prometheus records what the recording expression selects: the pending series where it asks.
-            pending = bool(rule.pending_expr()) and rule.pending_expr() in precomputed.recorded_expr(rule)
+            pending = bool(rule.pending_expr())  # stage 2 records the pending series of every draining rule
             out += [Sample({**s.labels, **tags, "__name__": precomputed.RECORD}, s.value, at=self.now)
                     for s in self._answer(rule, pending)]
         return out

@@ -243,4 +243,4 @@ def test_export_matches_the_evaluated_promql():
         assert alert["labels"] == {"severity": rule.severity, "action": rule.action, "rule_id": rule.id}
         assert "for" not in alert  # the hold is inside the PromQL, so alerts and opsctl agree
     assert "[75s]" in alerts["ib-down"]["expr"]
-    assert "[1m:30s]" in alerts["gpu-count"]["expr"]  # held for two scrape intervals, as opsctl holds it
+    assert "[90s:30s]" in alerts["gpu-count"]["expr"]  # three samples over two scrape intervals, as opsctl holds it

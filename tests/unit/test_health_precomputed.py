@@ -3,11 +3,16 @@ are there, fresh and its own, else queries the rules directly and says so in one
 the same. The component tier proves the same against a real Prometheus that evaluates the exported rules."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import yaml
 
+from opsctl.config import parse_config
 from opsctl.health import precomputed
+from opsctl.health.catalog import PENDING_LABEL, condition, hold_samples, load_catalog
+from opsctl.health.export import render_prometheus_rules
+from opsctl.prom.client import Sample
 from tests.unit.fakes import World
 
 
@@ -94,18 +99,99 @@ def test_recording_rules_off_never_reads_them_and_says_nothing(tmp_path):
     assert summary["queries"] == 4 + len(world.prom.rules)
 
 
-def test_the_export_records_each_rule_in_a_group_of_its_own_with_its_heartbeat(tmp_path):
+def test_the_export_records_each_rule_in_a_group_of_its_own_stage_after_stage(tmp_path):
+    """A held rule's group records its condition first and holds it second, in that order (Prometheus runs
+    a group's rules in order, at one timestamp): stage 2 reads stage 1's series of its own rule and hash,
+    over a window of exactly its hold's samples, and passes on stage 1's heartbeat. A rule whose expr
+    holds by itself records its condition alone. Nothing is joined over the fleet (no unless)."""
     world = World(tmp_path, raw={"prometheus": {"scrape_interval": "15s"}})
     assert world.run("rules", "export", "--format", "prometheus") == 0
     groups = {g["name"]: g for g in yaml.safe_load(world.stdout)["groups"]}
     for rule in world.prom.rules:
         group = groups[precomputed.GROUP_PREFIX + rule.id]
-        assert group["interval"] == "15s" and len(group["rules"]) == 1
-        recording = group["rules"][0]
-        assert recording["record"] == precomputed.RECORD
-        assert recording["labels"] == {precomputed.RULE_LABEL: rule.id,
-                                       precomputed.EXPR_LABEL: precomputed.expr_hash(rule)}
-        # The heartbeat is part of the rule's own expression: no heartbeat without its results.
-        assert recording["expr"].startswith(f"({rule.alert_expr()}) or label_replace(vector(time())")
-    alerts = [r for g in groups.values() for r in g["rules"] if "alert" in r]
-    assert len(alerts) >= len(world.prom.rules)  # the alerts are still there
+        labels = {precomputed.RULE_LABEL: rule.id, precomputed.EXPR_LABEL: precomputed.expr_hash(rule)}
+        assert group["interval"] == "15s" and all(r["labels"] == labels for r in group["rules"])
+        assert "unless" not in rule.condition_expr().replace(rule.plot_expr or rule.expr, "E"), rule.id
+        first = group["rules"][0]
+        assert first["expr"] == f"{rule.condition_expr()} or {precomputed.HEARTBEAT}"  # its heartbeat: its own
+        if not rule.plot_expr:
+            assert [r["record"] for r in group["rules"]] == [precomputed.RECORD], rule.id
+            continue
+        assert [r["record"] for r in group["rules"]] == [precomputed.CONDITION, precomputed.RECORD], rule.id
+        hold = group["rules"][1]["expr"]
+        mine = f'{precomputed.CONDITION}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"'
+        assert hold.count(precomputed.CONDITION) == hold.count(mine) >= 3, rule.id
+        assert f'{mine}, opsctl_heartbeat="1"}}' in hold  # the heartbeat of stage 1's evaluation
+        assert "DCGM" not in hold and "node_" not in hold  # reads stage 1 only
+        assert hold.count("unless") == 1 and "heartbeat=\"1\"} unless on() (count_over_time(" in hold  # one series
+
+
+@pytest.mark.parametrize("hold,step,samples,window", [("1m", "30s", 3, "75000ms"), ("1m", "15s", 5, "67500ms"),
+                                                      ("10m", "1m", 11, "630000ms"), ("90s", "1m", 3, "150000ms")])
+def test_stage_two_counts_every_round_of_the_hold_its_first_included(hold, step, samples, window):
+    """The window spans the last `samples` rounds and half a round more: never one round too many, whether
+    the engine includes a window's start (Prometheus 2) or not (Prometheus 3, MetricsQL). A hold that is no
+    multiple of the interval rounds up: the samples always span the whole hold."""
+    rule = next(r for r in load_catalog(parse_config({"prometheus": {"recording_interval": step}}, "t", {}))
+                if r.id == "row-remap-pending")
+    rule = replace(rule, hold=hold)
+    assert hold_samples(hold, step) == samples
+    expr = precomputed.hold_expr(rule)
+    assert f"[{window}])) and (count_over_time(" in expr and f"[{window}]) >= {samples})" in expr
+    # The direct path's subquery samples the condition the same number of times, `step` apart.
+    direct = rule.alert_expr()
+    assert f":{step}]" in direct and "scalar(count_over_time(vector(1)[" in direct
+
+
+def test_the_pending_series_come_from_stage_one_of_the_same_round(tmp_path):
+    world = World(tmp_path)
+    rule = world.prom.rule("row-remap-pending")
+    stage2 = precomputed.hold_expr(rule)
+    now = f'{precomputed.CONDITION}{{opsctl_rule="{rule.id}", opsctl_expr="{precomputed.expr_hash(rule)}", ' \
+          f'opsctl_heartbeat=""}}'
+    assert stage2.endswith(f'label_replace({now} > 0, "{PENDING_LABEL}", "1", "", "")')
+    report_only = world.prom.rule("xid-13")
+    assert PENDING_LABEL not in precomputed.hold_expr(report_only)
+
+
+@pytest.mark.parametrize("op,expr", [
+    (">", "clamp_min(E, 5) != 5 or (E) == -Inf"), ("<", "clamp_max(E, 5) != 5 or (E) == +Inf"),
+    (">=", "(E) >= 5 or (E) == -Inf or (E) * 0 != 0"), ("<=", "(E) <= 5 or (E) == +Inf or (E) * 0 != 0"),
+    ("==", "(E) == 5 or (E) == -Inf or (E) == +Inf or (E) * 0 != 0"), ("!=", "(E) != 5")])
+def test_the_condition_keeps_every_series_that_is_not_certainly_ok_with_its_value(op, expr):
+    """Filters by a number only, never a join of the expression with itself over the fleet: for > and <
+    one clamp keeps the breaching values and NaN as they are, and the infinity it would fold into the
+    threshold is selected beside it (an infinity stays one: MetricsQL drops NaN)."""
+    assert condition("E", op, 5.0) == expr
+
+
+def test_alerts_read_the_recorded_results_when_the_file_holds_the_recording_groups(tmp_path):
+    world = World(tmp_path)
+    assert world.run("rules", "export", "--format", "prometheus") == 0
+    doc = yaml.safe_load(world.stdout)
+    alerts = {r["labels"]["rule_id"]: r["expr"] for g in doc["groups"] for r in g["rules"]
+              if "alert" in r and "rule_id" in r["labels"]}
+    for rule in world.prom.rules:
+        assert alerts[rule.id] == precomputed.alert_expr(rule)
+        assert f'{precomputed.RECORD}{{opsctl_rule="{rule.id}", opsctl_expr="{precomputed.expr_hash(rule)}", ' \
+               f'opsctl_heartbeat="", opsctl_pending=""}}' in alerts[rule.id]
+    # Without the recording groups beside them, the alerts evaluate the rules themselves.
+    alone = yaml.safe_load(render_prometheus_rules(world.prom.rules))["groups"][0]["rules"]
+    assert [a["expr"] for a in alone] == [r.alert_expr() for r in world.prom.rules]
+
+
+def test_a_history_shorter_than_the_hold_sends_the_rule_to_the_direct_path_and_says_why(tmp_path):
+    """Stage 2 marks its heartbeat young while stage 1 has not recorded every round of the hold (rules just
+    loaded, Prometheus restarted, rounds missed): its empty result would read as ok, so the rule is read
+    directly, with a note, and its young heartbeat is never taken for a result."""
+    world = World(tmp_path)
+    rules = world.prom.rules
+    rule = world.prom.rule("row-remap-pending")
+    tags = {precomputed.RULE_LABEL: rule.id, precomputed.EXPR_LABEL: precomputed.expr_hash(rule)}
+    now = 1_800_000_000.0
+    young = Sample({**tags, precomputed.HEARTBEAT_LABEL: precomputed.YOUNG}, now - 1, at=now)
+    found = precomputed.read([young], rules, world.config)
+    assert rule in found.direct and rule.id not in found.answers
+    assert found.why["recorded for less than their hold (rules just loaded, or rounds missed)"][0] == rule.id
+    beat = Sample({**tags, precomputed.HEARTBEAT_LABEL: "1"}, now - 1, at=now)
+    assert precomputed.read([beat], rules, world.config).answers[rule.id] == []

@@ -97,4 +97,4 @@ def test_rules_export_prints_the_rules_file(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("hardware:\n  gpus_per_node: 4\n")
     res = CliRunner().invoke(main, ["rules", "export", "--config", str(cfg)])
-    assert res.exit_code == 0 and "alert: OpsctlGpuCount" in res.output and ") >= 4 > -Inf < +Inf" in res.output
+    assert res.exit_code == 0 and "alert: OpsctlGpuCount" in res.output and ", 4) != 4" in res.output
