@@ -72,11 +72,11 @@ def test_slurmctld_2205_loads_the_tree(slurm_dir, written):  # noqa: F811 (the f
     assert "Multiple leaf switches" not in log
 
 
-def chroot_cluster(suite: str, plugin: str, topology: str) -> ChrootCluster:
+def chroot_cluster(suite: str, plugin: str, topology: str, name: str = "topology") -> ChrootCluster:
     """A 64-node cluster of the suite's Slurm whose slurm.conf names the plugin and whose topology.conf (beside
     slurm.conf, in its state directory) is `topology`; not started."""
     slot = int(os.environ.get("OPSCTL_LAB_SLOT") or 0)
-    cluster = ChrootCluster(SlurmChroot.ensure(suite), f"topology-{suite}-{slot}",
+    cluster = ChrootCluster(SlurmChroot.ensure(suite), f"{name}-{suite}-{slot}",
                             [f"gpu{i:03d}" for i in range(1, 65)], index=10 * slot + 9,
                             extra_conf=f"TopologyPlugin=topology/{plugin}\n")
     cluster.state.mkdir(parents=True, exist_ok=True)
@@ -113,15 +113,15 @@ def squeue_nodes(cluster: ChrootCluster, job: str) -> list[str]:
 
 
 def test_a_32_node_job_lands_inside_one_block_on_2411(written):
-    cluster = chroot_cluster("trixie", "block", written["block"])
+    cluster = chroot_cluster("trixie", "block", written["block"], name="topology-jobs")
     sbatch = cluster.chroot.command(["env", f"SLURM_CONF={cluster.inside}/slurm.conf", "sbatch", "--parsable",
                                      "--exclusive", "--chdir=/", "--output=/dev/null", "--wrap=sleep 60"])
     try:
         cluster.up(fresh=True, timeout=120)
         busy = subprocess.run([*sbatch, "-N4", "-w", "gpu[001-004]"], capture_output=True, text=True, check=True)
-        wait(lambda: squeue_nodes(cluster, busy.stdout.strip()), "the first job to run")
+        wait(lambda: squeue_nodes(cluster, busy.stdout.strip()), "the first job to run", cluster)
         job = subprocess.run([*sbatch, "-N32"], capture_output=True, text=True, check=True).stdout.strip()
-        placed = wait(lambda: squeue_nodes(cluster, job), "the 32-node job to run")
+        placed = wait(lambda: squeue_nodes(cluster, job), "the 32-node job to run", cluster)
     finally:
         cluster.down()
     blocks = settings(written["block"], "BlockName")
@@ -129,11 +129,13 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
     assert placed == blocks["su2-leaf"]
 
 
-def wait(check, what: str, timeout: float = 60):
+def wait(check, what: str, cluster: ChrootCluster, timeout: float = 60):
     deadline = time.monotonic() + timeout
     while not (found := check()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            queue = subprocess.run([str(cluster.bin / "squeue"), "-h", "-o", "%i %T %N %r"], capture_output=True,
+                                   text=True, timeout=30)
+            raise AssertionError(f"timed out waiting for {what}: squeue says {queue.stdout}{queue.stderr}")
         time.sleep(0.5)
     return found
 
