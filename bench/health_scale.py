@@ -6,24 +6,40 @@ For each size this backfills a real Prometheus with 11 minutes of the series the
 that knows the nodes (and a real slurmd for the first RESUMABLE nodes, which opsctl drained for ib-down
 and which are healthy again), runs `opsctl health --json --resume --dry-run` end to end on both paths,
 and times the same PromQL queries sent directly, one after the other. One node in a hundred carries a
-fault, so the verdict path does real work, and the resume candidates make opsctl ask for positive
-evidence. Both paths must decide the same, or the bench stops.
+composite fault, and one node each carries a fault of the lab's list (lab/opsctl_lab/hardware.py
+FAULTS, FAULT_KINDS here: XIDs from DCGM and from the kernel log, a DBE, an SBE storm, row remaps,
+a missing GPU, heat, NVLink and PCIe errors, a port down, the subnet manager gone, a degraded port,
+InfiniBand error counters, an exporter down, failed node checks, validations and mounts, a NaN), so the
+verdict path does real work, and the resume candidates make opsctl ask for positive evidence. Both paths
+must decide the same for every node, or the bench stops.
 
 Columns: e2e_s is the whole `opsctl health` process (start, Slurm, queries, verdicts, JSON) reading the
 recorded rule results, e2e_direct_s the same with `prometheus.recording_rules: off` (every rule
 queried, the fallback); in_opsctl_s and direct_q_s their time in queries (sent
 `prometheus.parallel_queries` at a time); promql_s the direct path's queries sent one by one; plain_s the
-rule queries as a bare `(expr) op threshold`, which hides NaN, one by one: the cost of reading NaN and
-infinities as unknown; rules_s the time Prometheus takes to evaluate every recording rule once, one
-after the other: the cost that moved into Prometheus, paid once per
-recording interval however many runs read the results (each rule is a group of its own, so a head
-node's cores share it); queries and
-queries_d the number of queries of each path, which does not grow with the node count; resumes the
-nodes it would resume.
+rules' held values as a bare `(expr) op threshold`, one by one; queries and queries_d the number of
+queries of each path, which does not grow with the node count; resumes the nodes it would resume; load
+the machine's one-minute load average when the size ended (the machine may be shared).
 
-The recorded results are written as blocks (Prometheus evaluates each recording rule once, the bench
-writes the answer as the group would have every minute), so that the timings are opsctl's alone on this
-machine's cores, not shared with a Prometheus that evaluates the rules at the same moment.
+What moved into Prometheus, one round of every recording group, paid once per recording interval
+however many runs read the results:
+  - rules_s: every group's rules sent to the query API at one moment, stage after stage, one after the
+    other (the same queries a group runs, with the HTTP round trips);
+  - live_s: the sum over the groups of prometheus_rule_group_last_duration_seconds, as Prometheus reports
+    it after it has evaluated the exported rule file (measure_live), and alerts_s the alert group's.
+Both are printed per group after the table.
+
+How the results get there. A live Prometheus cannot both write the groups' results here and serve the
+timings: the raw samples are written as blocks that run AHEAD_S into the future (so that every query of
+a size reads whole windows however long the size takes), and Prometheus refuses to append a sample older
+than its newest block. So the recorded results are written as blocks too (record): each group's first
+rule is evaluated by this Prometheus at one moment and its answer written at every recording interval
+from HISTORY_S before it to AHEAD_S after it (the raw samples do not change over time, counters rise at
+steady rates, so neither would the answers); a restart loads them, and the second rules, which read that
+history, follow the same way. The timings then run on this machine's cores alone. Last, the exported
+file is loaded (SIGHUP) and Prometheus evaluates every group live: its queries run in full over the same
+data (stage 2 reads stage 1's history from the blocks), only their results' appends are refused as out of
+bounds, which is what live_s measures without.
 
 Run: .venv/bin/python bench/health_scale.py [--sizes 64,4096,16384] [--keep DIR]
 """
@@ -31,7 +47,9 @@ Run: .venv/bin/python bench/health_scale.py [--sizes 64,4096,16384] [--keep DIR]
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +59,7 @@ import urllib.request
 from pathlib import Path
 
 import requests
+import yaml
 
 from opsctl.config import parse_config
 from opsctl.health import precomputed
@@ -66,6 +85,9 @@ SPAN_S, STEP_S = 660, 60
 AHEAD_S = 1500
 # How often the recording groups are evaluated here: as often as the samples come.
 RECORDING_INTERVAL_S = STEP_S
+# The recorded history written before `at`: more than any hold of the bench's rules (2m here) needs.
+HISTORY_S = 600
+LIVE_METRIC = re.compile(r'@stamp\{rule_group="[^;]*;([^"]+)"\} (\S+)')
 RESUMABLE = 4  # nodes drained by opsctl for ib-down whose ports are fine again
 
 
@@ -77,50 +99,111 @@ def node_names(n: int) -> list[str]:
     return [f"sim{i:04d}" for i in range(1, n + 1)]
 
 
-def gpu_value(metric: str, faulty: bool, gpu: int) -> float:
+# One node per fault of the lab's list (lab/opsctl_lab/hardware.py FAULTS) that the bench's metrics can
+# show, beside the one node in a hundred with a composite fault: each carries it on one device. Faults
+# the metrics cannot show (nvlink-slow, ib-slow: only moving data finds them; the recabling faults and
+# the firmware mismatch: `opsctl node check` and the fabric test find them) are represented by what
+# their finder exports: a failed node check or validation. "nan" is an exporter that reports NaN.
+FAULT_KINDS = ("xid", "xid-kernel", "dbe", "sbe-storm", "row-remap-failure", "row-remap-pending", "remapped-rows",
+               "gpu-missing", "thermal", "nvlink-errors", "pcie-replays", "ib-down", "sm-down", "ib-degraded",
+               "ib-counters", "exporter-down", "node-check", "validate", "storage", "nan")
+FIRST_FAULT_NODE = 10  # after the resume candidates; the kinds take one node each from here
+
+
+def faults_of(nodes: list[str]) -> dict[str, str]:
+    """node -> fault kind: one node per kind, and one node in a hundred with the composite fault."""
+    kinds = {node: "composite" for node in nodes[50::100]}
+    for node, kind in zip(nodes[FIRST_FAULT_NODE:], FAULT_KINDS, strict=False):
+        kinds.setdefault(node, kind)
+    return kinds
+
+
+# Per-second rises of the counters a fault makes climb (steady, so every query of a size decides alike).
+RATES = {("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 1 / 60, ("sbe-storm", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"): 50.0,
+         ("nvlink-errors", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"): 20.0,
+         ("nvlink-errors", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"): 5.0,
+         ("pcie-replays", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"): 10.0,
+         ("ib-counters", "node_infiniband_link_error_recovery_total"): 0.5,
+         ("ib-counters", "node_infiniband_port_errors_received_total"): 5.0}
+
+
+def gpu_value(metric: str, fault: str, gpu: int) -> float | tuple[float, float]:
+    """The value, or (value at the start, rise per second) for a counter that climbs."""
+    if fault in ("dbe", "sbe-storm", "nvlink-errors", "pcie-replays") and gpu == 1:
+        rate = RATES.get((fault, metric))
+        if rate:
+            return (100.0, rate)
     if metric == "DCGM_FI_DEV_GPU_TEMP":
-        return 41.0 + gpu
-    if metric == "DCGM_FI_DEV_ROW_REMAP_PENDING" and faulty and gpu == 0:
+        return {"thermal": 92.0, "nan": float("nan")}.get(fault, 41.0 + gpu) if gpu == 4 else 41.0 + gpu
+    if metric == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and fault == "thermal" and gpu == 4:
+        return 72.0  # HW_SLOWDOWN and HW_THERMAL
+    if gpu == 0 and (metric, fault) in (("DCGM_FI_DEV_ROW_REMAP_PENDING", "composite"),
+                                        ("DCGM_FI_DEV_ROW_REMAP_PENDING", "row-remap-pending"),
+                                        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "row-remap-failure")):
         return 1.0
+    if metric == "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS" and gpu == 0:
+        return {"remapped-rows": 9.0, "row-remap-failure": 1.0, "row-remap-pending": 1.0}.get(fault, 0.0)
     return 0.0
 
 
-def ib_value(metric: str, faulty: bool, hca: str) -> float:
+def ib_value(metric: str, fault: str, hca: str) -> float | tuple[float, float]:
     if metric == "node_infiniband_state_id":
-        return 1.0 if faulty and hca == "mlx5_3" else 4.0
+        if fault == "sm-down":
+            return 2.0  # INIT on every port
+        return 1.0 if fault in ("composite", "ib-down") and hca == "mlx5_3" else 4.0
     if metric == "node_infiniband_rate_bytes_per_second":
-        return 2.5e10 if hca == "mlx5_bond_0" else 5e10
-    return 0.0
+        return 2.5e10 if hca == "mlx5_bond_0" or (fault == "ib-degraded" and hca == "mlx5_5") else 5e10
+    rate = RATES.get((fault, metric))
+    return (0.0, rate) if rate and hca == "mlx5_6" else 0.0
 
 
 def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
     """Every series with a sample each STEP_S up to `end`. Returns the number of series."""
     stamps = list(range(end - SPAN_S, end + AHEAD_S + 1, STEP_S))
     series = 0
-    faulty = set(nodes[50::100])  # one in a hundred, none of them a resume candidate
+    fault = faults_of(nodes)
     with path.open("w") as out:
         def family(name, rows):
             nonlocal series
             out.write(f"# TYPE {name} gauge\n")
             for labels, value in rows:
                 series += 1
-                out.write("".join(f"{name}{{{labels}}} {value} {t}\n" for t in stamps))
-        family("up", [(f'job="{job}",instance="{n}:{port}",node="{n}"', 1)
+                if isinstance(value, tuple):
+                    start, rate = value
+                    out.write("".join(f"{name}{{{labels}}} {start + rate * (t - stamps[0])!r} {t}\n" for t in stamps))
+                else:
+                    out.write("".join(f"{name}{{{labels}}} {value} {t}\n" for t in stamps))
+        family("up", [(f'job="{job}",instance="{n}:{port}",node="{n}"', 0 if fault.get(n) == "exporter-down" else 1)
                       for job, port in (("dcgm", 9400), ("node", 9100)) for n in nodes])
         dcgm = 'job="dcgm",instance="{n}:9400",node="{n}",Hostname="{n}"'
+
+        def gpus(n: str) -> range:
+            return range(7) if fault.get(n) == "gpu-missing" else range(8)
+
         for metric in GPU_METRICS:
-            family(metric, [(dcgm.format(n=n) + f',gpu="{g}"', gpu_value(metric, n in faulty, g))
-                            for n in nodes for g in range(8)])
+            family(metric, [(dcgm.format(n=n) + f',gpu="{g}"', gpu_value(metric, fault.get(n, ""), g))
+                            for n in nodes for g in gpus(n)])
         # dcgm-exporter with the windowed count exports it for every GPU: 0, or one series per XID seen.
         def xid(n: str, g: int) -> bool:
-            return n in faulty and g == 2
+            return fault.get(n) in ("composite", "xid") and g == 2
 
         family("DCGM_EXP_XID_ERRORS_COUNT",
                [(dcgm.format(n=n) + f',gpu="{g}",window_size_in_ms="300000"' + (',xid="79"' if xid(n, g) else ""),
-                 int(xid(n, g))) for n in nodes for g in range(8)])
+                 int(xid(n, g))) for n in nodes for g in gpus(n)])
         for metric in IB_METRICS:
             family(metric, [(f'job="node",instance="{n}:9100",node="{n}",device="{h}",port="1"',
-                             ib_value(metric, n in faulty, h)) for n in nodes for h in HCAS])
+                             ib_value(metric, fault.get(n, ""), h)) for n in nodes for h in HCAS])
+        node = 'job="node",instance="{n}:9100",node="{n}"'
+        kernel = [n for n, kind in fault.items() if kind == "xid-kernel"]
+        family("opsctl_node_kernel_xid_count", [(node.format(n=n) + ',gpu="3",xid="62",window_size_in_ms="900000"', 1)
+                                                for n in kernel])
+        checks = {"node-check": ("ib-fw-version", "mlx5_2"), "storage": ("storage-mount-missing", "/scratch")}
+        family("opsctl_node_check", [(node.format(n=n) + f',check="{checks[kind][0]}",device="{checks[kind][1]}"', 1)
+                                     for n, kind in fault.items() if kind in checks])
+        family("opsctl_node_check_timestamp_seconds",
+               [(node.format(n=n), (float(stamps[0]), 1.0)) for n, kind in fault.items() if kind in checks])
+        family("opsctl_node_validate", [(node.format(n=n) + ',test="nccl",device="node"', float(end))
+                                        for n, kind in fault.items() if kind == "validate"])
         out.write("# EOF\n")
     return series
 
@@ -222,35 +305,69 @@ class Prometheus:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200, 300, "prometheus")
 
-    def record(self, groups: list[dict], at: int) -> float:
-        """What the recording groups write, as a Prometheus evaluating them every RECORDING_INTERVAL_S would:
-        each rule's expression is evaluated by this Prometheus at `at` (its answer, labelled as the group
-        labels it), and the answer is written at every interval until AHEAD_S, with the heartbeat's value
-        the time of each (the raw samples do not change, so neither would the answers). They go in as
-        blocks, loaded by a restart: live evaluation cannot write here, the raw samples run into the future.
-        Returns how long the evaluation of every rule took, one after the other: what Prometheus spends
-        per recording interval (the groups run side by side, so a head node's cores share it)."""
-        session = requests.Session()
-        lines = [f"# TYPE {precomputed.RECORD} gauge\n"]
-        took = 0.0
-        for group in groups:
-            rule = group["rules"][0]
-            started = time.monotonic()
-            resp = session.post(f"{self.url}/api/v1/query", data={"query": rule["expr"], "time": at}, timeout=600)
-            resp.raise_for_status()
-            took += time.monotonic() - started
-            for item in resp.json()["data"]["result"]:
-                labels = {k: v for k, v in item["metric"].items() if k != "__name__"} | rule["labels"]
-                text = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
-                beat = labels.get(precomputed.HEARTBEAT_LABEL) == "1"
-                lines += [f"{precomputed.RECORD}{{{text}}} {t if beat else item['value'][1]} {t}\n"
-                          for t in range(at, at + AHEAD_S + 1, RECORDING_INTERVAL_S)]
-        (self.root / "recorded.om").write_text("".join(lines) + "# EOF\n")
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.root / "recorded.om"),
-                        str(self.root / "data")], check=True, capture_output=True)
-        self.stop()
-        self.start()
+    def record(self, groups: list[dict], at: int) -> dict[str, float]:
+        """What the recording groups write, as a Prometheus evaluating them every RECORDING_INTERVAL_S would.
+        Each group's rules are evaluated by this Prometheus at `at`, in their order, one stage at a time: the
+        answers of every group's first rule are written as blocks (labelled as the group labels them) at
+        every interval from HISTORY_S before `at` until AHEAD_S after it, the heartbeat's value the time
+        of each (the raw samples do not change, so neither would the answers), loaded by a restart; then
+        the second rules, which read that history, the same way. Returns each group's query time at `at`,
+        its rules one after the other. Live evaluation measures the groups as Prometheus runs them
+        (measure_live); these blocks let opsctl read what a Prometheus evaluating them all along had
+        written, without the evaluations sharing this machine's cores with the timings."""
+        took: dict[str, float] = {}
+        for stage in range(max(len(g["rules"]) for g in groups)):
+            session = requests.Session()
+            lines: dict[str, list[str]] = {}
+            for group in groups:
+                if stage >= len(group["rules"]):
+                    continue
+                rule = group["rules"][stage]
+                started = time.monotonic()
+                resp = session.post(f"{self.url}/api/v1/query", data={"query": rule["expr"], "time": at},
+                                    timeout=600)
+                resp.raise_for_status()
+                took[group["name"]] = took.get(group["name"], 0.0) + time.monotonic() - started
+                for item in resp.json()["data"]["result"]:
+                    labels = {k: v for k, v in item["metric"].items() if k != "__name__"} | rule["labels"]
+                    text = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+                    beat = labels.get(precomputed.HEARTBEAT_LABEL) == "1"
+                    lines.setdefault(rule["record"], []).extend(
+                        f"{rule['record']}{{{text}}} {t if beat else item['value'][1]} {t}\n"
+                        for t in range(at - HISTORY_S, at + AHEAD_S + 1, RECORDING_INTERVAL_S))
+            text = "".join(f"# TYPE {name} gauge\n" + "".join(rows) for name, rows in lines.items())
+            (self.root / "recorded.om").write_text(text + "# EOF\n")
+            subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(self.root / "recorded.om"),
+                            str(self.root / "data")], check=True, capture_output=True)
+            self.stop()
+            self.start()
         return took
+
+    def measure_live(self, rules_file: str, interval_s: int) -> dict[str, float]:
+        """Load the exported rule file, let Prometheus evaluate every group once, and return each group's
+        prometheus_rule_group_last_duration_seconds: the groups' own cost as Prometheus reports it. The
+        raw samples here run past now, so a live evaluation's results cannot be appended (Prometheus
+        refuses samples older than its newest block: out of bounds) and are dropped; the queries, what a
+        round costs, run in full over the same data, and stage 2 reads stage 1's history from the blocks."""
+        (self.root / "opsctl.rules.yml").write_text(rules_file)
+        (self.root / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1m\nrule_files:\n  - opsctl.rules.yml\n")
+        loaded = time.time()
+        self.proc.send_signal(signal.SIGHUP)
+        names = {g["name"] for g in yaml.safe_load(rules_file)["groups"]}
+        found: dict[str, float] = {}
+
+        def evaluated() -> bool:
+            text = requests.get(f"{self.url}/metrics", timeout=30).text
+            stamps = {k: float(v) for k, v in LIVE_METRIC.findall(text.replace(
+                "prometheus_rule_group_last_evaluation_timestamp_seconds", "@stamp"))}
+            durations = dict(re.findall(r'prometheus_rule_group_last_duration_seconds\{rule_group="[^;]*;([^"]+)"\} '
+                                        r"(\S+)", text))
+            done = {name for name in names if stamps.get(name, 0.0) > loaded}
+            found.update({name: float(durations[name]) for name in done if name in durations})
+            return done == names
+        wait(evaluated, 3 * interval_s + 60, "every rule group evaluated once")
+        return found
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -293,7 +410,7 @@ def bench_size(n: int, work: Path) -> dict:
         rules = load_catalog(parsed)
         exprs = [*presence_queries(parsed), identity_query(parsed), *(rule.alert_expr() for rule in rules),
                  *(rule.expr for rule in rules if rule.id == "ib-down")]  # ib-down: the resume evidence
-        rules_s = prom.record(precomputed.recording_groups(rules, parsed), int(time.time()))
+        group_query_s = prom.record(precomputed.recording_groups(rules, parsed), int(time.time()))
         raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
         recorded, e2e = opsctl_health(root / "recorded.yaml", raw_config, env)
         direct_raw = {**raw_config, "prometheus": {**raw_config["prometheus"], "recording_rules": "off"}}
@@ -308,13 +425,20 @@ def bench_size(n: int, work: Path) -> dict:
                              f"{json.dumps(differ[:1])[:600]})")
         raw = raw_promql_seconds(prom.url, exprs)
         plain = raw_promql_seconds(prom.url, [f"({rule.expr}) {rule.op} {rule.threshold:g}" for rule in rules])
+        exported = subprocess.run([sys.executable, "-m", "opsctl", "rules", "export", "--format", "prometheus"],
+                                  env={**env, "OPSCTL_CONFIG": str(root / "recorded.yaml")}, capture_output=True,
+                                  text=True, check=True).stdout
+        live = prom.measure_live(exported, RECORDING_INTERVAL_S)
     finally:
         if slurm is not None:
             slurm.stop()
         prom.stop()
     return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "e2e_direct_s": e2e_direct,
             "opsctl_query_s": summary["query_seconds"], "direct_query_s": direct["summary"]["query_seconds"],
-            "promql_s": raw, "plain_s": plain, "rules_s": rules_s,
+            "promql_s": raw, "plain_s": plain, "rules_s": sum(group_query_s.values()),
+            "live_s": sum(v for k, v in live.items() if k.startswith(precomputed.GROUP_PREFIX)),
+            "alerts_s": live.get("opsctl-health", 0.0), "load": os.getloadavg()[0],
+            "groups": {name: (took, live.get(name, float("nan"))) for name, took in group_query_s.items()},
             "queries": summary["queries"], "queries_direct": direct["summary"]["queries"], "fail": summary["fail"],
             "unknown": summary["unknown"], "resumes": summary["would_resume"], "prep_s": prep}
 
@@ -343,15 +467,23 @@ def main(argv=None) -> int:
     columns = [("nodes", "nodes", "d"), ("gpus", "gpus", "d"), ("series", "series", "d"), ("e2e_s", "e2e_s", ".2f"),
                ("e2e_direct_s", "e2e_direct_s", ".2f"), ("in_opsctl_s", "opsctl_query_s", ".2f"),
                ("direct_q_s", "direct_query_s", ".2f"), ("promql_s", "promql_s", ".2f"), ("plain_s", "plain_s", ".2f"),
-               ("rules_s", "rules_s", ".2f"), ("queries", "queries", "d"),
+               ("rules_s", "rules_s", ".2f"), ("live_s", "live_s", ".2f"), ("alerts_s", "alerts_s", ".3f"),
+               ("queries", "queries", "d"),
                ("queries_d", "queries_direct", "d"), ("fail", "fail", "d"), ("resumes", "resumes", "d"),
-               ("prep_s", "prep_s", ".1f")]
+               ("prep_s", "prep_s", ".1f"), ("load", "load", ".2f")]
     sys.stdout.write(" ".join(f"{title:>{max(len(title), 6)}}" for title, _, _ in columns) + "\n")
+    rows: list[dict] = []
     try:
         for n in (int(s) for s in args.sizes.split(",")):
             row = bench_size(n, work)
             sys.stdout.write(" ".join(f"{row[key]:>{max(len(title), 6)}{fmt}}" for title, key, fmt in columns) + "\n")
+            rows.append(row)
             sys.stdout.flush()
+        sys.stdout.write("\nper group (seconds): rules_s (query API, its stages one after the other) / live_s "
+                         "(prometheus_rule_group_last_duration_seconds)\n")
+        for name in rows[0]["groups"] if rows else []:
+            cells = "  ".join(f"{row['groups'][name][0]:8.3f} {row['groups'][name][1]:8.3f}" for row in rows)
+            sys.stdout.write(f"{name.removeprefix(precomputed.GROUP_PREFIX):24} {cells}\n")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
