@@ -126,14 +126,19 @@ def _loaded_rule(machines, alert: str) -> str:
 
 def _threshold_everywhere(machines) -> dict:
     rules = yaml.safe_load(machines.on_head("cat /etc/prometheus/rules/opsctl.yml"))
-    alert = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "OpsctlGpuTempHigh")
+    # The alert reads the rule's recorded results (opsctl/health/precomputed.py): its threshold is in the
+    # expression of the rule's recording group, which Prometheus evaluates.
+    alert = next(g["rules"][0] for g in rules["groups"] if g["name"] == "opsctl-precomputed-gpu-temp-high")
     dashboard = json.loads(machines.on_head("cat /var/lib/grafana/dashboards/opsctl/opsctl-gpu.json"))
     panel = next(p for p in dashboard["panels"] if p.get("title", "").startswith("gpu-temp-high"))
     listed = next(line for line in machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
                   if line.startswith("gpu-temp-high"))
-    # Both print the NaN-safe alert expression: `X unless (X <= <threshold> > -Inf < +Inf)`.
+    # `opsctl rules list` prints the NaN-safe alert expression, `X unless (X <= <threshold> > -Inf < +Inf)`; the
+    # recording group filters by the number alone, `clamp_min(X, <threshold>) != <threshold> or ...`.
     def threshold(expr: str) -> str:
-        return re.search(r" <= (\S+) > -Inf", expr).group(1)
+        found = re.search(r" <= (\S+) > -Inf", expr) or re.search(r"clamp_min\(.*, (\S+)\) != ", expr)
+        assert found, expr
+        return found.group(1)
 
     return {"opsctl": threshold(listed), "alert rule": threshold(alert["expr"]),
             "dashboard": panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]}
