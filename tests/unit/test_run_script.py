@@ -53,3 +53,10 @@ def test_tests_replaces_a_streams_selection_split_as_a_shell_does():
 def test_tests_names_a_stream_that_runs(override):
     with pytest.raises(ValueError, match="expected NAME=ARGS"):
         parse_selections([override], ["lab", "provision"])
+
+
+def test_the_quickstart_is_the_last_file_of_the_lab_tier():
+    """It ends with `opsctl lab down` (tests/integration/lab/test_quickstart.py): a lab test file that sorts after
+    it finds no lab."""
+    lab = Path(__file__).parents[1] / "integration" / "lab"
+    assert sorted(p.name for p in lab.glob("test_*.py"))[-1] == "test_quickstart.py"

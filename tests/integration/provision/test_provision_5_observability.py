@@ -116,12 +116,12 @@ def test_timer_metrics_reach_prometheus_through_node_exporters_textfile(machines
     assert 'opsctl_runs_total{result="ok"}' in textfile and "opsctl_slurm_nodes{" in textfile
 
 
-def _loaded_rule(machines, alert: str) -> str:
-    """The expression of an alert rule as the head node's Prometheus has loaded it."""
-    url = f"http://{machines.addr(machines.head)}:9090/api/v1/rules?type=alert"
+def _loaded_recording(machines, group: str) -> str:
+    """The expression of a recording group's first rule as the head node's Prometheus has loaded it."""
+    url = f"http://{machines.addr(machines.head)}:9090/api/v1/rules?type=record"
     with urllib.request.urlopen(url, timeout=10) as resp:
         groups = json.load(resp)["data"]["groups"]
-    return next(r["query"] for g in groups for r in g["rules"] if r["name"] == alert)
+    return next(g["rules"][0]["query"] for g in groups if g["name"] == group)
 
 
 def _threshold_everywhere(machines) -> dict:
@@ -158,7 +158,7 @@ def test_an_inventory_override_changes_opsctl_the_installed_alert_rule_and_the_d
         proc = playbook("-e", json.dumps(override), *tags)
         assert proc.returncode == 0, proc.stdout[-6000:]
         assert _threshold_everywhere(machines) == {"opsctl": "83", "alert rule": "83", "dashboard": 83}
-        wait_until(lambda: " <= 83 > -Inf" in _loaded_rule(machines, "OpsctlGpuTempHigh"), 30,
+        wait_until(lambda: ", 83) != 83" in _loaded_recording(machines, "opsctl-precomputed-gpu-temp-high"), 30,
                    "Prometheus to load the changed rule")
     finally:
         restore = playbook(*tags)
