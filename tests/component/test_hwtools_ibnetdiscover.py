@@ -14,16 +14,11 @@ from opsctl_lab import paths as lp
 from opsctl_lab.fabric import FabricState
 from opsctl_lab.hardware import NodeHardware
 from tests.conftest import FIXTURES
+from tests.unit.test_lab_ibnetdiscover import shape
 
 REAL = (FIXTURES / "infiniband" / "ibnetdiscover-topograph-ndr-rail-optimised.txt").read_text()
 
 
-def shape(line: str) -> str:
-    line = re.sub(r"generated on .*", "generated on DATE", line)
-    line = re.sub(r'"[^"]*"', '"D"', line)
-    line = re.sub(r"0x[0-9a-f]+", "0xH", line)
-    line = re.sub(r"\b[0-9a-f]{8,16}\b", "G", line)
-    return re.sub(r"\d+", "N", line)
 
 
 def where(text: str, desc: str) -> tuple[str, int] | None:

@@ -18,10 +18,11 @@ from opsctl.slurm.base import NodesBusy, StepSpec
 from opsctl.slurm.cli import SlurmCliImpl
 from opsctl.validate import preflight as pf
 from opsctl.validate.node import RESULT_HEADER, pairs_metrics_text, pairs_textfile
-from opsctl.validate.sweep import Clock, NodeValidation, Sweep
+from opsctl.validate.sweep import NodeValidation, Sweep
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.hwtools import all_reduce_perf as emulated
 from tests.unit.fakes import FakeProm, gpu_nodes, node
+from tests.unit.test_validate import JumpingClock
 
 
 def config(tmp_path=None):
@@ -312,17 +313,6 @@ def test_a_reservation_slurm_refused_is_not_deleted_its_name_may_be_someone_else
     with pytest.raises(SourceUnavailable, match="Duplicate"):
         pf.run_preflight(config(tmp_path), FakeSlurm(gpu_nodes(4)), jobs, None, 2, None, "big-run", ["a"], 1)
     assert ("release", "big-run") not in jobs.calls
-
-
-class JumpingClock(Clock):
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self):
-        return self.t
-
-    def sleep(self, seconds):
-        self.t += seconds
 
 
 class ResultsProm(FakeProm):
