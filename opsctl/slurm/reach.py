@@ -137,15 +137,11 @@ def holds(node: "SlurmNode", down_ok: bool = False, rebooting: bool = False) -> 
     """The state and flags of `node` that keep opsctl away. `down_ok`: the node is back from a reboot opsctl
     asked for (nextstate=DOWN leaves it DOWN with opsctl's reason), so DOWN is no hold; `rebooting`: that
     reboot may still be under way, so its own flags are no hold either (reach() says wait)."""
-    held = []
-    kind = state_kind(node.state)
-    if kind == HANDS_OFF or (kind == DOWN and not (down_ok or rebooting)) or (kind == REBOOT and not rebooting):
-        held.append(node.state.upper())
-    for flag in node.flags:
-        kind = flag_kind(flag)
-        if kind == HANDS_OFF or (kind == DOWN and not (down_ok or rebooting)) or (kind == REBOOT and not rebooting):
-            held.append(flag)
-    return held
+    def holding(kind: str) -> bool:
+        return kind == HANDS_OFF or (kind == DOWN and not (down_ok or rebooting)) or (kind == REBOOT and not rebooting)
+
+    held = [node.state.upper()] if holding(state_kind(node.state)) else []
+    return held + [flag for flag in node.flags if holding(flag_kind(flag))]
 
 
 def reach(node: "SlurmNode", take: bool = False, down_ok: bool = False, rebooting: bool = False) -> Reach:
