@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from opsctl.errors import SourceUnavailable
-from opsctl.slurm.reach import holds, reach
+from opsctl.slurm.reach import DOWN, HANDS_OFF, REBOOT, SERVICE, flags_of, holds, reach
 
 if TYPE_CHECKING:
     from opsctl.slurm.accounting import FinishedJob
@@ -38,36 +38,15 @@ REBOOT_NOTES = ("reboot issued", "reboot complete")
 # Base states in which a node is out of service whatever its flags say. "invalid" is what Slurm prints
 # for a base state its own release does not know (node_state_base_string).
 DOWN_STATES = {"down", "fail", "failing", "future", "unknown", "error", "inval", "invalid"}
-# Flags that take a node out of service, set by Slurm or a person, never by opsctl. A node carrying one
-# is not opsctl's to drain or resume. Names as Slurm 22.05 to 26.05 print them (node_state_flags[] in
-# src/common/slurm_protocol_defs.c; the JSON of src/plugins/data_parser/v0.0.*/parsers.c). A flag not
-# listed anywhere here (a newer release's) leaves the node in service as its base state says, but out of
-# opsctl's reach (opsctl/slurm/reach.py, which holds the one table of what opsctl may touch).
-OUT_OF_SERVICE_FLAGS = {
-    "FAIL",  # to fail soon: no new jobs
-    "NOT_RESPONDING",  # slurmd does not answer
-    "MAINTENANCE", "MAINT",  # in a maintenance reservation (MAINTENANCE in JSON, MAINT in sinfo -o %T)
-    "REBOOT_REQUESTED", "REBOOT_ISSUED",  # a reboot pending or under way
-    "REBOOT_CANCELED",  # a pending reboot being cancelled: still in the reboot's hands
-    "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN",  # off, or on its way off
-    "POWER_DRAIN",  # power down as soon as its jobs end (scontrol power down asap): drains itself
-    "POWER_DOWN_ASAP", "POWER_DOWN_FORCE",  # 26.05's JSON names for POWER_DOWN with POWER_DRAIN or POWERED_DOWN
-    "POWERING_UP", "POWER_UP",  # off and being (or asked to be) powered up
-    "INVALID_REG",  # registered with fewer resources than configured (INVAL)
-    "DYNAMIC_FUTURE",  # a dynamic node's slot that no slurmd has registered for yet, like FUTURE
-    "EXTERNAL",  # 25.05+: a node without slurmd, outside Slurm's own running of jobs
-    # Base states, should a parser ever find one among the flags (a release that lists them in another
-    # order): the node still counts as what Slurm says it is.
-    "DOWN", "FUTURE", "UNKNOWN", "ERROR", "INVAL",
-}
-# Flags that leave a node in service, for the record: CLOUD (a cloud node; power flags tell whether it
-# is up), DYNAMIC_NORM (a dynamic node registered as a normal one), COMPLETING (jobs ending), PLANNED
-# (backfill planned a job on it), BLOCKED (24.05+: blocked by a job's exclusive topology), PERFCTRS
-# (23.x: Cray network counters in use), RESUME and UNDRAIN (requests, not states). DRAIN is opsctl's
-# own business (SlurmNode.drained, .owned).
-IN_SERVICE_FLAGS = {"CLOUD", "DYNAMIC_NORM", "COMPLETING", "PLANNED", "BLOCKED", "PERFCTRS", "RESUME", "UNDRAIN"}
-# In service, but reserved for someone: not opsctl's to take away.
-HANDS_OFF_FLAGS = OUT_OF_SERVICE_FLAGS | {"RESERVED"}
+# Flags that take a node out of service, set by Slurm or a person, never by opsctl: those of the one table
+# (opsctl/slurm/reach.py, every flag Slurm 22.05 to 26.05 prints) that hold a node for a reboot, a DOWN or
+# another cause, but a reservation's, which leaves the node in service for someone (opsctl keeps off it
+# all the same: reach.py). A flag the table does not list (a newer release's) leaves the node in service as
+# its base state says, but out of opsctl's reach.
+OUT_OF_SERVICE_FLAGS = (flags_of(REBOOT) | flags_of(DOWN) | flags_of(HANDS_OFF)) - {"RESERVED", "RES"}
+# Flags that leave a node in service, for the record (the table's say why). DRAIN is opsctl's own business
+# (SlurmNode.drained, .owned).
+IN_SERVICE_FLAGS = flags_of(SERVICE)
 # Base states of a node that runs jobs (sinfo's %T says "draining" for a drained one that still does).
 BUSY_STATES = {"allocated", "mixed", "completing", "draining"}
 # Base states of a node that opsctl's own drain may be lifted from (the node runs or waits for jobs).
