@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
+from opsctl.slurm.reach import Reach, reach
 
 RESET, REBOOT, RMA, UNVALIDATED = "reset", "reboot", "rma", "unvalidated"
 VALIDATED = "validated"
@@ -119,3 +120,13 @@ def with_new_step_faults(words: StepWords, gpus: list[str], rules: list[str], ev
     else:
         tail = "; ".join(t for t in (tail, evidence) if t)
     return StepWords(step, (*words.gpus, *gpus), (*words.rules, *rules), tail)
+
+
+def ladder_reach(node: SlurmNode) -> Reach:
+    """The one judgement of what opsctl may touch (opsctl/slurm/reach.py) for a node whose reason is a step of
+    the ladder: the reboot opsctl asked for may still be under way (its own flags mean wait), and it leaves the
+    node DOWN with the reboot step, or the node's answer after it; any other hold is hands off."""
+    words = step_words(node.reason)
+    rebooting = words is not None and words.step == REBOOT
+    after_reboot = rebooting or (words is not None and words.tail.startswith(f"after-{REBOOT}"))
+    return reach(node, down_ok=after_reboot, rebooting=rebooting)

@@ -21,13 +21,14 @@ from opsctl.health.ladder_reason import (
     NEW_FAULT,
     REBOOT,
     RESET,
+    ladder_reach,
     open_faults,
     step_words,
     under_ladder,
     with_new_step_faults,
 )
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
-from opsctl.slurm.reach import HANDS_OFF, Reach, reach
+from opsctl.slurm.reach import HANDS_OFF, reach
 
 
 @dataclass(frozen=True)
@@ -220,15 +221,6 @@ def ladder_reason(node: SlurmNode, new: list[Check], max_length: int) -> str:
     return cap_reason(added.reason, max_length)
 
 
-def _rewording_reach(node: SlurmNode) -> Reach:
-    """May a new fault re-word opsctl's own drain of this node? The one judgement, with the ladder's own reboot
-    (its reason is the reboot step, or the answer after it) not counted as a hold."""
-    words = step_words(node.reason)
-    rebooting = words is not None and words.step == "reboot"
-    after_reboot = rebooting or (words is not None and words.tail.startswith("after-reboot"))
-    return reach(node, down_ok=after_reboot, rebooting=rebooting)
-
-
 def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule], safety: SafetyConfig,
                 drains_last_hour: int, dry_run: bool, scope: set[str] | None = None,
                 resumed_after: dict[str, float] | None = None) -> Plan:
@@ -253,7 +245,7 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
                 # a new fault on a node under the remediation ladder joins what its validation must clear.
                 new = [c for c in drain if c.id in needs_person and c.id not in node.reason_rules()]
                 ladder = new_ladder_faults(node, drain)
-                touch = _rewording_reach(node)
+                touch = ladder_reach(node)  # a new fault re-words it: the ladder's own reboot holds nothing
                 if (new or ladder) and touch.verdict == HANDS_OFF and not node.manual:
                     plan.set(Decision(name, "skip:" + touch.why.split(":", 1)[0], touch.why, seen=node))
                 elif ladder:

@@ -20,6 +20,7 @@ from typing import Any
 
 from opsctl.actor.act import RESUME, RETURN_TO_SERVICE_2, cap_reason
 from opsctl.config.schema import Config, duration_seconds
+from opsctl.health.ladder_reason import ladder_reach
 from opsctl.health.plan import counted_nodes
 from opsctl.health.xid import XidCatalog
 from opsctl.ladder.hold import is_held, without_hold
@@ -37,7 +38,7 @@ from opsctl.ladder.reasons import (
     step_reason,
 )
 from opsctl.slurm.base import SlurmNode
-from opsctl.slurm.reach import HANDS_OFF, reach
+from opsctl.slurm.reach import HANDS_OFF
 
 WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs
 
@@ -105,10 +106,9 @@ def _next(name: str, node: SlurmNode, catalog: XidCatalog, records: list[dict[st
         return LadderDecision(name, "skip:held", fault, seen=node, detail="opsctl hold: a person has it")
     if rung is not None and rung.step in (RMA, UNVALIDATED):
         return LadderDecision(name, "skip:" + rung.step, fault, seen=node, detail="a person's: nothing automatic")
-    # One judgement for every step, RMA included (opsctl/slurm/reach.py): opsctl's own reboot may leave the
-    # node DOWN and, while it runs, rebooting; any other hold of Slurm's or a person's means hands off.
-    after_reboot = rung is not None and (rung.step == REBOOT or rung.after == REBOOT)
-    judged = reach(node, down_ok=after_reboot, rebooting=rung is not None and rung.step == REBOOT)
+    # One judgement for every step, RMA included: opsctl's own reboot may leave the node DOWN and, while it
+    # runs, rebooting; any other hold of Slurm's or a person's means hands off.
+    judged = ladder_reach(node)
     if judged.verdict == HANDS_OFF:
         kind, _, detail = judged.why.partition(": ")
         return LadderDecision(name, f"skip:{kind}", fault, seen=node, detail=detail)
