@@ -329,12 +329,12 @@ def test_bad_inject_is_one_line_exit_2():
 # /run/nologin, waits for it.
 SLOW_BOOT = "opsctl-test-slow-boot.service"
 SLOW_BOOT_UNIT = """[Unit]
-Description=holds the boot before user sessions
+Description=holds the boot before user sessions (longer than the test: `up` must still find it waiting)
 Before=systemd-user-sessions.service
 
 [Service]
 Type=oneshot
-ExecStart=/bin/sleep 40
+ExecStart=/bin/sleep 900
 
 [Install]
 WantedBy=multi-user.target
