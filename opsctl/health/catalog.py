@@ -39,9 +39,10 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
-RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "hold", "xid", "evidence",
-             "variants", "severity", "action", "auto_resume", "memory", "domain", "description", "remediation"}
-OVERRIDABLE = {"expr", "op", "threshold", "hold", "evidence", "severity", "action", "auto_resume", "memory",
+RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "healthy", "hold", "xid",
+             "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain", "description", "remediation"}
+SHIPPED_LABEL = "opsctl/health/catalog.yaml"
+OVERRIDABLE = {"expr", "op", "threshold", "healthy", "hold", "evidence", "severity", "action", "auto_resume", "memory",
                "description", "remediation"}
 # How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
 #   window: a windowed count or increase; the same or a lower value within the window is the same event.
@@ -89,6 +90,13 @@ class Rule:
     # How often a held rule's condition is sampled over its hold: prometheus.recording_interval (the scrape
     # interval unless set), so that the recorded and the direct path sample it alike.
     step: str = "30s"
+    # The expression, op and threshold are the shipped catalog's (no catalog file or override replaced
+    # them): the recording rules may then read its XID inputs from a stage shared with the other XID rules
+    # (opsctl/health/xid_inputs.py), which knows the shipped expressions' shape.
+    shipped: bool = False
+    # The one value every healthy device reports, certainly ok (catalog.yaml, `healthy`), or None: the
+    # recording rules judge only the series with another value.
+    healthy: float | None = None
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -218,7 +226,7 @@ def _substitute(value: Any, values: dict[str, str]) -> Any:
     return value
 
 
-def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str]) -> Rule:
+def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str], shipped: bool = False) -> Rule:
     rid = raw.get("id")
     where = f"catalog {label}: rule {rid!r}"
     if not isinstance(rid, str) or not _ID.match(rid):
@@ -243,6 +251,7 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
     try:
         hold = effective_hold(str(merged.get("hold", "0s")), config)
         threshold = float(merged["threshold"])
+        healthy = None if merged.get("healthy") in (None, "") else float(merged["healthy"])
         xid_series = merged.get("xid") == "series"
         xid = int(merged["xid"]) if merged.get("xid") is not None and not xid_series else None
     except (TypeError, ValueError) as err:
@@ -254,6 +263,8 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
     plot_expr = ""
     if "${hold}" not in raw_expr:
         plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, str(config.prometheus.scrape_interval))
+    if healthy is not None and (OPS[merged["op"]](healthy, threshold) or healthy != healthy):
+        healthy = None  # an override made it a breach: judge every series
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -276,7 +287,8 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
                 remediation=" ".join(str(merged["remediation"]).split()), xid=xid, xid_series=xid_series,
                 memory=memory,
                 domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config),
-                step=_duration(max(1, round(config.prometheus.recording_interval_seconds))))
+                step=_duration(max(1, round(config.prometheus.recording_interval_seconds))), shipped=shipped,
+                healthy=healthy)
 
 
 def _devices(label: str, config: Config) -> tuple[str, ...]:
@@ -385,7 +397,7 @@ def _check_windows(expr: str, config: Config, where: str) -> None:
 def load_catalog(config: Config) -> list[Rule]:
     """Shipped rules, then each of catalog.files (same id replaces), then overrides and disable."""
     shipped = resources.files("opsctl.health").joinpath("catalog.yaml")
-    sources: list[tuple[Path | Traversable, str]] = [(shipped, "opsctl/health/catalog.yaml")]
+    sources: list[tuple[Path | Traversable, str]] = [(shipped, SHIPPED_LABEL)]
     sources += [(Path(f), f) for f in config.catalog.files]
     entries: dict[str, tuple[RawRule, str]] = {}
     for path, label in sources:
@@ -395,6 +407,7 @@ def load_catalog(config: Config) -> list[Rule]:
     # Codes with a rule of their own, counted before catalog.disable: a disabled xid-79 must not come
     # back through the xid-reboot family.
     own_rule_xids = {int(raw["xid"]) for raw, _ in entries.values() if str(raw.get("xid", "")).isdigit()}
+    replaced: set[str] = set()  # rules whose expression, op or threshold an override replaced
     for rid, fields in config.catalog.overrides.items():
         if rid not in entries:
             raise ConfigError(f"config key catalog.overrides.{rid}: no such rule")
@@ -407,6 +420,8 @@ def load_catalog(config: Config) -> list[Rule]:
         variants = {name: {f: v for f, v in var.items() if f not in fields}
                     for name, var in (raw.get("variants") or {}).items()}
         entries[rid] = ({**raw, **fields, "variants": variants}, label)
+        if set(fields) & {"expr", "op", "threshold"}:
+            replaced.add(rid)
     for rid in config.catalog.disable:
         if rid not in entries:
             raise ConfigError(f"config key catalog.disable: no such rule {rid!r}")
@@ -415,7 +430,8 @@ def load_catalog(config: Config) -> list[Rule]:
         # A site without node_exporter (prometheus.jobs.node: null): the rules that read it are off.
         entries = {rid: entry for rid, entry in entries.items() if entry[0].get("source", "dcgm") != "node"}
     placeholders = _placeholders(config, own_rule_xids)
-    rules = [_build(raw, config, label, placeholders) for raw, label in entries.values()]
+    rules = [_build(raw, config, label, placeholders, shipped=label == SHIPPED_LABEL and rid not in replaced)
+             for rid, (raw, label) in entries.items()]
     return rules
 
 

@@ -44,9 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
+from opsctl.health import xid_inputs
 from opsctl.health.catalog import (
     PENDING_LABEL,
     Rule,
+    condition,
     hold_samples,
     least_breaching,
     promql_number,
@@ -59,6 +61,8 @@ RULE_LABEL = "opsctl_rule"
 EXPR_LABEL = "opsctl_expr"
 HEARTBEAT_LABEL = "opsctl_heartbeat"
 GROUP_PREFIX = "opsctl-precomputed-"
+UNHEALTHY = "opsctl:health_unhealthy"  # stage 0 of a rule with a healthy value: the series without it
+XID_GROUP = GROUP_PREFIX + "xid"  # the XID rules that share their inputs (xid_inputs)
 YOUNG = "young"  # a heartbeat of stage 2 whose stage 1 has not yet recorded a whole hold
 QUERY = RECORD  # every rule's results and heartbeats: small, whatever the cluster's size
 HEARTBEAT = f'label_replace(vector(time()), "{HEARTBEAT_LABEL}", "1", "", "")'
@@ -76,9 +80,11 @@ def _selector(rule: Rule, metric: str, **labels: str) -> str:
     return metric + "{" + ", ".join(f'{k}="{v}"' for k, v in matchers.items()) + "}"
 
 
-def condition_expr(rule: Rule) -> str:
-    """Stage 1: the devices not certainly ok now, and the heartbeat of this evaluation."""
-    return f"{rule.condition_expr()} or {HEARTBEAT}"
+def condition_expr(rule: Rule, over: str = "") -> str:
+    """Stage 1: the devices not certainly ok now, and the heartbeat of this evaluation. `over`: the rule's
+    expression as it reads a shared stage (xid_inputs.rewrite), else its own."""
+    held = condition(over, rule.op, rule.threshold) if over else rule.condition_expr()
+    return f"{held} or {HEARTBEAT}"
 
 
 def hold_expr(rule: Rule) -> str:
@@ -108,21 +114,62 @@ def recorded_expr(rule: Rule) -> str:
     return hold_expr(rule) if rule.plot_expr else condition_expr(rule)
 
 
+def unhealthy_expr(rule: Rule) -> str:
+    """Stage 0 of a rule with a healthy value: its series with any other value, NaN and infinities
+    included (`!=` keeps them). The condition drops a certainly-ok value anyway, so judging these decides
+    the same as judging every series, and the expression runs once per round instead of twice."""
+    return f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
+
+
 def recording_rules(rule: Rule) -> list[dict[str, Any]]:
     """The rule's group's rules, in the order they run."""
     labels = {RULE_LABEL: rule.id, EXPR_LABEL: expr_hash(rule)}
+    first = []
+    over = ""
+    if rule.healthy is not None:
+        first = [{"record": UNHEALTHY, "expr": unhealthy_expr(rule), "labels": labels}]
+        over = _selector(rule, UNHEALTHY)
     if not rule.plot_expr:
-        return [{"record": RECORD, "expr": condition_expr(rule), "labels": labels}]
-    return [{"record": CONDITION, "expr": condition_expr(rule), "labels": labels},
+        return [*first, {"record": RECORD, "expr": condition_expr(rule, over), "labels": labels}]
+    return [*first, {"record": CONDITION, "expr": condition_expr(rule, over), "labels": labels},
             {"record": RECORD, "expr": hold_expr(rule), "labels": labels}]
 
 
+def _labelled(rule: Rule, expr: str) -> str:
+    """expr's series with the rule's two labels, where one recording rule records several catalog rules."""
+    inner = f'label_replace({expr}, "{RULE_LABEL}", "{rule.id}", "", "")'
+    return f'label_replace({inner}, "{EXPR_LABEL}", "{expr_hash(rule)}", "", "")'
+
+
+def xid_group(rules: list[tuple[Rule, xid_inputs.Rewritten]], src: xid_inputs.Sources) -> dict[str, Any]:
+    """The XID rules' group (opsctl/health/xid_inputs.py): their raw series read once into
+    opsctl:xid_input, then every rule's stage 1 in one recording rule and every rule's stage 2 (or its
+    only stage) in another, each rule's series under its own labels, as its own group would record them."""
+    names = sorted(set().union(*(rewritten.inputs for _, rewritten in rules)))
+    shared = " or ".join(f'label_replace({src.expr(name)}, "{xid_inputs.INPUT_LABEL}", "{name}", "", "")'
+                         for name in names)
+    held = [(rule, rewritten) for rule, rewritten in rules if rule.plot_expr]
+    stage1 = [_labelled(rule, condition_expr(rule, rewritten.expr)) for rule, rewritten in held]
+    last = [f"({hold_expr(rule)})" for rule, _ in held]
+    last += [_labelled(rule, condition_expr(rule, rewritten.expr)) for rule, rewritten in rules
+             if not rule.plot_expr]
+    out = [{"record": xid_inputs.INPUT, "expr": shared}]
+    if stage1:
+        out.append({"record": CONDITION, "expr": " or ".join(stage1)})
+    out.append({"record": RECORD, "expr": " or ".join(last)})
+    return {"name": XID_GROUP, "interval": rules[0][0].step, "rules": out}
+
+
 def recording_groups(rules: list[Rule], config: Config) -> list[dict[str, Any]]:
-    """One group per rule, run every prometheus.recording_interval: the interval its hold was written for
-    (Rule.step, from the same config), so stage 2's window always spans the rounds it counts."""
-    del config  # the rules carry it: Rule.step is prometheus.recording_interval
-    return [{"name": GROUP_PREFIX + rule.id, "interval": rule.step, "rules": recording_rules(rule)}
-            for rule in rules]
+    """Every group runs every prometheus.recording_interval: the interval the holds were written for
+    (Rule.step, from the same config), so stage 2's window always spans the rounds it counts. The XID
+    rules that read the shared XID inputs share one group; every other rule has a group of its own."""
+    src = xid_inputs.sources(config)
+    shared = [(rule, rewritten) for rule in rules if (rewritten := xid_inputs.rewrite(rule, src))]
+    in_shared = {rule.id for rule, _ in shared}
+    own = [{"name": GROUP_PREFIX + rule.id, "interval": rule.step, "rules": recording_rules(rule)}
+           for rule in rules if rule.id not in in_shared]
+    return ([xid_group(shared, src)] if shared else []) + own
 
 
 def alert_expr(rule: Rule) -> str:

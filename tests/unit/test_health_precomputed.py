@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from opsctl.config import parse_config
-from opsctl.health import precomputed
-from opsctl.health.catalog import PENDING_LABEL, condition, hold_samples, load_catalog
+from opsctl.health import precomputed, xid_inputs
+from opsctl.health.catalog import PENDING_LABEL, condition, hold_samples, load_catalog, promql_number
 from opsctl.health.export import render_prometheus_rules
 from opsctl.prom.client import Sample
 from tests.unit.fakes import World
@@ -103,27 +103,92 @@ def test_the_export_records_each_rule_in_a_group_of_its_own_stage_after_stage(tm
     """A held rule's group records its condition first and holds it second, in that order (Prometheus runs
     a group's rules in order, at one timestamp): stage 2 reads stage 1's series of its own rule and hash,
     over a window of exactly its hold's samples, and passes on stage 1's heartbeat. A rule whose expr
-    holds by itself records its condition alone. Nothing is joined over the fleet (no unless)."""
+    holds by itself records its condition alone. Nothing is joined over the fleet (no unless). A rule with a
+    healthy value first records its series with any other value, and its condition reads only those: its
+    expression runs once per round."""
     world = World(tmp_path, raw={"prometheus": {"scrape_interval": "15s"}})
     assert world.run("rules", "export", "--format", "prometheus") == 0
     groups = {g["name"]: g for g in yaml.safe_load(world.stdout)["groups"]}
     for rule in world.prom.rules:
+        if rule.xid is not None or rule.xid_series:
+            continue  # the XID rules share a group (below)
         group = groups[precomputed.GROUP_PREFIX + rule.id]
         labels = {precomputed.RULE_LABEL: rule.id, precomputed.EXPR_LABEL: precomputed.expr_hash(rule)}
         assert group["interval"] == "15s" and all(r["labels"] == labels for r in group["rules"])
         assert "unless" not in rule.condition_expr().replace(rule.plot_expr or rule.expr, "E"), rule.id
-        first = group["rules"][0]
-        assert first["expr"] == f"{rule.condition_expr()} or {precomputed.HEARTBEAT}"  # its heartbeat: its own
+        stages = group["rules"]
+        if rule.healthy is not None:
+            unhealthy, *stages = stages
+            assert unhealthy["record"] == precomputed.UNHEALTHY, rule.id
+            assert unhealthy["expr"] == f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy)}"
+            mine = f'{precomputed.UNHEALTHY}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"}}'
+            expected = f"{condition(mine, rule.op, rule.threshold)} or {precomputed.HEARTBEAT}"
+        else:
+            expected = f"{rule.condition_expr()} or {precomputed.HEARTBEAT}"
+        assert stages[0]["expr"] == expected, rule.id  # its heartbeat: its own
         if not rule.plot_expr:
-            assert [r["record"] for r in group["rules"]] == [precomputed.RECORD], rule.id
+            assert [r["record"] for r in stages] == [precomputed.RECORD], rule.id
             continue
-        assert [r["record"] for r in group["rules"]] == [precomputed.CONDITION, precomputed.RECORD], rule.id
-        hold = group["rules"][1]["expr"]
+        assert [r["record"] for r in stages] == [precomputed.CONDITION, precomputed.RECORD], rule.id
+        hold = stages[1]["expr"]
         mine = f'{precomputed.CONDITION}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"'
         assert hold.count(precomputed.CONDITION) == hold.count(mine) >= 3, rule.id
         assert f'{mine}, opsctl_heartbeat="1"}}' in hold  # the heartbeat of stage 1's evaluation
         assert "DCGM" not in hold and "node_" not in hold  # reads stage 1 only
         assert hold.count("unless") == 1 and "heartbeat=\"1\"} unless on() (count_over_time(" in hold  # one series
+
+
+@pytest.mark.parametrize("xid_source", ["auto", "window", "gauge"])
+def test_the_xid_rules_share_one_group_that_reads_each_raw_family_once(xid_source):
+    """However many XID rules there are, their group reads the count, the gauge and the kernel log's count
+    once per round (opsctl:xid_input); each rule's stages read only that, under the rule's own labels,
+    from one recording rule per stage."""
+    config = parse_config({"catalog": {"xid_source": xid_source}}, "t", {})
+    rules = load_catalog(config)
+    groups = {g["name"]: g for g in precomputed.recording_groups(rules, config)}
+    group = groups[precomputed.XID_GROUP]
+    xids = [r for r in rules if r.xid is not None or r.xid_series]
+    alone = {r.id for r in xids if precomputed.GROUP_PREFIX + r.id in groups}
+    assert alone == set()  # in every variant (the gauge variant's xid-report reads `gauge < 0`: nothing)
+    inputs, *stages = group["rules"]
+    assert inputs["record"] == xid_inputs.INPUT
+    raw = {m: inputs["expr"].count(m) for m in xid_inputs.RAW_METRICS}
+    assert raw == {"auto": {"DCGM_EXP_XID_ERRORS_COUNT": 2, "DCGM_FI_DEV_XID_ERRORS": 1, "opsctl_node_kernel_xid_count": 1},
+                   "window": {"DCGM_EXP_XID_ERRORS_COUNT": 1, "DCGM_FI_DEV_XID_ERRORS": 0, "opsctl_node_kernel_xid_count": 1},
+                   "gauge": {"DCGM_EXP_XID_ERRORS_COUNT": 0, "DCGM_FI_DEV_XID_ERRORS": 1, "opsctl_node_kernel_xid_count": 0},
+                   }[xid_source]
+    assert [s["record"] for s in stages] == [precomputed.CONDITION, precomputed.RECORD]
+    for stage in stages:
+        assert not any(m in stage["expr"] for m in xid_inputs.RAW_METRICS) and "unless on(node" not in stage["expr"]
+        assert "labels" not in stage  # each rule's series carry its own
+    for rule in xids:
+        if rule.id in alone:
+            continue
+        mine = f'"{precomputed.RULE_LABEL}", "{rule.id}", "", "")'
+        assert mine in stages[0]["expr"], rule.id
+        assert f'{precomputed.CONDITION}{{opsctl_rule="{rule.id}", opsctl_expr="{precomputed.expr_hash(rule)}"' \
+            in stages[1]["expr"], rule.id
+
+
+def test_an_xid_rule_that_a_site_rewrote_keeps_a_group_of_its_own(tmp_path):
+    """The shared inputs drop zeros, which only the shipped rules' shape makes safe: a rule from a catalog
+    file, or one whose threshold or expression an override replaced, reads the raw series itself."""
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"rules": [{
+        "id": "xid-low", "source": "dcgm", "device_label": "gpu", "xid": "series", "op": "<", "threshold": 5,
+        "severity": "warn", "action": "report", "description": "d", "remediation": "r",
+        "expr": 'max by (${by}, gpu) (DCGM_FI_DEV_XID_ERRORS{job="${dcgm}"})'}]}))
+    config = parse_config({"catalog": {"files": [str(tmp_path / "mine.yaml")],
+                                       "overrides": {"xid-79": {"threshold": 2}}}}, "t", {})
+    rules = load_catalog(config)
+    names = {g["name"] for g in precomputed.recording_groups(rules, config)}
+    assert {precomputed.GROUP_PREFIX + "xid-low", precomputed.GROUP_PREFIX + "xid-79"} <= names
+    assert precomputed.GROUP_PREFIX + "xid-48" not in names and precomputed.XID_GROUP in names
+    # Even shipped, a gauge compared so that 0 passes is never read from the inputs without zeros.
+    src = xid_inputs.sources(config)
+    low = replace(next(r for r in rules if r.id == "xid-low"), shipped=True)
+    assert xid_inputs.rewrite(low, src) is None
+    codes = replace(low, plot_expr=f"{src.gauge} >= 143 <= 150 or {src.gauge} == -1", op=">", threshold=0)
+    assert xid_inputs.rewrite(codes, src).inputs == {"gauge"}
 
 
 @pytest.mark.parametrize("hold,step,samples,window", [("1m", "30s", 3, "75000ms"), ("1m", "15s", 5, "67500ms"),
