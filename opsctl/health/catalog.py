@@ -39,11 +39,12 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
-RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "op", "threshold", "healthy", "hold", "xid",
-             "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain", "description", "remediation"}
+RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "unhealthy", "op", "threshold", "healthy", "hold",
+             "xid", "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain", "description",
+             "remediation"}
 SHIPPED_LABEL = "opsctl/health/catalog.yaml"
-OVERRIDABLE = {"expr", "op", "threshold", "healthy", "hold", "evidence", "severity", "action", "auto_resume", "memory",
-               "description", "remediation"}
+OVERRIDABLE = {"expr", "unhealthy", "op", "threshold", "healthy", "hold", "evidence", "severity", "action",
+               "auto_resume", "memory", "description", "remediation"}
 # How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
 #   window: a windowed count or increase; the same or a lower value within the window is the same event.
 #   level:  a lifetime counter or a latched gauge; the same or a lower value is the same event until the
@@ -97,6 +98,9 @@ class Rule:
     # The one value every healthy device reports, certainly ok (catalog.yaml, `healthy`), or None: the
     # recording rules judge only the series with another value.
     healthy: float | None = None
+    # Stage 0 as the catalog spells it (`unhealthy`): the series of `(expr) != healthy`, joined over less;
+    # "" for that expression itself.
+    unhealthy: str = ""
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -265,6 +269,11 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
         plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, str(config.prometheus.scrape_interval))
     if healthy is not None and (OPS[merged["op"]](healthy, threshold) or healthy != healthy):
         healthy = None  # an override made it a breach: judge every series
+    unhealthy = Template(" ".join(str(merged.get("unhealthy") or "").split())).safe_substitute(hold=hold)
+    if unhealthy and healthy is None:
+        unhealthy = ""
+    if "${" in unhealthy:
+        raise ConfigError(f"{where}: unknown placeholder in unhealthy: {unhealthy[unhealthy.index('${'):][:30]}")
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -288,7 +297,7 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
                 memory=memory,
                 domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config),
                 step=_duration(max(1, round(config.prometheus.recording_interval_seconds))), shipped=shipped,
-                healthy=healthy)
+                healthy=healthy, unhealthy=unhealthy)
 
 
 def _devices(label: str, config: Config) -> tuple[str, ...]:
@@ -419,7 +428,9 @@ def load_catalog(config: Config) -> list[Rule]:
         # An override of expr/op/threshold must win over the gauge variant as well.
         variants = {name: {f: v for f, v in var.items() if f not in fields}
                     for name, var in (raw.get("variants") or {}).items()}
-        entries[rid] = ({**raw, **fields, "variants": variants}, label)
+        # A shipped `unhealthy` is spelled after the shipped expr: an override of expr drops it.
+        unhealthy = {"unhealthy": ""} if "expr" in fields else {}
+        entries[rid] = ({**raw, **unhealthy, **fields, "variants": variants}, label)
         if set(fields) & {"expr", "op", "threshold"}:
             replaced.add(rid)
     for rid in config.catalog.disable:

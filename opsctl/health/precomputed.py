@@ -1,9 +1,14 @@
 """Rule results that Prometheus has already computed: the catalog as recording rules, and their reading.
 
-Each catalog rule becomes a rule group of its own. The expensive part, the rule's expression over every
-device of the fleet, runs once per round; what follows runs over its result, which holds only the devices
-that are not certainly ok (an empty result for a healthy GPU):
+Each catalog rule becomes a rule group of its own, but for the XID rules, which share one (xid_group:
+their raw series read once per round, opsctl/health/xid_inputs.py). The expensive part, the rule's
+expression over every device of the fleet, runs once per round; what follows runs over its result, which
+holds only the devices that are not certainly ok (an empty result for a healthy GPU):
 
+  0. record: opsctl:health_unhealthy        (a rule with a healthy value, Rule.healthy)
+     expr:   (<expr>) != <healthy>
+     the series with any other value, NaN and infinities kept: stage 1 reads these instead of the
+     expression, which then runs once per round instead of twice (the condition reads it twice).
   1. record: opsctl:health_condition        (a rule opsctl holds: Rule.plot_expr without its hold)
      expr:   <Rule.condition_expr()> or <heartbeat: vector(time()), opsctl_heartbeat="1">
      the devices whose value breaches, or is NaN or infinite, now, each with its value.
@@ -117,8 +122,9 @@ def recorded_expr(rule: Rule) -> str:
 def unhealthy_expr(rule: Rule) -> str:
     """Stage 0 of a rule with a healthy value: its series with any other value, NaN and infinities
     included (`!=` keeps them). The condition drops a certainly-ok value anyway, so judging these decides
-    the same as judging every series, and the expression runs once per round instead of twice."""
-    return f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
+    the same as judging every series, and the expression runs once per round instead of twice. The
+    catalog's `unhealthy`, where a rule has one, spells the same series with fewer joins."""
+    return rule.unhealthy or f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
 
 
 def recording_rules(rule: Rule) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ class Sources:
                 "gauge_alone": f"{self.gauge} != 0{self.without_count}"}[name]
 
     def selector(self, name: str) -> str:
+        """The start of a selector of one input, without its closing brace: a rule's own matchers follow."""
         return f'{INPUT}{{{INPUT_LABEL}="{name}"'
 
 
@@ -79,9 +80,10 @@ def sources(config: Config) -> Sources:
                    node=config.prometheus.jobs.get("node", ""))
 
 
-# The gauge compared with a code: `== 79`, `== -1`, `>= 143 <= 150`, `> 172`, or `< 0` (nothing). Zero never passes these; a
-# rule that compares the gauge otherwise (`< 5` holds for 0) is not rewritten.
-_CODE_FILTER = re.compile(r"\s*(?:==\s*-?[1-9][0-9]*|>=?\s*[1-9][0-9]*(?:\s*<=\s*[1-9][0-9]*)?|<\s*0(?![.0-9]))")
+# The gauge compared with a code: `== 79`, `== -1`, `>= 143 <= 150`, `> 172`, or `< 0` (nothing). Zero never
+# passes these; a rule that compares the gauge otherwise (`< 5` holds for 0) is not rewritten.
+_CODE_FILTER = re.compile(r"\s*(?:==\s*-?[1-9][0-9]*|>=?\s*[1-9][0-9]*(?:\s*<=\s*[1-9][0-9]*)?"
+                          r"|<\s*0(?![.0-9]))")
 
 
 @dataclass(frozen=True)

@@ -621,3 +621,46 @@ def test_a_nan_condition_is_recorded_as_unknown_and_held_like_a_breach(texts, tm
         return found["recorded"][0] == [("nan-probe", "", "unknown")]
     wait(judged, 15, "the NaN held on the recorded path")
     assert found["recorded"] == found["direct"] == ([("nan-probe", "", "unknown")], []), found
+
+
+# ---- Stage 0 as the catalog spells it: the same series as `(expr) != healthy`, on both engines ---------
+NVLINK = 'DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL{{gpu="{gpu}", Hostname="gpu001"}} {value}\n'
+IB_COUNTER = 'node_infiniband_{name}_total{{device="{device}",port="1"}} {value}\n'
+
+
+def test_a_rules_own_unhealthy_expression_finds_what_its_expression_finds(texts):
+    """nvlink-errors and ib-errors spell stage 0 with the zero terms of their sums dropped before the `or`s
+    (catalog.yaml, `unhealthy`): on either engine it answers what `(expr) != 0` answers, series and
+    values, for counters that rise, stay flat at zero or above it, and one that is young."""
+    config = parse_config({"prometheus": {"url": texts.tsdbs["prometheus"].url, "scrape_interval": "1s"},
+                           "hardware": {"gpus_per_node": 4},
+                           "catalog": {"overrides": {"nvlink-errors": {"hold": "4s"}, "ib-errors": {"hold": "4s"}}}},
+                          "t", {})
+    rules = [r for r in load_catalog(config) if r.unhealthy]
+    assert {r.id for r in rules} == {"nvlink-errors", "ib-errors"}
+
+    def bodies(step: int) -> tuple[str, str]:
+        dcgm = TEMP.format(gpu=0)
+        dcgm += NVLINK.format(kind="CRC_FLIT", gpu=0, value=100 + 50 * step)  # rises
+        dcgm += NVLINK.format(kind="REPLAY", gpu=0, value=7 + step)  # rises, slower
+        dcgm += NVLINK.format(kind="CRC_FLIT", gpu=1, value=0)  # flat at zero
+        dcgm += NVLINK.format(kind="CRC_DATA", gpu=2, value=42)  # flat above zero
+        if step >= 6:
+            dcgm += NVLINK.format(kind="RECOVERY", gpu=3, value=1000 + 10 * step)  # young
+        node = IB_COUNTER.format(name="link_error_recovery", device="mlx5_0", value=step)
+        node += IB_COUNTER.format(name="link_downed", device="mlx5_0", value=3)
+        node += IB_COUNTER.format(name="port_errors_received", device="mlx5_1", value=0)
+        return dcgm, node
+
+    for step in range(9):
+        texts.dcgm["gpu001"].body, texts.node.body = bodies(step)
+        time.sleep(1)
+    at = time.time() - 1
+    for kind, tsdb in texts.tsdbs.items():
+        for rule in rules:
+            def answer(expr, tsdb=tsdb):
+                return sorted((tuple(sorted(s["metric"].items())), s["value"][1]) for s in tsdb.query(expr, at))
+            plain = answer(f"({rule.expr}) != 0")
+            assert plain, (kind, rule.id)  # something rises
+            assert answer(rule.unhealthy) == plain, (kind, rule.id)
+    texts.dcgm["gpu001"].body, texts.node.body = TEMP.format(gpu=0), ""

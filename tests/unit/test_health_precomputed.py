@@ -120,7 +120,8 @@ def test_the_export_records_each_rule_in_a_group_of_its_own_stage_after_stage(tm
         if rule.healthy is not None:
             unhealthy, *stages = stages
             assert unhealthy["record"] == precomputed.UNHEALTHY, rule.id
-            assert unhealthy["expr"] == f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy)}"
+            assert unhealthy["expr"] == (rule.unhealthy or
+                                         f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy)}")
             mine = f'{precomputed.UNHEALTHY}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"}}'
             expected = f"{condition(mine, rule.op, rule.threshold)} or {precomputed.HEARTBEAT}"
         else:
@@ -152,11 +153,8 @@ def test_the_xid_rules_share_one_group_that_reads_each_raw_family_once(xid_sourc
     assert alone == set()  # in every variant (the gauge variant's xid-report reads `gauge < 0`: nothing)
     inputs, *stages = group["rules"]
     assert inputs["record"] == xid_inputs.INPUT
-    raw = {m: inputs["expr"].count(m) for m in xid_inputs.RAW_METRICS}
-    assert raw == {"auto": {"DCGM_EXP_XID_ERRORS_COUNT": 2, "DCGM_FI_DEV_XID_ERRORS": 1, "opsctl_node_kernel_xid_count": 1},
-                   "window": {"DCGM_EXP_XID_ERRORS_COUNT": 1, "DCGM_FI_DEV_XID_ERRORS": 0, "opsctl_node_kernel_xid_count": 1},
-                   "gauge": {"DCGM_EXP_XID_ERRORS_COUNT": 0, "DCGM_FI_DEV_XID_ERRORS": 1, "opsctl_node_kernel_xid_count": 0},
-                   }[xid_source]
+    raw = tuple(inputs["expr"].count(m) for m in xid_inputs.RAW_METRICS)  # count, gauge, kernel log
+    assert raw == {"auto": (2, 1, 1), "window": (1, 0, 1), "gauge": (0, 1, 0)}[xid_source]  # once, and the guard
     assert [s["record"] for s in stages] == [precomputed.CONDITION, precomputed.RECORD]
     for stage in stages:
         assert not any(m in stage["expr"] for m in xid_inputs.RAW_METRICS) and "unless on(node" not in stage["expr"]
@@ -260,3 +258,17 @@ def test_a_history_shorter_than_the_hold_sends_the_rule_to_the_direct_path_and_s
     assert found.why["recorded for less than their hold (rules just loaded, or rounds missed)"][0] == rule.id
     beat = Sample({**tags, precomputed.HEARTBEAT_LABEL: "1"}, now - 1, at=now)
     assert precomputed.read([beat], rules, world.config).answers[rule.id] == []
+
+
+def test_a_healthy_value_that_an_override_made_a_breach_is_not_used():
+    """Stage 0 drops the healthy value, which is safe only while that value is certainly ok: a threshold
+    moved so that it breaches (row-remap-failure > -1 breaches at 0) judges every series again."""
+    config = parse_config({"catalog": {"overrides": {"row-remap-failure": {"threshold": -1},
+                                                     "ib-down": {"healthy": 3}}}}, "t", {})
+    rules = {r.id: r for r in load_catalog(config)}
+    groups = {g["name"]: g for g in precomputed.recording_groups(list(rules.values()), config)}
+    assert rules["row-remap-failure"].healthy is None and rules["row-remap-pending"].healthy == 0
+    records = [r["record"] for r in groups[precomputed.GROUP_PREFIX + "row-remap-failure"]["rules"]]
+    assert records == [precomputed.CONDITION, precomputed.RECORD]
+    assert rules["ib-down"].healthy is None  # ib-down breaches below 4: a port at 3 is no healthy one
+    assert groups[precomputed.GROUP_PREFIX + "row-remap-pending"]["rules"][0]["record"] == precomputed.UNHEALTHY
