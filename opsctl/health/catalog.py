@@ -255,7 +255,6 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
     try:
         hold = effective_hold(str(merged.get("hold", "0s")), config)
         threshold = float(merged["threshold"])
-        healthy = None if merged.get("healthy") in (None, "") else float(merged["healthy"])
         xid_series = merged.get("xid") == "series"
         xid = int(merged["xid"]) if merged.get("xid") is not None and not xid_series else None
     except (TypeError, ValueError) as err:
@@ -267,13 +266,7 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
     plot_expr = ""
     if "${hold}" not in raw_expr:
         plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, str(config.prometheus.scrape_interval))
-    if healthy is not None and (OPS[merged["op"]](healthy, threshold) or healthy != healthy):
-        healthy = None  # an override made it a breach: judge every series
-    unhealthy = Template(" ".join(str(merged.get("unhealthy") or "").split())).safe_substitute(hold=hold)
-    if unhealthy and healthy is None:
-        unhealthy = ""
-    if "${" in unhealthy:
-        raise ConfigError(f"{where}: unknown placeholder in unhealthy: {unhealthy[unhealthy.index('${'):][:30]}")
+    healthy, unhealthy = _stage_zero(merged, threshold, hold, where)
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -298,6 +291,22 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
                 domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config),
                 step=_duration(max(1, round(config.prometheus.recording_interval_seconds))), shipped=shipped,
                 healthy=healthy, unhealthy=unhealthy)
+
+
+def _stage_zero(merged: RawRule, threshold: float, hold: str, where: str) -> tuple[float | None, str]:
+    """`healthy` and `unhealthy` (catalog.yaml): (None, "") where the rule has none, or where its op and
+    threshold (an override) would call the healthy value a breach: the recording rules then judge every
+    series."""
+    try:
+        healthy = None if merged.get("healthy") in (None, "") else float(merged["healthy"])
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: healthy: {err}") from None
+    if healthy is None or healthy != healthy or OPS[merged["op"]](healthy, threshold):
+        return None, ""
+    unhealthy = Template(" ".join(str(merged.get("unhealthy") or "").split())).safe_substitute(hold=hold)
+    if "${" in unhealthy:
+        raise ConfigError(f"{where}: unknown placeholder in unhealthy: {unhealthy[unhealthy.index('${'):][:30]}")
+    return healthy, unhealthy
 
 
 def _devices(label: str, config: Config) -> tuple[str, ...]:

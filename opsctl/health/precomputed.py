@@ -30,8 +30,10 @@ the next one runs ("Rules within a group are run sequentially at a regular inter
 evaluation time": prometheus.io/docs/prometheus/latest/configuration/recording_rules/), so stage 2 reads
 stage 1 of the same round. The hold is sampled at the recording interval: the direct path (catalog.held)
 samples its subquery at the same interval, so both decide alike; with the default recording interval
-(the scrape interval) that is every scrape. Nothing joins over the whole fleet: stage 1 filters by
-comparisons with a number, stage 2 reads a few series. The pending series (plan.py's circuit breaker
+(the scrape interval) that is every scrape. The stages join nothing over the whole fleet: stage 0
+and stage 1 filter by comparisons with a number, stage 2 reads a few series (what the rule's own
+expression joins it joins once per round; the XID inputs' one join, the gauge only where the windowed
+count is missing, runs once for every XID rule). The pending series (plan.py's circuit breaker
 counts those nodes) and the heartbeat come from stage 1's evaluation of the same round: a stage 1 that
 failed to evaluate (a timeout, a store down) leaves stage 2 an old heartbeat, so no result is read as new.
 
@@ -88,8 +90,8 @@ def _selector(rule: Rule, metric: str, **labels: str) -> str:
 def condition_expr(rule: Rule, over: str = "") -> str:
     """Stage 1: the devices not certainly ok now, and the heartbeat of this evaluation. `over`: the rule's
     expression as it reads a shared stage (xid_inputs.rewrite), else its own."""
-    held = condition(over, rule.op, rule.threshold) if over else rule.condition_expr()
-    return f"{held} or {HEARTBEAT}"
+    not_ok = condition(over, rule.op, rule.threshold) if over else rule.condition_expr()
+    return f"{not_ok} or {HEARTBEAT}"
 
 
 def hold_expr(rule: Rule) -> str:
