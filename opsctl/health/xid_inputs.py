@@ -121,7 +121,8 @@ def rewrite(rule: Rule, src: Sources) -> Rewritten | None:
             expr = expr.replace(raw, src.selector(name))
     if any(metric in expr for metric in RAW_METRICS):
         return None
-    return Rewritten(expr=expr, inputs=frozenset(inputs))
+    # The gauge variant's series are the gauge's own: without the input's label they are the direct ones.
+    return Rewritten(expr=f'label_replace({expr}, "{INPUT_LABEL}", "", "", "")', inputs=frozenset(inputs))
 
 
 def _codes_only(text: str, src: Sources) -> bool:

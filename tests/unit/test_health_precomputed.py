@@ -164,6 +164,9 @@ def test_the_xid_rules_share_one_group_that_reads_each_raw_family_once(xid_sourc
             continue
         mine = f'"{precomputed.RULE_LABEL}", "{rule.id}", "", "")'
         assert mine in stages[0]["expr"], rule.id
+        # The gauge variant's `xid-79` is the gauge's series themselves: recorded without the input's label.
+        rewritten = xid_inputs.rewrite(rule, xid_inputs.sources(config))
+        assert rewritten.expr.endswith(f', "{xid_inputs.INPUT_LABEL}", "", "", "")'), rule.id
         assert f'{precomputed.CONDITION}{{opsctl_rule="{rule.id}", opsctl_expr="{precomputed.expr_hash(rule)}"' \
             in stages[1]["expr"], rule.id
 
