@@ -7,6 +7,7 @@ import json
 import urllib.request
 
 import pytest
+import yaml
 
 from tests.integration.provision.support import NEEDS_MACHINES, NEEDS_ROOT, wait_until
 
@@ -47,8 +48,9 @@ def test_opsctl_timer_has_fired_and_exited_0_or_1(machines):
 @pytest.mark.provision
 @NEEDS_MACHINES
 def test_the_heads_prometheus_records_the_catalog_and_opsctl_reads_the_recorded_results(machines):
-    """The Prometheus role installs `opsctl rules export`'s recording groups, one per rule; Prometheus
-    evaluates every one, and `opsctl health` on the head reads their results instead of querying each rule."""
+    """The Prometheus role installs `opsctl rules export`'s recording groups (one per rule, one for the XID
+    rules); Prometheus evaluates every one, and `opsctl health` on the head reads their results instead of
+    querying each rule."""
     url = f"http://{machines.addr(machines.head)}:9090/api/v1/rules?type=record"
 
     def recorded():
@@ -57,8 +59,9 @@ def test_the_heads_prometheus_records_the_catalog_and_opsctl_reads_the_recorded_
         return groups if groups and all(r["health"] == "ok" for g in groups for r in g["rules"]) else None
 
     groups = wait_until(recorded, 60, "every opsctl recording rule evaluated")
-    listed = machines.on_head("/opt/opsctl/bin/opsctl rules list").splitlines()
-    assert len(groups) == len(listed)
+    exported = yaml.safe_load(machines.on_head("/opt/opsctl/bin/opsctl rules export --format prometheus"))
+    wanted = {g["name"] for g in exported["groups"] if g["name"].startswith("opsctl-precomputed-")}
+    assert {g["name"] for g in groups} == wanted and "opsctl-precomputed-xid" in wanted
     run = json.loads(machines.on_head("/opt/opsctl/bin/opsctl health --json || true"))
     assert run["summary"]["rule_results"] == "precomputed", run["summary"]["rule_results_note"]
     assert run["summary"]["queries"] <= 6  # presence, age, identity, recorded, presence again (and resume evidence)
