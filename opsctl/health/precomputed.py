@@ -116,11 +116,6 @@ def hold_expr(rule: Rule) -> str:
     return out
 
 
-def recorded_expr(rule: Rule) -> str:
-    """What opsctl:health_breach records for the rule: stage 2 for a held rule, else stage 1."""
-    return hold_expr(rule) if rule.plot_expr else condition_expr(rule)
-
-
 def unhealthy_expr(rule: Rule) -> str:
     """Stage 0 of a rule with a healthy value: its series with any other value, NaN and infinities
     included (`!=` keeps them). The condition drops a certainly-ok value anyway, so judging these decides
