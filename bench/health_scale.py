@@ -23,10 +23,16 @@ the machine's one-minute load average when the size ended (the machine may be sh
 
 What moved into Prometheus, one round of every recording group, paid once per recording interval
 however many runs read the results:
-  - rules_s: every group's rules sent to the query API at one moment, stage after stage, one after the
-    other (the same queries a group runs, with the HTTP round trips);
+  - rules_s: one round of every group through the query API, each group's rules in their order at one
+    moment, the groups one after the other (the same queries a group runs, with the HTTP round trips),
+    on a Prometheus that has run a round before, as every round but the first after a restart does;
+    rules_cpu_s the Prometheus process' CPU seconds (user and system) over that round; rules_cold_s the
+    round before it, the first after Prometheus started;
   - live_s: the sum over the groups of prometheus_rule_group_last_duration_seconds, as Prometheus reports
-    it after it has evaluated the exported rule file (measure_live), and alerts_s the alert group's.
+    it in its second round of the exported rule file (measure_live; the groups run side by side, so on
+    two cores each one's duration includes waiting for a core), and alerts_s the alert group's;
+    live_cpu_s the CPU seconds Prometheus spent over one recording interval of that live evaluation, in
+    which every group runs once: what the rules cost the head node's cores.
 Both are printed per group after the table.
 
 How the results get there. A live Prometheus cannot both write the groups' results here and serve the
@@ -305,17 +311,16 @@ class Prometheus:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait(lambda: urllib.request.urlopen(f"{self.url}/-/ready", timeout=2).status == 200, 300, "prometheus")
 
-    def record(self, groups: list[dict], at: int) -> dict[str, float]:
+    def record(self, groups: list[dict], at: int) -> None:
         """What the recording groups write, as a Prometheus evaluating them every RECORDING_INTERVAL_S would.
         Each group's rules are evaluated by this Prometheus at `at`, in their order, one stage at a time: the
         answers of every group's first rule are written as blocks (labelled as the group labels them) at
         every interval from HISTORY_S before `at` until AHEAD_S after it, the heartbeat's value the time
         of each (the raw samples do not change, so neither would the answers), loaded by a restart; then
-        the second rules, which read that history, the same way. Returns each group's query time at `at`,
-        its rules one after the other. Live evaluation measures the groups as Prometheus runs them
-        (measure_live); these blocks let opsctl read what a Prometheus evaluating them all along had
-        written, without the evaluations sharing this machine's cores with the timings."""
-        took: dict[str, float] = {}
+        the second rules, which read that history, the same way, and so on. rounds() times the groups once
+        the whole history is there, and measure_live lets Prometheus run them itself; these blocks let
+        opsctl read what a Prometheus evaluating them all along had written, without the evaluations sharing
+        this machine's cores with the timings."""
         for stage in range(max(len(g["rules"]) for g in groups)):
             session = requests.Session()
             lines: dict[str, list[str]] = {}
@@ -323,11 +328,9 @@ class Prometheus:
                 if stage >= len(group["rules"]):
                     continue
                 rule = group["rules"][stage]
-                started = time.monotonic()
                 resp = session.post(f"{self.url}/api/v1/query", data={"query": rule["expr"], "time": at},
                                     timeout=600)
                 resp.raise_for_status()
-                took[group["name"]] = took.get(group["name"], 0.0) + time.monotonic() - started
                 for item in resp.json()["data"]["result"]:
                     labels = {k: v for k, v in item["metric"].items() if k != "__name__"} | rule.get("labels", {})
                     text = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
@@ -341,33 +344,68 @@ class Prometheus:
                             str(self.root / "data")], check=True, capture_output=True)
             self.stop()
             self.start()
-        return took
 
-    def measure_live(self, rules_file: str, interval_s: int) -> dict[str, float]:
-        """Load the exported rule file, let Prometheus evaluate every group once, and return each group's
-        prometheus_rule_group_last_duration_seconds: the groups' own cost as Prometheus reports it. The
-        raw samples here run past now, so a live evaluation's results cannot be appended (Prometheus
-        refuses samples older than its newest block: out of bounds) and are dropped; the queries, what a
-        round costs, run in full over the same data, and stage 2 reads stage 1's history from the blocks."""
+    def rounds(self, groups: list[dict], at: int) -> tuple[dict[str, float], dict[str, float], float]:
+        """Two rounds of every group, as Prometheus runs them: each group's rules in order at one time `at`,
+        the groups one after the other. The first runs right after a restart (record() restarted this
+        Prometheus), on cold caches; the second is what every later round of a running Prometheus costs.
+        Returns each group's seconds in the first and in the second round, and this Prometheus' CPU
+        seconds (user and system, /proc) over the second."""
+        session = requests.Session()
+        took: list[dict[str, float]] = [{}, {}]
+        cpu = 0.0
+        for index in range(2):
+            cpu = -self.cpu_seconds()
+            for group in groups:
+                started = time.monotonic()
+                for rule in group["rules"]:
+                    resp = session.post(f"{self.url}/api/v1/query", data={"query": rule["expr"], "time": at},
+                                        timeout=600)
+                    resp.raise_for_status()
+                took[index][group["name"]] = time.monotonic() - started
+            cpu += self.cpu_seconds()
+        return took[0], took[1], cpu
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def measure_live(self, rules_file: str, interval_s: int) -> tuple[dict[str, float], float]:
+        """Load the exported rule file and let Prometheus evaluate every group: each group's
+        prometheus_rule_group_last_duration_seconds once every group has run twice, the groups' own cost as
+        Prometheus reports it, and the CPU seconds this Prometheus spent over one recording interval after
+        the first round (every group runs once in it; nothing else runs here but the rules and this
+        reading). The raw samples here run past now, so a live evaluation's results cannot be appended
+        (Prometheus refuses samples older than its newest block: out of bounds) and are dropped; the
+        queries, what a round costs, run in full over the same data, and stage 2 reads stage 1's history
+        from the blocks."""
         (self.root / "opsctl.rules.yml").write_text(rules_file)
         (self.root / "prometheus.yml").write_text(
             "global:\n  scrape_interval: 1m\nrule_files:\n  - opsctl.rules.yml\n")
         loaded = time.time()
         self.proc.send_signal(signal.SIGHUP)
         names = {g["name"] for g in yaml.safe_load(rules_file)["groups"]}
-        found: dict[str, float] = {}
 
-        def evaluated() -> bool:
+        seen: dict[str, dict[str, float]] = {}  # "stamps" and "durations" of the round last waited for
+
+        def evaluated(after: dict[str, float]) -> bool:
+            """Whether every group has evaluated since the time `after` gives it (or since the load)."""
             text = requests.get(f"{self.url}/metrics", timeout=30).text
             stamps = {k: float(v) for k, v in LIVE_METRIC.findall(text.replace(
                 "prometheus_rule_group_last_evaluation_timestamp_seconds", "@stamp"))}
-            durations = dict(re.findall(r'prometheus_rule_group_last_duration_seconds\{rule_group="[^;]*;([^"]+)"\} '
-                                        r"(\S+)", text))
-            done = {name for name in names if stamps.get(name, 0.0) > loaded}
-            found.update({name: float(durations[name]) for name in done if name in durations})
-            return done == names
-        wait(evaluated, 3 * interval_s + 60, "every rule group evaluated once")
-        return found
+            durations = re.findall(r'prometheus_rule_group_last_duration_seconds\{rule_group="[^;]*;([^"]+)"\} (\S+)',
+                                   text)
+            if any(stamps.get(name, 0.0) <= after.get(name, loaded) for name in names):
+                return False
+            seen.update(stamps=stamps, durations={k: float(v) for k, v in durations if k in names})
+            return True
+
+        wait(lambda: evaluated({}), 3 * interval_s + 60, "every rule group evaluated once")
+        first, cpu = seen["stamps"], -self.cpu_seconds()
+        time.sleep(interval_s)
+        cpu += self.cpu_seconds()
+        wait(lambda: evaluated(first), 3 * interval_s + 60, "every rule group evaluated twice")
+        return seen["durations"], cpu
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -410,7 +448,10 @@ def bench_size(n: int, work: Path) -> dict:
         rules = load_catalog(parsed)
         exprs = [*presence_queries(parsed), identity_query(parsed), *(rule.alert_expr() for rule in rules),
                  *(rule.expr for rule in rules if rule.id == "ib-down")]  # ib-down: the resume evidence
-        group_query_s = prom.record(precomputed.recording_groups(rules, parsed), int(time.time()))
+        groups = precomputed.recording_groups(rules, parsed)
+        at = int(time.time())
+        prom.record(groups, at)
+        cold_s, round_s, round_cpu_s = prom.rounds(groups, at)
         raw_promql_seconds(prom.url, exprs)  # warm the caches once, as a long-running cluster has them
         recorded, e2e = opsctl_health(root / "recorded.yaml", raw_config, env)
         direct_raw = {**raw_config, "prometheus": {**raw_config["prometheus"], "recording_rules": "off"}}
@@ -428,17 +469,18 @@ def bench_size(n: int, work: Path) -> dict:
         exported = subprocess.run([sys.executable, "-m", "opsctl", "rules", "export", "--format", "prometheus"],
                                   env={**env, "OPSCTL_CONFIG": str(root / "recorded.yaml")}, capture_output=True,
                                   text=True, check=True).stdout
-        live = prom.measure_live(exported, RECORDING_INTERVAL_S)
+        live, live_cpu = prom.measure_live(exported, RECORDING_INTERVAL_S)
     finally:
         if slurm is not None:
             slurm.stop()
         prom.stop()
     return {"nodes": n, "gpus": 8 * n, "series": series, "e2e_s": e2e, "e2e_direct_s": e2e_direct,
             "opsctl_query_s": summary["query_seconds"], "direct_query_s": direct["summary"]["query_seconds"],
-            "promql_s": raw, "plain_s": plain, "rules_s": sum(group_query_s.values()),
-            "live_s": sum(v for k, v in live.items() if k.startswith(precomputed.GROUP_PREFIX)),
+            "promql_s": raw, "plain_s": plain, "rules_s": sum(round_s.values()), "rules_cpu_s": round_cpu_s,
+            "rules_cold_s": sum(cold_s.values()),
+            "live_s": sum(v for k, v in live.items() if k.startswith(precomputed.GROUP_PREFIX)), "live_cpu_s": live_cpu,
             "alerts_s": live.get("opsctl-health", 0.0), "load": os.getloadavg()[0],
-            "groups": {name: (took, live.get(name, float("nan"))) for name, took in group_query_s.items()},
+            "groups": {name: (took, live.get(name, float("nan"))) for name, took in round_s.items()},
             "queries": summary["queries"], "queries_direct": direct["summary"]["queries"], "fail": summary["fail"],
             "unknown": summary["unknown"], "resumes": summary["would_resume"], "prep_s": prep}
 
@@ -477,7 +519,9 @@ def main(argv=None) -> int:
     columns = [("nodes", "nodes", "d"), ("gpus", "gpus", "d"), ("series", "series", "d"), ("e2e_s", "e2e_s", ".2f"),
                ("e2e_direct_s", "e2e_direct_s", ".2f"), ("in_opsctl_s", "opsctl_query_s", ".2f"),
                ("direct_q_s", "direct_query_s", ".2f"), ("promql_s", "promql_s", ".2f"), ("plain_s", "plain_s", ".2f"),
-               ("rules_s", "rules_s", ".2f"), ("live_s", "live_s", ".2f"), ("alerts_s", "alerts_s", ".3f"),
+               ("rules_s", "rules_s", ".2f"), ("rules_cpu_s", "rules_cpu_s", ".2f"),
+               ("rules_cold_s", "rules_cold_s", ".2f"), ("live_s", "live_s", ".2f"),
+               ("live_cpu_s", "live_cpu_s", ".2f"), ("alerts_s", "alerts_s", ".3f"),
                ("queries", "queries", "d"),
                ("queries_d", "queries_direct", "d"), ("fail", "fail", "d"), ("resumes", "resumes", "d"),
                ("prep_s", "prep_s", ".1f"), ("load", "load", ".2f")]
@@ -489,8 +533,8 @@ def main(argv=None) -> int:
             sys.stdout.write(" ".join(f"{row[key]:>{max(len(title), 6)}{fmt}}" for title, key, fmt in columns) + "\n")
             rows.append(row)
             sys.stdout.flush()
-        sys.stdout.write("\nper group (seconds): rules_s (query API, its stages one after the other) / live_s "
-                         "(prometheus_rule_group_last_duration_seconds)\n")
+        sys.stdout.write("\nper group (seconds): rules_s (query API, its rules one after the other, a warm round) / "
+                         "live_s (prometheus_rule_group_last_duration_seconds)\n")
         for name in rows[0]["groups"] if rows else []:
             cells = "  ".join(f"{row['groups'][name][0]:8.3f} {row['groups'][name][1]:8.3f}" for row in rows)
             sys.stdout.write(f"{name.removeprefix(precomputed.GROUP_PREFIX):24} {cells}\n")

@@ -39,12 +39,14 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
-RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "unhealthy", "op", "threshold", "healthy", "hold",
+RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "unhealthy", "candidates", "op", "threshold",
+             "healthy", "hold",
              "xid", "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain", "description",
              "remediation"}
 SHIPPED_LABEL = "opsctl/health/catalog.yaml"
-OVERRIDABLE = {"expr", "unhealthy", "op", "threshold", "healthy", "hold", "evidence", "severity", "action",
-               "auto_resume", "memory", "description", "remediation"}
+CANDIDATES_PLACEHOLDER = "${candidates}"  # in `unhealthy`: what `candidates` kept
+OVERRIDABLE = {"expr", "unhealthy", "candidates", "op", "threshold", "healthy", "hold", "evidence", "severity",
+               "action", "auto_resume", "memory", "description", "remediation"}
 # How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
 #   window: a windowed count or increase; the same or a lower value within the window is the same event.
 #   level:  a lifetime counter or a latched gauge; the same or a lower value is the same event until the
@@ -99,8 +101,11 @@ class Rule:
     # recording rules judge only the series with another value.
     healthy: float | None = None
     # Stage 0 as the catalog spells it (`unhealthy`): the series of `(expr) != healthy`, joined over less;
-    # "" for that expression itself.
+    # "" for that expression itself. ${candidates} in it reads `candidates`, recorded first.
     unhealthy: str = ""
+    # A filter over the fleet that keeps every series `unhealthy` needs, recorded as a step of its own
+    # (catalog.yaml, `candidates`), so that the rest of stage 0 runs over the few it keeps; "" for none.
+    candidates: str = ""
 
     def breaches(self, value: float) -> bool:
         return OPS[self.op](value, self.threshold)
@@ -266,7 +271,7 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
     plot_expr = ""
     if "${hold}" not in raw_expr:
         plot_expr, expr = expr, held(expr, merged["op"], threshold, hold, str(config.prometheus.scrape_interval))
-    healthy, unhealthy = _stage_zero(merged, threshold, hold, where)
+    healthy, unhealthy, candidates = _stage_zero(merged, threshold, hold, where)
     auto_resume = merged.get("auto_resume", True)
     if not isinstance(auto_resume, bool):
         raise ConfigError(f"{where}: auto_resume must be true or false")
@@ -290,23 +295,27 @@ def _build(raw: RawRule, config: Config, label: str, placeholders: dict[str, str
                 memory=memory,
                 domain=domain, plot_expr=plot_expr, devices=_devices(str(merged.get("device_label", "")), config),
                 step=_duration(max(1, round(config.prometheus.recording_interval_seconds))), shipped=shipped,
-                healthy=healthy, unhealthy=unhealthy)
+                healthy=healthy, unhealthy=unhealthy, candidates=candidates)
 
 
-def _stage_zero(merged: RawRule, threshold: float, hold: str, where: str) -> tuple[float | None, str]:
-    """`healthy` and `unhealthy` (catalog.yaml): (None, "") where the rule has none, or where its op and
-    threshold (an override) would call the healthy value a breach: the recording rules then judge every
-    series."""
+def _stage_zero(merged: RawRule, threshold: float, hold: str, where: str) -> tuple[float | None, str, str]:
+    """`healthy`, `unhealthy` and `candidates` (catalog.yaml): (None, "", "") where the rule has no healthy
+    value, or where its op and threshold (an override) would call the healthy value a breach: the recording
+    rules then judge every series."""
     try:
         healthy = None if merged.get("healthy") in (None, "") else float(merged["healthy"])
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: healthy: {err}") from None
     if healthy is None or healthy != healthy or OPS[merged["op"]](healthy, threshold):
-        return None, ""
-    unhealthy = Template(" ".join(str(merged.get("unhealthy") or "").split())).safe_substitute(hold=hold)
-    if "${" in unhealthy:
-        raise ConfigError(f"{where}: unknown placeholder in unhealthy: {unhealthy[unhealthy.index('${'):][:30]}")
-    return healthy, unhealthy
+        return None, "", ""
+    unhealthy, candidates = (Template(" ".join(str(merged.get(key) or "").split())).safe_substitute(hold=hold)
+                             for key in ("unhealthy", "candidates"))
+    for key, text in (("unhealthy", unhealthy.replace(CANDIDATES_PLACEHOLDER, "")), ("candidates", candidates)):
+        if "${" in text:
+            raise ConfigError(f"{where}: unknown placeholder in {key}: {text[text.index('${'):][:30]}")
+    if (CANDIDATES_PLACEHOLDER in unhealthy) != bool(candidates):
+        raise ConfigError(f"{where}: candidates and {CANDIDATES_PLACEHOLDER} in unhealthy go together")
+    return healthy, unhealthy, candidates
 
 
 def _devices(label: str, config: Config) -> tuple[str, ...]:
@@ -437,8 +446,11 @@ def load_catalog(config: Config) -> list[Rule]:
         # An override of expr/op/threshold must win over the gauge variant as well.
         variants = {name: {f: v for f, v in var.items() if f not in fields}
                     for name, var in (raw.get("variants") or {}).items()}
-        # A shipped `unhealthy` is spelled after the shipped expr: an override of expr drops it.
-        unhealthy = {"unhealthy": ""} if "expr" in fields else {}
+        # A shipped `unhealthy` is spelled after the shipped expr: an override of expr drops it, and
+        # `candidates` goes with the `unhealthy` it was spelled for.
+        unhealthy = {"unhealthy": "", "candidates": ""} if "expr" in fields else {}
+        if "unhealthy" in fields and "candidates" not in fields:
+            unhealthy["candidates"] = ""
         entries[rid] = ({**raw, **unhealthy, **fields, "variants": variants}, label)
         if set(fields) & {"expr", "op", "threshold"}:
             replaced.add(rid)

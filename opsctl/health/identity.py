@@ -61,8 +61,11 @@ def identity_query(config: Config) -> str:
 
 
 def _is_ip(text: str) -> bool:
+    text = text.strip("[]")
+    if ":" not in text and not text.replace(".", "").isdigit():
+        return False  # a host name: ip_address() could only raise, which costs a second at 16,384 nodes
     try:
-        ipaddress.ip_address(text.strip("[]"))
+        ipaddress.ip_address(text)
     except ValueError:
         return False
     return True
@@ -129,6 +132,7 @@ class Identities:
         self.targets: dict[Target, TargetInfo] = {}
         self.up: dict[Target, float] = {}
         labels_of: dict[Target, dict[str, str]] = {}
+        self._by_node: dict[str, dict[str, list[tuple[Target, TargetInfo]]]] | None = None
         for sample in up:
             target = Target(sample.labels.get("job", ""), sample.labels.get("instance", ""))
             if target.job in sources:
@@ -161,9 +165,10 @@ class Identities:
         return name_of(labels, self.mapping)[0]
 
     def by_node(self) -> dict[str, dict[str, list[tuple[Target, TargetInfo]]]]:
-        """node -> source -> the targets that name it."""
-        out: dict[str, dict[str, list[tuple[Target, TargetInfo]]]] = {}
-        for target, info in self.targets.items():
-            if info.name:
-                out.setdefault(info.name, {}).setdefault(info.source, []).append((target, info))
-        return out
+        """node -> source -> the targets that name it (built once: the targets are fixed after __init__)."""
+        if self._by_node is None:
+            self._by_node = {}
+            for target, info in self.targets.items():
+                if info.name:
+                    self._by_node.setdefault(info.name, {}).setdefault(info.source, []).append((target, info))
+        return self._by_node

@@ -6,9 +6,11 @@ expression over every device of the fleet, runs once per round; what follows run
 holds only the devices that are not certainly ok (an empty result for a healthy GPU):
 
   0. record: opsctl:health_unhealthy        (a rule with a healthy value, Rule.healthy)
-     expr:   (<expr>) != <healthy>
+     expr:   (<expr>) != <healthy>, or the catalog's `unhealthy` (Rule.unhealthy)
      the series with any other value, NaN and infinities kept: stage 1 reads these instead of the
      expression, which then runs once per round instead of twice (the condition reads it twice).
+     [a rule with `candidates` records those first, as opsctl:health_candidates, and its `unhealthy`
+     reads them: a filter that reads the fleet once, then the arithmetic over the few series it kept]
   1. record: opsctl:health_condition        (a rule opsctl holds: Rule.plot_expr without its hold)
      expr:   <Rule.condition_expr()> or <heartbeat: vector(time()), opsctl_heartbeat="1">
      the devices whose value breaches, or is NaN or infinite, now, each with its value.
@@ -48,6 +50,7 @@ test; bench/health_scale.py at 16,384 nodes).
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, field
+from string import Template
 from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
@@ -69,6 +72,7 @@ EXPR_LABEL = "opsctl_expr"
 HEARTBEAT_LABEL = "opsctl_heartbeat"
 GROUP_PREFIX = "opsctl-precomputed-"
 UNHEALTHY = "opsctl:health_unhealthy"  # stage 0 of a rule with a healthy value: the series without it
+CANDIDATES = "opsctl:health_candidates"  # before stage 0, where the catalog filters first (Rule.candidates)
 XID_GROUP = GROUP_PREFIX + "xid"  # the XID rules that share their inputs (xid_inputs)
 YOUNG = "young"  # a heartbeat of stage 2 whose stage 1 has not yet recorded a whole hold
 QUERY = RECORD  # every rule's results and heartbeats: small, whatever the cluster's size
@@ -116,12 +120,15 @@ def hold_expr(rule: Rule) -> str:
     return out
 
 
-def unhealthy_expr(rule: Rule) -> str:
+def unhealthy_expr(rule: Rule, candidates: str = "") -> str:
     """Stage 0 of a rule with a healthy value: its series with any other value, NaN and infinities
     included (`!=` keeps them). The condition drops a certainly-ok value anyway, so judging these decides
     the same as judging every series, and the expression runs once per round instead of twice. The
-    catalog's `unhealthy`, where a rule has one, spells the same series with fewer joins."""
-    return rule.unhealthy or f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
+    catalog's `unhealthy`, where a rule has one, spells the same series with fewer joins; `candidates`:
+    what its ${candidates} reads (the recorded step), by default the rule's candidates inline."""
+    if not rule.unhealthy:
+        return f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
+    return Template(rule.unhealthy).safe_substitute(candidates=candidates or f"({rule.candidates})")
 
 
 def recording_rules(rule: Rule) -> list[dict[str, Any]]:
@@ -130,7 +137,10 @@ def recording_rules(rule: Rule) -> list[dict[str, Any]]:
     first = []
     over = ""
     if rule.healthy is not None:
-        first = [{"record": UNHEALTHY, "expr": unhealthy_expr(rule), "labels": labels}]
+        if rule.candidates:
+            first = [{"record": CANDIDATES, "expr": rule.candidates, "labels": labels}]
+        first += [{"record": UNHEALTHY, "expr": unhealthy_expr(rule, _selector(rule, CANDIDATES) if first else ""),
+                   "labels": labels}]
         over = _selector(rule, UNHEALTHY)
     if not rule.plot_expr:
         return [*first, {"record": RECORD, "expr": condition_expr(rule, over), "labels": labels}]

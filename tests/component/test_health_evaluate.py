@@ -13,6 +13,7 @@ import yaml
 from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.config import parse_config
 from opsctl.config.schema import Duration
+from opsctl.health import precomputed
 from opsctl.health.catalog import load_catalog
 from opsctl.health.evaluate import evaluate
 from opsctl.health.evidence import read_evidence
@@ -626,18 +627,27 @@ def test_a_nan_condition_is_recorded_as_unknown_and_held_like_a_breach(texts, tm
 # ---- Stage 0 as the catalog spells it: the same series as `(expr) != healthy`, on both engines ---------
 NVLINK = 'DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL{{gpu="{gpu}", Hostname="gpu001"}} {value}\n'
 IB_COUNTER = 'node_infiniband_{name}_total{{device="{device}",port="1"}} {value}\n'
+GPU_SERIES = '{name}{{gpu="{gpu}", Hostname="gpu001"}} {value}\n'
+NFS = 'opsctl_node_nfs_rpc_retransmissions_total{{mount="{mount}"}} {value}\n'
+# Clock event masks: none, idle and SW power cap, each hardware bit alone and both, those beside the bits
+# between them (16, 32), bits above 64, and the values no exporter should send (NaN, infinities, negative).
+CLOCK_MASKS = [0, 5, 8, 64, 72, 48, 56, 200, 328, 1.5, "NaN", "+Inf", "-Inf", -8, -72, -100]
+OWN_STAGE_ZERO = {"nvlink-errors", "ib-errors", "clocks-hw-slowdown", "pcie-replays", "sbe-storm",
+                  "nfs-retransmissions"}
 
 
 def test_a_rules_own_unhealthy_expression_finds_what_its_expression_finds(texts):
-    """nvlink-errors and ib-errors spell stage 0 with the zero terms of their sums dropped before the `or`s
-    (catalog.yaml, `unhealthy`): on either engine it answers what `(expr) != 0` answers, series and
-    values, for counters that rise, stay flat at zero or above it, and one that is young."""
+    """The rules that spell stage 0 themselves (catalog.yaml, `unhealthy`, with its `candidates` inline):
+    nvlink-errors and ib-errors drop the zero terms of their sums before the `or`s, the single counters
+    guard only what rises, clocks-hw-slowdown takes the mask of the GPUs its filter kept. On either engine
+    each answers what `(expr) != 0` answers, series and values, for counters that rise, stay flat at zero
+    or above it, and one that is young, and for every kind of clock event mask."""
+    holds = {rule: {"hold": "4s"} for rule in OWN_STAGE_ZERO - {"clocks-hw-slowdown"}}
     config = parse_config({"prometheus": {"url": texts.tsdbs["prometheus"].url, "scrape_interval": "1s"},
-                           "hardware": {"gpus_per_node": 4},
-                           "catalog": {"overrides": {"nvlink-errors": {"hold": "4s"}, "ib-errors": {"hold": "4s"}}}},
-                          "t", {})
+                           "hardware": {"gpus_per_node": 4}, "catalog": {"overrides": holds}}, "t", {})
     rules = [r for r in load_catalog(config) if r.unhealthy]
-    assert {r.id for r in rules} == {"nvlink-errors", "ib-errors"}
+    assert {r.id for r in rules} == OWN_STAGE_ZERO
+    assert [r.id for r in rules if r.candidates] == ["clocks-hw-slowdown"]
 
     def bodies(step: int) -> tuple[str, str]:
         dcgm = TEMP.format(gpu=0)
@@ -645,9 +655,17 @@ def test_a_rules_own_unhealthy_expression_finds_what_its_expression_finds(texts)
         dcgm += NVLINK.format(kind="REPLAY", gpu=0, value=7 + step)  # rises, slower
         dcgm += NVLINK.format(kind="CRC_FLIT", gpu=1, value=0)  # flat at zero
         dcgm += NVLINK.format(kind="CRC_DATA", gpu=2, value=42)  # flat above zero
+        for name in ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"):
+            dcgm += GPU_SERIES.format(name=name, gpu=0, value=3 * step)  # rises
+            dcgm += GPU_SERIES.format(name=name, gpu=1, value=9)  # flat above zero
+        dcgm += "".join(GPU_SERIES.format(name="DCGM_FI_DEV_CLOCKS_EVENT_REASONS", gpu=gpu, value=mask)
+                        for gpu, mask in enumerate(CLOCK_MASKS))
+        node = NFS.format(mount="/home", value=2 * step) + NFS.format(mount="/scratch", value=5)
         if step >= 6:
             dcgm += NVLINK.format(kind="RECOVERY", gpu=3, value=1000 + 10 * step)  # young
-        node = IB_COUNTER.format(name="link_error_recovery", device="mlx5_0", value=step)
+            dcgm += GPU_SERIES.format(name="DCGM_FI_DEV_PCIE_REPLAY_COUNTER", gpu=3, value=500 + step)  # young
+            node += NFS.format(mount="/data", value=70 + step)  # young
+        node += IB_COUNTER.format(name="link_error_recovery", device="mlx5_0", value=step)
         node += IB_COUNTER.format(name="link_downed", device="mlx5_0", value=3)
         node += IB_COUNTER.format(name="port_errors_received", device="mlx5_1", value=0)
         return dcgm, node
@@ -660,7 +678,7 @@ def test_a_rules_own_unhealthy_expression_finds_what_its_expression_finds(texts)
         for rule in rules:
             def answer(expr, tsdb=tsdb):
                 return sorted((tuple(sorted(s["metric"].items())), s["value"][1]) for s in tsdb.query(expr, at))
-            plain = answer(f"({rule.expr}) != 0")
+            plain = answer(f"({rule.plot_expr or rule.expr}) != 0")
             assert plain, (kind, rule.id)  # something rises
-            assert answer(rule.unhealthy) == plain, (kind, rule.id)
+            assert answer(precomputed.unhealthy_expr(rule)) == plain, (kind, rule.id)
     texts.dcgm["gpu001"].body, texts.node.body = TEMP.format(gpu=0), ""

@@ -203,6 +203,18 @@ def test_user_file_adds_and_replaces_rules(tmp_path):
     assert (rules["gpu-temp-high"].threshold, rules["gpu-temp-high"].action) == (95, "drain")
 
 
+def test_candidates_go_with_the_stage_zero_they_were_spelled_for():
+    """An override of expr drops the shipped unhealthy and candidates (spelled after the shipped expr); one
+    of unhealthy alone drops the shipped candidates unless it names them too."""
+    clocks, mask = "clocks-hw-slowdown", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+    shipped = rules_of()[clocks]
+    assert "${candidates}" in shipped.unhealthy and "% 128" in shipped.candidates
+    expr = rules_of({"catalog": {"overrides": {clocks: {"expr": mask}}}})[clocks]
+    assert (expr.unhealthy, expr.candidates) == ("", "")
+    own = rules_of({"catalog": {"overrides": {clocks: {"unhealthy": mask}}}})[clocks]
+    assert (own.unhealthy, own.candidates) == (mask, "")
+
+
 def test_disable_removes_a_rule():
     assert "sbe-storm" not in rules_of({"catalog": {"disable": ["sbe-storm"]}})
 
@@ -214,6 +226,9 @@ def test_disable_removes_a_rule():
     ({"catalog": {"overrides": {"ib-down": {"op": "=~"}}}}, "op must be one of"),
     ({"catalog": {"overrides": {"ib-down": {"hold": "soon"}}}}, "not a duration"),
     ({"catalog": {"disable": ["nope"]}}, "catalog.disable: no such rule"),
+    ({"catalog": {"overrides": {"pcie-replays": {"candidates": "x != 0"}}}}, "candidates and .* go together"),
+    ({"catalog": {"overrides": {"pcie-replays": {"unhealthy": "${candidates} != 0"}}}}, "go together"),
+    ({"catalog": {"overrides": {"pcie-replays": {"unhealthy": "${gpus} != 0"}}}}, "unknown placeholder in unhealthy"),
 ])
 def test_bad_catalog_changes_are_config_errors(raw, message):
     with pytest.raises(ConfigError, match=message):

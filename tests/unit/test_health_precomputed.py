@@ -118,10 +118,15 @@ def test_the_export_records_each_rule_in_a_group_of_its_own_stage_after_stage(tm
         assert "unless" not in rule.condition_expr().replace(rule.plot_expr or rule.expr, "E"), rule.id
         stages = group["rules"]
         if rule.healthy is not None:
+            if rule.candidates:  # recorded first, and what stage 0 reads in their place
+                candidates, *stages = stages
+                assert candidates == {"record": precomputed.CANDIDATES, "expr": rule.candidates, "labels": labels}
             unhealthy, *stages = stages
             assert unhealthy["record"] == precomputed.UNHEALTHY, rule.id
-            assert unhealthy["expr"] == (rule.unhealthy or
+            recorded = f'{precomputed.CANDIDATES}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"}}'
+            assert unhealthy["expr"] == (rule.unhealthy.replace("${candidates}", recorded) or
                                          f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy)}")
+            assert "${" not in unhealthy["expr"] and (recorded in unhealthy["expr"]) == bool(rule.candidates)
             mine = f'{precomputed.UNHEALTHY}{{opsctl_rule="{rule.id}", opsctl_expr="{labels["opsctl_expr"]}"}}'
             expected = f"{condition(mine, rule.op, rule.threshold)} or {precomputed.HEARTBEAT}"
         else:
