@@ -40,9 +40,8 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 RawRule = dict[str, Any]  # one catalog entry as YAML gives it; _build checks every field
 RULE_KEYS = {"id", "for_each", "source", "device_label", "expr", "unhealthy", "candidates", "op", "threshold",
-             "healthy", "hold",
-             "xid", "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain", "description",
-             "remediation"}
+             "healthy", "hold", "xid", "evidence", "variants", "severity", "action", "auto_resume", "memory", "domain",
+             "description", "remediation"}
 SHIPPED_LABEL = "opsctl/health/catalog.yaml"
 CANDIDATES_PLACEHOLDER = "${candidates}"  # in `unhealthy`: what `candidates` kept
 OVERRIDABLE = {"expr", "unhealthy", "candidates", "op", "threshold", "healthy", "hold", "evidence", "severity",
