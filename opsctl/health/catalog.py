@@ -447,10 +447,10 @@ def load_catalog(config: Config) -> list[Rule]:
                     for name, var in (raw.get("variants") or {}).items()}
         # A shipped `unhealthy` is spelled after the shipped expr: an override of expr drops it, and
         # `candidates` goes with the `unhealthy` it was spelled for.
-        unhealthy = {"unhealthy": "", "candidates": ""} if "expr" in fields else {}
+        dropped = {"unhealthy": "", "candidates": ""} if "expr" in fields else {}
         if "unhealthy" in fields and "candidates" not in fields:
-            unhealthy["candidates"] = ""
-        entries[rid] = ({**raw, **unhealthy, **fields, "variants": variants}, label)
+            dropped["candidates"] = ""
+        entries[rid] = ({**raw, **dropped, **fields, "variants": variants}, label)
         if set(fields) & {"expr", "op", "threshold"}:
             replaced.add(rid)
     for rid in config.catalog.disable:

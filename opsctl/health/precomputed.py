@@ -50,12 +50,12 @@ test; bench/health_scale.py at 16,384 nodes).
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from string import Template
 from typing import Any
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.health import xid_inputs
 from opsctl.health.catalog import (
+    CANDIDATES_PLACEHOLDER,
     PENDING_LABEL,
     Rule,
     condition,
@@ -128,19 +128,19 @@ def unhealthy_expr(rule: Rule, candidates: str = "") -> str:
     what its ${candidates} reads (the recorded step), by default the rule's candidates inline."""
     if not rule.unhealthy:
         return f"({rule.plot_expr or rule.expr}) != {promql_number(rule.healthy or 0.0)}"
-    return Template(rule.unhealthy).safe_substitute(candidates=candidates or f"({rule.candidates})")
+    return rule.unhealthy.replace(CANDIDATES_PLACEHOLDER, candidates or f"({rule.candidates})")
 
 
 def recording_rules(rule: Rule) -> list[dict[str, Any]]:
     """The rule's group's rules, in the order they run."""
     labels = {RULE_LABEL: rule.id, EXPR_LABEL: expr_hash(rule)}
-    first = []
+    first: list[dict[str, Any]] = []
     over = ""
     if rule.healthy is not None:
-        if rule.candidates:
-            first = [{"record": CANDIDATES, "expr": rule.candidates, "labels": labels}]
-        first += [{"record": UNHEALTHY, "expr": unhealthy_expr(rule, _selector(rule, CANDIDATES) if first else ""),
-                   "labels": labels}]
+        recorded = _selector(rule, CANDIDATES) if rule.candidates else ""
+        if recorded:
+            first.append({"record": CANDIDATES, "expr": rule.candidates, "labels": labels})
+        first.append({"record": UNHEALTHY, "expr": unhealthy_expr(rule, recorded), "labels": labels})
         over = _selector(rule, UNHEALTHY)
     if not rule.plot_expr:
         return [*first, {"record": RECORD, "expr": condition_expr(rule, over), "labels": labels}]
