@@ -57,6 +57,42 @@ def playbook(*args, timeout=1200) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
 
 
+class BackgroundPlaybook:
+    """A site.yml run that a test watches while it goes on. Its output (stdout and stderr together) goes to
+    `log` as it comes, so that a test that gives up waiting on the run can say how far it got, and stop()
+    ends it, so that no run outlives its test and changes the machines under the next one."""
+
+    def __init__(self, *args: str, log: Path):
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml",
+                                          *args], stdout=out, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def story(self) -> str:
+        """Where the run is: its exit code or 'still running', and the last of its output."""
+        state = "still running" if self.proc.poll() is None else f"ended, exit {self.proc.returncode}"
+        return f"the run {state}; its output ends with:\n{self.output()[-6000:]}"
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess:
+        self.proc.wait(timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.output(), "")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 class Machines:
     """The lab machines of an inventory (the lab's by default): their hosts and groups, and SSH to them."""
 
@@ -109,7 +145,9 @@ class Machines:
         self.ssh(self.head, f"scontrol update nodename={node} state=resume", check=False)
 
 
-def wait_until(check, timeout: float, what: str, interval: float = 2.0):
+def wait_until(check, timeout: float, what: str, interval: float = 2.0, explain=None):
+    """check() until it returns something true, and that; at the timeout an AssertionError that says what
+    was awaited, the last answer, and explain() (how far what should bring it about got) when given."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -117,7 +155,8 @@ def wait_until(check, timeout: float, what: str, interval: float = 2.0):
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
+                         + (f"; {explain()}" if explain else ""))
 
 
 def lab_cli(*args):

@@ -3,7 +3,6 @@ under running jobs, the common role adds an APT repository only with the expecte
 lost a GPU gets a NodeName= line of its own and is drained while the others keep theirs.
 """
 
-import concurrent.futures
 import shlex
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from tests.integration.provision.support import (
     NEEDS_MACHINES,
     NEEDS_ROOT,
     REPO,
+    BackgroundPlaybook,
     changed_tasks,
     lab_cli,
     playbook,
@@ -98,7 +98,7 @@ class OutOfService(threading.Thread):
 
 @pytest.mark.provision
 @NEEDS_MACHINES
-def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines):
+def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines, tmp_path):
     """A new driver version while a job runs on every GPU machine (as the lab's user; each ends by itself
     10 s after its machine is drained): the nvidia role leaves the change of a node in service to the
     rollout play, which drains one batch at a time (here 2 machines, `provision_batch`: the default, 1 of
@@ -122,20 +122,24 @@ def test_a_driver_change_rolls_out_a_batch_at_a_time_under_running_jobs(machines
                                    f"-w {node} "
                                    f"--wrap {shlex.quote(job)}").strip() for node in gpus}
     sampler = OutOfService(machines)
+    run = None
     try:
         wait_until(lambda: all(machines.on_head(f"squeue -h -j {job} -o %t").strip() == "R" for job in jobs.values()),
                    60, "a job running on every GPU machine")
         sampler.start()
-        run = concurrent.futures.ThreadPoolExecutor(1).submit(playbook, "--tags", "nvidia", "-e",
-                                                              f"nvidia_driver_version={new} provision_batch={BATCH}")
-        wait_until(lambda: any(sampler.samples), 240, "a machine drained")
+        run = BackgroundPlaybook("--tags", "nvidia", "-e", f"nvidia_driver_version={new} provision_batch={BATCH}",
+                                 log=tmp_path / "rollout.log")
+        wait_until(lambda: any(sampler.samples) or run.ended(), 240, "a machine drained", explain=run.story)
+        assert any(sampler.samples), f"no machine drained: {run.story()}"
         during = machines.on_head("runuser -u labuser -- sbatch --parsable -D /tmp -o /dev/null --wrap 'sleep 10'")
         ran_on = wait_until(lambda: machines.on_head(f"squeue -h -j {during.strip()} -o '%t %N'").split()[1:], 60,
                             "the job submitted during the run started")[0]
         # The machine it runs on is not one being changed (drained: out of service with no job left).
         assert machines.node_state(ran_on)[0] != "drained", ran_on
-        proc = run.result(timeout=1200)
+        proc = run.finish(timeout=1200)
     finally:
+        if run is not None:
+            run.stop()
         sampler.done.set()
         for job in jobs.values():
             machines.on_head(f"scancel {job}", check=False)
