@@ -97,10 +97,30 @@ def presence_queries(config: Config) -> tuple[str, str]:
     return f"up{{{jobs}}}", f"time() - timestamp(up{{{jobs}}})"
 
 
+@dataclass
+class Gathered:
+    """Every answer a run judges from (gather): none of them needs Slurm, so Slurm's nodes can be read while
+    Prometheus computes them."""
+
+    up: list[Sample]
+    ages: list[Sample]
+    reported: list[Sample]
+    answers: dict[str, list[Sample]]
+    found: precomputed.Precomputed
+    moment: float | None
+    queries: int
+    started: float  # time.monotonic() before the first query
+
+
 def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
              memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
     """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists.
-    Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all.
+    Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all."""
+    return verdicts(client, gather(client, rules, config), rules, config, slurm_nodes, memory, now, ignore)
+
+
+def gather(client: PromQuery, rules: list[Rule], config: Config) -> Gathered:
+    """Every query of a run; any failed one raises SourceUnavailable.
 
     The rules read the data as it stood when the first `up` answer was computed (`Report.query_time`),
     however long the run takes. A scrape that began before that moment can still land during the run: a
@@ -126,13 +146,20 @@ def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: 
     direct = client.query_many([rule.judged_expr() for rule in found.direct], at=moment)
     up = up_in_both(up, client.query(up_since(up_q, found, config), at=moment))
     answers = {**found.answers, **{rule.id: samples for rule, samples in zip(found.direct, direct, strict=True)}}
-    report = judge(rules, answers, Identities(up, reported, config), ages, set(slurm_nodes), config, memory,
-                   time.time() if now is None else now, set(ignore))
-    report.queries = len(first) + len(found.direct) + 1
+    return Gathered(up, ages, reported, answers, found, moment, len(first) + len(found.direct) + 1, started)
+
+
+def verdicts(client: PromQuery, gathered: Gathered, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
+             memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
+    """judge() over what gather() read, with where the answers came from and what they cost."""
+    found, moment = gathered.found, gathered.moment
+    report = judge(rules, gathered.answers, Identities(gathered.up, gathered.reported, config), gathered.ages,
+                   set(slurm_nodes), config, memory, time.time() if now is None else now, set(ignore))
+    report.queries = gathered.queries
     report.query_time = moment
     report.data_time = None if moment is None else moment - (found.oldest if found.answers else 0.0)
     report.rule_results, report.rule_results_note = found.path, found.note()
-    report.query_seconds = time.monotonic() - started
+    report.query_seconds = time.monotonic() - gathered.started
     report.warnings = list(client.warnings)
     return report
 

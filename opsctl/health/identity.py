@@ -22,6 +22,7 @@ Names are compared as short host names: the domain stripped, case-insensitive, a
 import ipaddress
 from collections.abc import Set
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from opsctl.config.schema import Config, MappingConfig
 from opsctl.prom.client import Sample
@@ -33,8 +34,7 @@ XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
 SELF_METRICS = ("DCGM_FI_DEV_GPU_TEMP", XID_GAUGE, XID_WINDOW)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):  # a tuple: built and hashed for every series of a run, tens of thousands of times
     job: str
     instance: str
 
@@ -91,7 +91,6 @@ def host_key(name: str, mapping: MappingConfig) -> str:
 
 def find_conflict(target: Target, info: TargetInfo, label: str, mapping: MappingConfig) -> tuple[str, set[str]]:
     """(why, the other node names involved) when what names this target disagrees, else ("", set())."""
-    keys = {host_key(name, mapping) for name in info.reported}
     if info.via == "target-label":
         mine = host_key(label, mapping)
         others = sorted((name, by) for name, by in info.reported.items() if host_key(name, mapping) != mine)
@@ -100,7 +99,7 @@ def find_conflict(target: Target, info: TargetInfo, label: str, mapping: Mapping
         said = ", ".join(f"{by}={name}" for name, by in others)
         why = f"{info.source} target {target.instance} is labelled {mapping.target_label}={label} but reports {said}"
         return why, {_strip(name, mapping) for name, _ in others}
-    if info.via == "exporter" and len(keys) > 1:
+    if info.via == "exporter" and len(info.reported) > 1 and len({host_key(n, mapping) for n in info.reported}) > 1:
         names = sorted(info.reported)
         why = f"{info.source} target {target.instance} reports several names: {', '.join(names)}"
         return why, {_strip(name, mapping) for name in names} - {info.name}
@@ -139,13 +138,13 @@ class Identities:
                 self.targets.setdefault(target, TargetInfo(sources[target.job]))
                 self.up[target] = sample.value
                 labels_of[target] = sample.labels
+        name_labels = (*self.mapping.exporter_labels, "nodename")
         for sample in reported:
-            target = Target(sample.labels.get("job", ""), sample.labels.get("instance", ""))
-            info = self.targets.get(target)
+            info = self.targets.get(Target(sample.labels.get("job", ""), sample.labels.get("instance", "")))
             if info is None:
                 continue
             info.metrics.add(sample.labels.get("__name__", ""))
-            for label in (*self.mapping.exporter_labels, "nodename"):
+            for label in name_labels:
                 if sample.labels.get(label):
                     info.reported.setdefault(sample.labels[label], label)
         for target, info in self.targets.items():

@@ -1,15 +1,20 @@
 """One `opsctl health` run, as a straight line: read, judge, evidence, plan, act, report.
 
-Order matters for safety: the lock is taken first, Slurm and Prometheus are read completely, and only
-then is anything changed. Any failure to read, and any answer that Prometheus marks as partial, stops
+Order matters for safety: the lock is taken first, Slurm and Prometheus are read completely (side by
+side: at thousands of nodes each takes seconds, and neither needs the other), and only then is anything
+changed. Any failure to read, and any answer that Prometheus marks as partial, stops
 the run before a single node is touched. The changes go through the one actor (actor/act.py),
 which compares and sets against Slurm, writes the intent (handled events, budgets) before scontrol and
 audits after it.
 """
 
 import contextlib
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from opsctl.actor.act import DRAIN, ESCALATE, RESUME, Actor, Change
 from opsctl.actor.ledger import Ledger
@@ -18,12 +23,14 @@ from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError, ExitCode, OpsctlError, redact, worst
 from opsctl.health.catalog import Rule, load_catalog
-from opsctl.health.evaluate import Report, evaluate
+from opsctl.health.evaluate import Report, gather, verdicts
 from opsctl.health.evidence import Evidence, read_evidence
 from opsctl.health.plan import Decision, Plan, plan_drains, plan_resumes, resume_candidates, unknown_stop, without
 from opsctl.prom.client import PromQuery
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,21 @@ def run_health(config: Config, options: RunOptions, prom: PromQuery, slurm: Slur
         raise
 
 
+def in_background(call: Callable[[], T]) -> Callable[[], T]:
+    """call() on a thread of its own; the function returned waits for it, then returns its result or raises
+    its error. A daemon thread: a run that fails meanwhile does not wait on it to exit."""
+    outcome: Future[T] = Future()
+
+    def work() -> None:
+        try:
+            outcome.set_result(call())
+        except BaseException as err:  # handed to the waiter, raised there
+            outcome.set_exception(err)
+
+    threading.Thread(target=work, name=getattr(call, "__qualname__", "call"), daemon=True).start()
+    return outcome.result
+
+
 class Run:
     def __init__(self, config: Config, options: RunOptions, rules: list[Rule], prom: PromQuery, actor: Actor,
                  now: float, started: float):
@@ -100,15 +122,22 @@ class Run:
         self.state = actor.state  # read here; written through actor.ledger
 
     def execute(self) -> RunResult:
-        every = self.actor.nodes()
-        cluster = select_partitions(every, self.config.slurm.partitions)
-        scope = self._scope(cluster)
+        slurm_nodes = in_background(self.actor.nodes)
+        try:
+            gathered = gather(self.prom, self.rules, self.config)
+        except Exception:
+            # Slurm's failure, or a --nodes outside it, is the one told when both go wrong: Slurm was read
+            # first before the reads ran side by side, and it is the cheaper to check.
+            self._cluster(slurm_nodes())
+            raise
+        every = slurm_nodes()
+        cluster, scope = self._cluster(every)
         memory = self.state.handled.load()
         memory.prune(self.now)
         # Intents whose drain is in Slurm now: the change was made, a crash came before settling it.
         memory.settle(n for n, node in cluster.items() if node.owned)
         self.actor.memory = memory if self.options.acting else None
-        report = evaluate(self.prom, self.rules, self.config, cluster.keys(), memory, self.now,
+        report = verdicts(self.prom, gathered, self.rules, self.config, cluster.keys(), memory, self.now,
                           set(every) - set(cluster))
         plan, after, code = Plan(), cluster, ExitCode.OK
         if report.warnings:
@@ -134,6 +163,11 @@ class Run:
                          action=self.actor.result,
                          started=self.now, seconds=time.monotonic() - self.started,
                          cluster=_within(cluster, scope), after=_within(after, scope))
+
+    def _cluster(self, every: dict[str, SlurmNode]) -> tuple[dict[str, SlurmNode], set[str] | None]:
+        """The nodes of the judged partitions, and those of them that --nodes names (None: all)."""
+        cluster = select_partitions(every, self.config.slurm.partitions)
+        return cluster, self._scope(cluster)
 
     def _scope(self, cluster: dict[str, SlurmNode]) -> set[str] | None:
         if not self.options.scope:

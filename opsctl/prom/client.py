@@ -101,12 +101,15 @@ def _results(payload: object, expr: str, kind: str) -> list[tuple[dict[str, str]
                                 f"got {got}")
     found = []
     for item in data["result"]:
-        if not isinstance(item, dict) or not isinstance(item.get("metric"), dict):
+        labels = item.get("metric") if type(item) is dict else None
+        if type(labels) is not dict:
             raise SourceUnavailable(f"{where}: a result entry has no label set")
-        labels = item["metric"]
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise SourceUnavailable(f"{where}: labels must be strings in {json.dumps(labels)}")
-        found.append((dict(labels), item))
+        # The answer is the caller's own, freshly decoded: its label sets are kept, not copied. Tens of
+        # thousands of series at a time, so the plain type() tests.
+        for key, value in labels.items():
+            if type(key) is not str or type(value) is not str:
+                raise SourceUnavailable(f"{where}: labels must be strings in {json.dumps(labels)}")
+        found.append((labels, item))
     return found
 
 
@@ -127,7 +130,16 @@ def parse_vector(payload: object, expr: str) -> list[Sample]:
     """Check the shape of a query answer strictly and return its samples."""
     samples = []
     for labels, item in _results(payload, expr, "vector"):
-        at, number = _point(item.get("value"), labels, expr)
+        value = item.get("value")
+        # The usual [1732880000.123, "79"] without a call; anything else gets _point's checks and message.
+        if (type(value) is list and len(value) == 2 and type(value[1]) is str
+                and (type(value[0]) is float or type(value[0]) is int)):
+            try:
+                samples.append(Sample(labels, float(value[1]), float(value[0])))
+                continue
+            except ValueError:
+                pass
+        at, number = _point(value, labels, expr)
         samples.append(Sample(labels=labels, value=number, at=at))
     return samples
 

@@ -5,6 +5,7 @@ VictoriaMetrics."""
 
 import json
 import re
+import threading
 
 import pytest
 
@@ -84,6 +85,36 @@ def test_a_source_down_is_exit_3_with_one_line_and_nothing_done(world, broken):
     assert world.run("health", "--drain") == 3
     assert world.stdout == "" and world.stderr.count("\n") == 1 and world.stderr.startswith("opsctl: error: ")
     assert world.slurm.calls == []
+
+
+def test_slurm_is_read_while_prometheus_answers(world):
+    """At thousands of nodes each read takes seconds: Slurm's nodes are read while the queries run, not
+    before them (a Slurm read that finds no query asked within 5 s tells the run was sequential)."""
+    asked, overlapped = threading.Event(), []
+    query, nodes = world.prom.query, world.slurm.nodes
+
+    def prom_query(expr, at=None):
+        asked.set()
+        return query(expr, at)
+
+    def slurm_nodes():
+        overlapped.append(asked.wait(5))
+        return nodes()
+
+    world.prom.query, world.slurm.nodes = prom_query, slurm_nodes
+    assert world.run("health") == 0 and overlapped == [True]
+
+
+@pytest.mark.parametrize("slurm_fault,code,told", [
+    ("down", 3, "opsctl: error: Slurm: scontrol show failed: x\n"),
+    ("scope", 2, "opsctl: error: --nodes: not Slurm nodes of the judged partitions (slurm.partitions): gpu999\n")])
+def test_with_prometheus_down_too_slurms_fault_is_the_one_told(world, slurm_fault, code, told):
+    """As when Slurm was read first: its failure, or a --nodes outside it, is told, not Prometheus'."""
+    world.prom.fail_with = SourceUnavailable("Prometheus at http://p:9090: cannot connect (refused)")
+    if slurm_fault == "down":
+        world.slurm.nodes = lambda: (_ for _ in ()).throw(SourceUnavailable("Slurm: scontrol show failed: x"))
+    assert world.run("health", "--drain", "--nodes", "gpu999" if slurm_fault == "scope" else "gpu001") == code
+    assert world.stderr == told and world.slurm.calls == []
 
 
 @pytest.mark.parametrize("failure,code", [
