@@ -1,10 +1,10 @@
 """Turn PromQL answers into one verdict per node: ok, warn, fail or unknown, with evidence.
 
-`evaluate` issues a fixed number of queries however many nodes there are: three (presence, scrape age,
+`gather` issues a fixed number of queries however many nodes there are: three (presence, scrape age,
 identity), one for the rule results that Prometheus recorded (opsctl.health.precomputed), one per rule
-whose recorded results are missing or stale, plus one listing the jobs only when a configured job has no
-target.
-`judge` is the pure decision over their answers.
+whose recorded results are missing or stale, presence again, plus one listing the jobs only when a
+configured job has no target. None needs Slurm: a run reads Slurm's nodes meanwhile.
+`judge` is the pure decision over their answers; `evaluate` does both.
 
 Each rule's answer holds, beside its held breaches, the series whose condition holds now but whose hold
 has not yet elapsed, marked `opsctl_pending="1"` (Rule.judged_expr; the recorded results carry them too).

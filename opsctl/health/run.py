@@ -126,8 +126,8 @@ class Run:
         try:
             gathered = gather(self.prom, self.rules, self.config)
         except Exception:
-            # Slurm's failure, or a --nodes outside it, is the one told when both go wrong: Slurm was read
-            # first before the reads ran side by side, and it is the cheaper to check.
+            # When both go wrong, Slurm's failure (or a --nodes outside it) is the one told, as it was when
+            # Slurm was read before Prometheus.
             self._cluster(slurm_nodes())
             raise
         every = slurm_nodes()
