@@ -110,13 +110,14 @@ class Gathered:
     moment: float | None
     queries: int
     started: float  # time.monotonic() before the first query
+    warnings: list[str]  # the source said these answers may be partial
 
 
 def evaluate(client: PromQuery, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
              memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
     """Run every query, then judge. Any failed query raises SourceUnavailable before a verdict exists.
     Nodes in `ignore` (Slurm nodes outside the judged partitions) get no verdict at all."""
-    return verdicts(client, gather(client, rules, config), rules, config, slurm_nodes, memory, now, ignore)
+    return verdicts(gather(client, rules, config), rules, config, slurm_nodes, memory, now, ignore)
 
 
 def gather(client: PromQuery, rules: list[Rule], config: Config) -> Gathered:
@@ -146,10 +147,11 @@ def gather(client: PromQuery, rules: list[Rule], config: Config) -> Gathered:
     direct = client.query_many([rule.judged_expr() for rule in found.direct], at=moment)
     up = up_in_both(up, client.query(up_since(up_q, found, config), at=moment))
     answers = {**found.answers, **{rule.id: samples for rule, samples in zip(found.direct, direct, strict=True)}}
-    return Gathered(up, ages, reported, answers, found, moment, len(first) + len(found.direct) + 1, started)
+    return Gathered(up, ages, reported, answers, found, moment, len(first) + len(found.direct) + 1, started,
+                    list(client.warnings))
 
 
-def verdicts(client: PromQuery, gathered: Gathered, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
+def verdicts(gathered: Gathered, rules: list[Rule], config: Config, slurm_nodes: Iterable[str],
              memory: Memory | None = None, now: float | None = None, ignore: Iterable[str] = ()) -> Report:
     """judge() over what gather() read, with where the answers came from and what they cost."""
     found, moment = gathered.found, gathered.moment
@@ -160,7 +162,7 @@ def verdicts(client: PromQuery, gathered: Gathered, rules: list[Rule], config: C
     report.data_time = None if moment is None else moment - (found.oldest if found.answers else 0.0)
     report.rule_results, report.rule_results_note = found.path, found.note()
     report.query_seconds = time.monotonic() - gathered.started
-    report.warnings = list(client.warnings)
+    report.warnings = gathered.warnings
     return report
 
 

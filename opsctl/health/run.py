@@ -137,7 +137,7 @@ class Run:
         # Intents whose drain is in Slurm now: the change was made, a crash came before settling it.
         memory.settle(n for n, node in cluster.items() if node.owned)
         self.actor.memory = memory if self.options.acting else None
-        report = verdicts(self.prom, gathered, self.rules, self.config, cluster.keys(), memory, self.now,
+        report = verdicts(gathered, self.rules, self.config, cluster.keys(), memory, self.now,
                           set(every) - set(cluster))
         plan, after, code = Plan(), cluster, ExitCode.OK
         if report.warnings:

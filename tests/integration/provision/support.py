@@ -52,9 +52,11 @@ def make_provision(*playbook_args: str, make_vars: tuple[str, ...] = ()) -> subp
                            *make_vars], capture_output=True, text=True, timeout=1800, cwd=REPO, env=ENV)
 
 
+SITE_PLAYBOOK = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml"]
+
+
 def playbook(*args, timeout=1200) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml", *args],
-                          capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
+    return subprocess.run([*SITE_PLAYBOOK, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
 
 
 class BackgroundPlaybook:
@@ -65,8 +67,8 @@ class BackgroundPlaybook:
     def __init__(self, *args: str, log: Path):
         self.log = log
         with log.open("w") as out:
-            self.proc = subprocess.Popen([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml",
-                                          *args], stdout=out, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
+            self.proc = subprocess.Popen([*SITE_PLAYBOOK, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
+                                         env=ENV, cwd=REPO)
 
     def ended(self) -> bool:
         return self.proc.poll() is not None
