@@ -170,7 +170,7 @@ class SlurmCliImpl:
             check_conf(self._environ)
             self._conf_checked = True
         try:
-            proc = self._run(argv, capture_output=True, text=True, timeout=self.timeout)
+            proc = self._run(argv, capture_output=True, text=True, timeout=self.timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SourceUnavailable(f"Slurm: {argv[0]} not found (install slurm-client or set slurm.{argv[0]})") \
                 from None
@@ -278,7 +278,7 @@ class SlurmCliImpl:
                 f"--gres=gpu:{spec.gpus_per_node}", f"--time={spec.minutes}", f"--mpi={spec.mpi}",
                 "--chdir=/", "--quiet", "env", *env, *spec.argv]
         try:
-            proc = self._run(argv, capture_output=True, text=True, timeout=timeout)
+            proc = self._run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise SourceUnavailable("Slurm: srun not found (install slurm-client)") from None
         except subprocess.TimeoutExpired:

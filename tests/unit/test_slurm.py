@@ -10,7 +10,7 @@ import pytest
 
 from opsctl.errors import ConfigError, SourceUnavailable
 from opsctl.slurm import SlurmCliImpl, SlurmNode, parse_nodes, parse_sinfo
-from opsctl.slurm.base import IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS
+from opsctl.slurm.base import IN_SERVICE_FLAGS, OUT_OF_SERVICE_FLAGS, StepSpec
 from opsctl.slurm.cli import parse_return_to_service, parse_version
 from opsctl.slurm.partitions import select_partitions
 from opsctl.slurm.pyslurm_backend import PySlurmImpl
@@ -231,15 +231,17 @@ def test_default_partitions_are_those_with_gpu_nodes():
 
 
 class FakeRun:
-    """Stands in for subprocess.run: records argv, answers by the command or raises."""
+    """Stands in for subprocess.run: records argv (and the stdin given), answers by the command or raises."""
 
     def __init__(self, result, version="slurm 22.05.8\n"):
         self.result = result
         self.version = version
         self.calls = []
+        self.stdins = []
 
     def __call__(self, argv, **kwargs):
         self.calls.append(argv)
+        self.stdins.append(kwargs.get("stdin"))
         if argv[1:] == ["--version"] and self.version is not None:
             return done(stdout=self.version)
         if isinstance(self.result, BaseException):
@@ -280,6 +282,18 @@ def test_drain_resume_and_reason_are_one_scontrol_call_each_without_a_shell():
         ["/usr/bin/scontrol", "update", "nodename=gpu002", "reason=opsctl:ib-down,xid-79 x"],
         ["/usr/bin/scontrol", "reboot", "ASAP", "nextstate=DOWN", "reason=opsctl:provision nvidia driver 570.172.08",
          "gpu001,gpu003"]]
+
+
+def test_every_slurm_command_gets_its_own_empty_stdin():
+    """A site's scontrol or srun may be a wrapper around ssh, and ssh makes its stdin non-blocking while it
+    runs: given opsctl's own stdin (a terminal, or a timer's /dev/null shared with other programs), it would
+    read the terminal and change the stdin of every program that shares it."""
+    run = FakeRun(done(stdout=SINFO))
+    slurm = SlurmCliImpl(run=run)
+    slurm.nodes()
+    slurm.drain(["gpu001"], "opsctl:xid-79 x")
+    slurm.run_step(StepSpec("opsctl-preflight", ("gpu001",), "validate", "pf", ("true",), (), 5, "pmix", 8), 60)
+    assert len(run.stdins) == 4 and set(run.stdins) == {subprocess.DEVNULL}
 
 
 def test_missing_binary_is_a_clear_source_error():

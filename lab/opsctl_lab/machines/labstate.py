@@ -114,7 +114,7 @@ def opsctl_paths(config_text: str | None) -> tuple[str, str]:
 def _ssh(settings: Settings, machine: str, command: str, stdin: str | None = None,
          timeout: float = 30) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(keys.ssh_args(settings, machine) + [command], input=stdin, capture_output=True,
+        return subprocess.run(keys.ssh_args(settings, machine) + [command], input=stdin or "", capture_output=True,
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess([], 124, "", f"no answer from {machine} in {timeout:.0f}s")

@@ -227,7 +227,7 @@ def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
     if nspawn.running_pid(settings, machine) is None:
         raise LabError(f"machine {machine} is not running: `opsctl lab machines up`")
     result = subprocess.run(keys.ssh_args(settings, machine) + ["/usr/local/sbin/opsctl-hw", *args],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         raise LabError(f"{machine}: {lines[-1] if lines else 'opsctl-hw failed'}")

@@ -76,7 +76,7 @@ def boot_waits(settings: Settings, name: str, run: Runner = subprocess.run) -> s
 
 def _output(run: Runner, argv: list[str]) -> "subprocess.CompletedProcess[str]":
     try:
-        return run(argv, capture_output=True, text=True, timeout=15)
+        return run(argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 255, "", "no answer in 15s")
 

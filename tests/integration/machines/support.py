@@ -37,7 +37,7 @@ def opsctl(*args, timeout=600):
 
 def on(machine, command, check=True, stdin=None, timeout=120):
     out = subprocess.run(keys.ssh_args(SETTINGS, machine) + [command], capture_output=True, text=True,
-                         timeout=timeout, input=stdin)
+                         timeout=timeout, input=stdin or "")
     if check:
         assert out.returncode == 0, f"{machine}: {command}: {out.stderr}"
     return out

@@ -49,14 +49,16 @@ def changed_tasks(output: str) -> set[tuple[str, str]]:
 
 def make_provision(*playbook_args: str, make_vars: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "--no-print-directory", "provision", f"PLAYBOOK_ARGS={' '.join(playbook_args)}",
-                           *make_vars], capture_output=True, text=True, timeout=1800, cwd=REPO, env=ENV)
+                           *make_vars], capture_output=True, text=True, timeout=1800, cwd=REPO, env=ENV,
+                          stdin=subprocess.DEVNULL)
 
 
 SITE_PLAYBOOK = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), "playbooks/site.yml"]
 
 
 def playbook(*args, timeout=1200) -> subprocess.CompletedProcess:
-    return subprocess.run([*SITE_PLAYBOOK, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO)
+    return subprocess.run([*SITE_PLAYBOOK, *args], capture_output=True, text=True, timeout=timeout, env=ENV, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
 
 
 class BackgroundPlaybook:
@@ -68,7 +70,7 @@ class BackgroundPlaybook:
         self.log = log
         with log.open("w") as out:
             self.proc = subprocess.Popen([*SITE_PLAYBOOK, *args], stdout=out, stderr=subprocess.STDOUT, text=True,
-                                         env=ENV, cwd=REPO)
+                                         stdin=subprocess.DEVNULL, env=ENV, cwd=REPO)
 
     def ended(self) -> bool:
         return self.proc.poll() is not None
@@ -126,7 +128,7 @@ class Machines:
         hv = self.hosts[host]
         argv = ["ssh", "-i", hv["ansible_ssh_private_key_file"], *shlex.split(hv.get("ansible_ssh_common_args", "")),
                 "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", f"{user}@{hv['ansible_host']}", command]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if check:
             assert out.returncode == 0, f"{user}@{host}: {command}: rc={out.returncode}\n{out.stdout}\n{out.stderr}"
         return out
