@@ -89,6 +89,12 @@ class GpuView:
             return hwm.CLOCK_EVENT_HW_SLOWDOWN | hwm.CLOCK_EVENT_SW_THERMAL | hwm.CLOCK_EVENT_HW_THERMAL
         return hwm.CLOCK_EVENT_GPU_IDLE
 
+    def fabric_status(self) -> int:
+        """DCGM's Fabric Manager status of the GPU (hwm.FABRIC_*)."""
+        if self.has("fabric-stuck") or self.hw.node_fault("fabricmanager-down"):
+            return hwm.FABRIC_IN_PROGRESS
+        return hwm.FABRIC_SUCCESS
+
     def uptime(self) -> float:
         return max(0.0, self.now - COUNTER_EPOCH)
 
@@ -130,6 +136,8 @@ FIELDS = [
           lambda g: int(g.has("row-remap-pending"))),
     Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask).",
           lambda g: g.clock_events()),
+    Field("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status of the GPU (dcgmFabricManagerStatus_t).",
+          lambda g: g.fabric_status()),
     Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
           "Total number of NVLink flow-control CRC errors.", lambda g: int(g.counter("nvlink_crc_flit"))),
     Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors.",

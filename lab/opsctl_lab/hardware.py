@@ -49,6 +49,14 @@ CLOCK_EVENT_HW_SLOWDOWN = 0x8
 CLOCK_EVENT_SW_THERMAL = 0x20
 CLOCK_EVENT_HW_THERMAL = 0x40
 
+# DCGM_FI_DEV_FABRIC_MANAGER_STATUS (field 170), a dcgmFabricManagerStatus_t (NVIDIA/go-dcgm @ 7c92211ba301,
+# the release dcgm-exporter 4.1.3 builds with: pkg/dcgm/dcgm_structs.h): the GPU's NVML fabric state, Success
+# once Fabric Manager has trained it. With Fabric Manager down a GPU stays "In Progress" (NVIDIA/NVSentinel
+# issue 889: "fabric.state stays In Progress indefinitely").
+FABRIC_NOT_STARTED = 1
+FABRIC_IN_PROGRESS = 2
+FABRIC_SUCCESS = 3
+
 # XID messages as dcgm-exporter puts them in err_msg (NVIDIA XID catalog wording, shortened).
 XID_MESSAGES = {
     13: "Graphics Engine Exception",
@@ -140,6 +148,10 @@ FAULTS = {
                   steps={"uncorrectable_remapped_rows": 9}),
         FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish"),
         FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events"),
+        FaultSpec("fabric-stuck", "gpu", "Fabric Manager never finishes training the GPU: its fabric state stays "
+                  "In Progress"),
+        FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "
+                  "stays In Progress"),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
                   rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE),
         FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE),

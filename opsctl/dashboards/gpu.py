@@ -50,6 +50,9 @@ def build(site: Site) -> db.Dashboard:
                            ("row-remap-failure", "row remap failed"), ("row-remap-pending", "row remap pending"),
                            ("remapped-rows-high", "uncorrectable remapped rows")):
         dash = dash.with_panel(rule_graph(site, rule_id, title, gpus))
+    dash = dash.with_row(db.Row("NVSwitch fabric"))
+    dash = dash.with_panel(rule_graph(site, "fabric-not-ready", "GPU fabric status held short of Success", gpus))
+    dash = dash.with_panel(rule_graph(site, "fabric-manager-down", "GPUs whose fabric nothing trains", nodes))
     dash = dash.with_row(db.Row("NVLink and PCIe"))
     dash = dash.with_panel(rule_graph(site, "nvlink-errors", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))

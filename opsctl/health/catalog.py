@@ -53,7 +53,7 @@ OVERRIDABLE = {"expr", "unhealthy", "candidates", "op", "threshold", "healthy", 
 MEMORY_KINDS = ("window", "level", "none")
 # What a failure on many nodes at once points at: the nodes themselves, or a service they share (storage),
 # which the circuit breaker then names instead of the nodes.
-DOMAINS = ("node", "storage")
+DOMAINS = ("node", "storage", "fabric")
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,47}$")
 # A range selector, [5m], or the range of a subquery, [5m:30s].
 _RANGE = re.compile(r"\[(\d+[smhd])(?::\d*[smhd]?)?\]")

@@ -77,7 +77,7 @@ class Plan:
     stop: str = ""  # set when a safety limit stopped (some of) the run: exit 4
     breaker: bool = False  # the circuit breaker tripped: nothing at all is changed
     counted: BreakerCount | None = None  # what the breaker counted; None when the run planned no drains
-    outage: str = ""  # the shared service the breaker named ("storage"), whose failing nodes it stands for
+    outage: str = ""  # the shared domain the breaker named ("storage", "fabric"), whose failing nodes it stands for
     outage_nodes: tuple[str, ...] = ()
     healthy_since: dict[str, float] = field(default_factory=dict)
 
@@ -151,16 +151,23 @@ def unknown_stop(report: Report, cluster: dict[str, SlurmNode], safety: SafetyCo
     return ""
 
 
-def shared_outage(report: Report, candidates: list[str], rules: list[Rule]) -> str:
-    """'storage (lustre-import-down lustre-OST0002)' when every failing node fails only storage rules: many
-    nodes losing the same shared storage at once is one storage outage, not many node faults; else ''."""
-    storage = {r.id for r in rules if r.domain == "storage"}
+# What many nodes failing the rules of one shared domain at once is, rather than as many node faults.
+SHARED_CAUSES = {"storage": "a storage outage",
+                 "fabric": "a fleet-wide NVSwitch fabric fault (Fabric Manager down or not matching the driver)"}
+
+
+def shared_outage(report: Report, candidates: list[str], rules: list[Rule]) -> tuple[str, str]:
+    """('storage', 'storage (lustre-import-down lustre-OST0002), a storage outage rather than node faults')
+    when every failing node fails only rules of one shared domain (SHARED_CAUSES): many nodes losing the same
+    shared storage, or their fabric, at once is one outage, not many node faults; else ('', '')."""
+    domains = {r.id: r.domain for r in rules}
     checks = [c for name in candidates for c in report.nodes[name].drain_checks()]
-    if not checks or any(c.id not in storage for c in checks):
-        return ""
+    found = {domains.get(c.id) for c in checks}
+    if len(found) != 1 or (domain := found.pop()) not in SHARED_CAUSES:
+        return "", ""
     what = sorted({f"{c.id} {c.device}".strip() for c in checks})
     shown = ", ".join(what[:3]) + (f", +{len(what) - 3} more" if len(what) > 3 else "")
-    return f"storage ({shown}), a storage outage rather than node faults"
+    return domain, f"{domain} ({shown}), {SHARED_CAUSES[domain]} rather than node faults"
 
 
 def pending_nodes(report: Report, cluster: dict[str, SlurmNode], candidates: list[str],
@@ -274,10 +281,10 @@ def plan_drains(report: Report, cluster: dict[str, SlurmNode], rules: list[Rule]
     if candidates and plan.counted.all > limit:
         stop = (f"circuit breaker: {plan.counted.text()}, more than the limit {limit:g} (max of "
                 f"{safety.breaker_min_nodes} nodes and {safety.breaker_fraction:.0%} of {total}); acting on none")
-        outage = shared_outage(report, candidates, rules)
+        domain, outage = shared_outage(report, candidates, rules)
         if outage:
             stop = f"circuit breaker: {outage}; {stop.removeprefix('circuit breaker: ')}"
-            plan.outage, plan.outage_nodes = "storage", tuple(sorted(candidates))
+            plan.outage, plan.outage_nodes = domain, tuple(sorted(candidates))
     acting = [n for n in sorted(candidates) if scope is None or n in scope]
     if stop:
         plan.stop, plan.breaker = stop, True

@@ -41,7 +41,8 @@ pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER and 
 NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase() for its hold).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
-                                               "pcie-replays", "sbe-storm", "ib-errors")}
+                                               "pcie-replays", "sbe-storm", "ib-errors", "fabric-manager-down",
+                                               "fabric-not-ready")}
 FAST_HOLDS["ecc-dbe-new"] = {"hold": "8s"}  # the counter must exist at the window's start: not 10m here
 # Every rule holds two scrape intervals (2 s here), for series that existed before the hold: an XID count
 # series is born with the XID, so its check shows after one to two holds.
@@ -185,6 +186,26 @@ def test_memory_faults_fail(clean, fault, rule):
     clean.wait_scrapes(3)
     report, _, _ = run(clean)
     assert (rule, "gpu5", "fail") in checks(report, "gpu004")
+
+
+def test_a_stuck_gpu_fabric_and_a_node_without_fabric_manager_fail_their_own_rule(clean):
+    """fabric-stuck on one GPU is fabric-not-ready on that GPU; fabricmanager-down (every GPU untrained) is
+    fabric-manager-down on the node alone, not eight fabric-not-ready checks: on both engines."""
+    clean.dcgm["gpu003"].hw.inject("fabric-stuck", gpu=2)
+    clean.dcgm["gpu001"].hw.inject("fabricmanager-down")
+
+    found = {}
+
+    def judged():
+        found["report"], _, _ = run(clean)
+        return ("fabric-not-ready", "gpu2", "fail") in checks(found["report"], "gpu003") \
+            and ("fabric-manager-down", "", "fail") in checks(found["report"], "gpu001")
+    wait(judged, 20, "the fabric rules failing")
+    report = found["report"]
+    assert {c for c in checks(report, "gpu003") if c[0].startswith("fabric")} == {("fabric-not-ready", "gpu2", "fail")}
+    assert {c for c in checks(report, "gpu001") if c[0].startswith("fabric")} == {("fabric-manager-down", "", "fail")}
+    assert next(c for c in report.nodes["gpu001"].checks if c.id == "fabric-manager-down").value == 8
+    assert not any(c[0].startswith("fabric") for n in ("gpu002", "gpu004") for c in checks(report, n))
 
 
 def _gpu_count_once_judged(stack, node: str):

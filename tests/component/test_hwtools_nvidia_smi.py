@@ -141,6 +141,21 @@ def test_ecc_and_row_remap_faults_show_in_q_and_csv(node):
     assert "Remapping Failure Occurred                     : Yes" in q3
 
 
+def test_a_stuck_fabric_shows_in_q_csv_and_dcgm_alike(node):
+    """fabric-stuck on GPU 4: nvidia-smi's Fabric section and fabric.state say In Progress (the real
+    capture's words for a trained GPU are Completed / Success), and DCGM's Fabric Manager status is 2."""
+    state, env = node
+    inject(state, "fabric-stuck", gpu=4)
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,fabric.state,fabric.status", "--format=csv").stdout)
+    assert [(r["fabric.state"], r["fabric.status"]) for r in rows] == [
+        ("In Progress", None) if g == 4 else ("Completed", "Success") for g in range(8)]  # N/A reads as None
+    fabric = smi(env, "-q", "-i", "4").stdout.split("    Fabric\n", 1)[1].splitlines()[:2]
+    assert [line.split(":")[1].strip() for line in fabric] == ["In Progress", "N/A"]
+    metrics = render(NodeHardware.load(state, "gpu7"))
+    assert re.search(r'DCGM_FI_DEV_FABRIC_MANAGER_STATUS{gpu="4",[^}]*} 2$', metrics, re.M)
+    assert len(re.findall(r"^DCGM_FI_DEV_FABRIC_MANAGER_STATUS{.*} 3$", metrics, re.M)) == 7
+
+
 def test_q_blocks_have_the_real_layout(node):
     _, env = node
     q = smi(env, "-q").stdout

@@ -123,3 +123,20 @@ def test_thermal_sets_temperature_and_clock_event_bits():
     temp = next(s.value for s in fams["DCGM_FI_DEV_GPU_TEMP"].samples if s.labels["gpu"] == "1")
     reasons = int(next(s.value for s in fams["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].samples if s.labels["gpu"] == "1"))
     assert temp > 90 and reasons & 0x40 and reasons & 0x8
+
+
+def _fabric(hw) -> dict:
+    fams = _families(render(hw))
+    return {s.labels["gpu"]: int(s.value) for s in fams["DCGM_FI_DEV_FABRIC_MANAGER_STATUS"].samples}
+
+
+def test_the_fabric_is_trained_stuck_on_one_gpu_or_untrained_without_fabric_manager():
+    """DCGM's Fabric Manager status: 3 (Success) on a healthy node, 2 (In Progress) on the GPU of
+    fabric-stuck, and on every GPU of fabricmanager-down."""
+    hw = NodeHardware(node="gpu001")
+    assert set(_fabric(hw).values()) == {3} and len(_fabric(hw)) == 8
+    hw.inject("fabric-stuck", gpu=2)
+    assert {g for g, status in _fabric(hw).items() if status != 3} == {"2"} and _fabric(hw)["2"] == 2
+    hw.clear()
+    hw.inject("fabricmanager-down")
+    assert set(_fabric(hw).values()) == {2}

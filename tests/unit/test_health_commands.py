@@ -432,3 +432,33 @@ def test_a_breaker_of_node_faults_and_storage_together_names_no_storage(world):
         world.prom.breach("xid-79", f"gpu{i:03d}", "0")
     code, _, summary = world.json("--drain")
     assert code == 4 and summary["outage"] is None and "storage" not in summary["safety_stop"]
+
+
+def test_fabric_manager_down_on_every_node_trips_the_breaker_naming_the_fabric(world):
+    for i in range(1, 65):
+        world.prom.breach("fabric-manager-down", f"gpu{i:03d}", value=8)
+    code, _, summary = world.json("--drain")
+    assert code == 4 and world.slurm.calls == [] and summary["outage"] == "fabric"
+    assert summary["safety_stop"].startswith("circuit breaker: fabric (fabric-manager-down), a fleet-wide NVSwitch "
+                                             "fabric fault (Fabric Manager down or not matching the driver) rather "
+                                             "than node faults; 64 nodes newly fail")
+    assert world.run("health", "--drain") == 4
+    assert world.stdout.splitlines()[1].split() == ["fabric", "fail", "skip:circuit-breaker", "64", "nodes"]
+
+
+def test_a_breaker_of_storage_and_fabric_faults_together_names_neither(world):
+    """Two shared domains failing at once are not one outage: the breaker lists the nodes."""
+    for i in range(1, 33):
+        world.prom.breach("storage-mount-hung", f"gpu{i:03d}", "/home")
+    for i in range(33, 65):
+        world.prom.breach("fabric-not-ready", f"gpu{i:03d}", "2", value=2)
+    code, _, summary = world.json("--drain")
+    assert code == 4 and summary["outage"] is None and world.slurm.calls == []
+    assert not summary["safety_stop"].startswith(("circuit breaker: storage", "circuit breaker: fabric"))
+
+
+def test_a_gpu_whose_fabric_is_stuck_is_drained_naming_the_gpu_and_the_fabric_state(world):
+    world.prom.breach("fabric-not-ready", "gpu005", "2", value=2)
+    code, nodes, _ = world.json("--drain")
+    assert code == 1 and nodes["gpu005"]["action"] == "drain"
+    assert world.slurm.state["gpu005"].reason.startswith("opsctl:fabric-not-ready gpu2 fabric In Progress")

@@ -23,6 +23,11 @@ def rules(raw=None):
     ("clocks-hw-slowdown", "gpu5", 8, "gpu5 HW_SLOWDOWN (0x8)"),
     ("clocks-hw-slowdown", "gpu5", 72, "gpu5 HW_SLOWDOWN,HW_THERMAL (0x48)"),
     ("gpu-temp-high", "gpu3", 92, "gpu3 92°C (threshold 87°C)"),
+    ("fabric-not-ready", "gpu2", 2, "gpu2 fabric In Progress"),
+    ("fabric-not-ready", "gpu2", 1, "gpu2 fabric Not Started"),
+    ("fabric-not-ready", "gpu2", 4, "gpu2 fabric Failure"),
+    ("fabric-not-ready", "gpu2", 9, "gpu2 fabric status 9"),
+    ("fabric-manager-down", "", 8, "fabric untrained on all 8 GPUs"),
     ("gpu-temp-high", "gpu3", 91.25, "gpu3 91.2°C (threshold 87°C)"),
 ])
 def test_evidence_is_written_for_people(rule, device, value, evidence):

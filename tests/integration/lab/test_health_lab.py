@@ -22,6 +22,8 @@ DRAIN_ROWS = [  # (fault, node, gpu, hca, rule that must own the drain)
     ("gpu-missing", "gpu039", 7, None, "gpu-count"),
     ("ib-down", "gpu040", None, 3, "ib-down"),
     ("ib-degraded", "gpu041", None, 5, "ib-degraded"),
+    ("fabric-stuck", "gpu053", 2, None, "fabric-not-ready"),
+    ("fabricmanager-down", "gpu054", None, None, "fabric-manager-down"),
 ]
 WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("xid:13", "gpu042", 0, None, "xid-13"),
@@ -34,7 +36,7 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-052]"
+SCOPE = "gpu[033-054]"
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,7 @@ def test_the_faulty_nodes_and_no_other_are_drained(table):
     assert {r["node"] for r in drains} == newly
     assert all(r["dry_run"] is False and r["user"] and r["checks"] and r["evidence"] for r in drains)
     summary = nodes["_summary"]
-    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (9, 9, 8, 1)
+    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (11, 11, 8, 1)
 
 
 def test_victoria_metrics_scraping_the_same_exporters_decides_exactly_alike(table):
