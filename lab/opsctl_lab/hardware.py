@@ -121,6 +121,9 @@ class FaultSpec:
     survives_reset: bool = True
     # A reboot also ends every process (a leftover one) and a hung GPU's state.
     survives_reboot: bool = True
+    # What sees it: catalog rule ids (`xid-<code>`: the rule of the XID's code, or its family), or one of
+    # opsctl_lab.fault_matrix.DETECTORS, the checks outside the catalog. docs/health.md's fault matrix.
+    seen_by: tuple[str, ...] = ()
 
 
 class _Survives(TypedDict):
@@ -133,67 +136,76 @@ FAULTS = {
     spec.name: spec
     for spec in [
         FaultSpec("xid", "gpu", "xid:<code>: the GPU reports XID <code> (last-XID gauge and windowed count)",
-                  **_VOLATILE),
+                  **_VOLATILE, seen_by=("xid-<code>",)),
         # NVIDIA/DCGM issue 235: XID 62 reached the kernel log but never DCGM.
         FaultSpec("xid-kernel", "gpu", "xid-kernel:<code>: XID <code> in the node's kernel log only, never in DCGM",
-                  **_VOLATILE),
+                  **_VOLATILE, seen_by=("xid-<code>",)),
         FaultSpec("dbe", "gpu", "a new volatile double-bit ECC error",
-                  rates={"ecc_dbe_vol": 0.05}, steps={"ecc_dbe_vol": 1}, **_VOLATILE),
+                  rates={"ecc_dbe_vol": 0.05}, steps={"ecc_dbe_vol": 1}, **_VOLATILE, seen_by=("ecc-dbe-new",)),
         FaultSpec("sbe-storm", "gpu", "volatile single-bit ECC errors rising fast", rates={"ecc_sbe_vol": 50.0},
-                  **_VOLATILE),
-        FaultSpec("row-remap-failure", "gpu", "row remapping failed", steps={"uncorrectable_remapped_rows": 1}),
+                  **_VOLATILE, seen_by=("sbe-storm",)),
+        FaultSpec("row-remap-failure", "gpu", "row remapping failed", steps={"uncorrectable_remapped_rows": 1},
+                  seen_by=("row-remap-failure",)),
         FaultSpec("row-remap-pending", "gpu", "a row remap waits for a GPU reset",
-                  steps={"uncorrectable_remapped_rows": 1}, **_VOLATILE),
+                  steps={"uncorrectable_remapped_rows": 1}, **_VOLATILE, seen_by=("row-remap-pending",)),
         FaultSpec("remapped-rows", "gpu", "9 rows remapped for uncorrectable errors (an RMA case)",
-                  steps={"uncorrectable_remapped_rows": 9}),
-        FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish"),
-        FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events"),
+                  steps={"uncorrectable_remapped_rows": 9}, seen_by=("remapped-rows-high",)),
+        FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish", seen_by=("gpu-count",)),
+        FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events",
+                  seen_by=("gpu-temp-high", "clocks-hw-slowdown")),
         FaultSpec("fabric-stuck", "gpu", "Fabric Manager never finishes training the GPU: its fabric state stays "
-                  "In Progress"),
+                  "In Progress", seen_by=("fabric-not-ready",)),
         FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "
-                  "stays In Progress"),
+                  "stays In Progress", seen_by=("fabric-manager-down",)),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
-                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE),
-        FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE),
+                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE,
+                  seen_by=("nvlink-errors",)),
+        FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE,
+                  seen_by=("pcie-replays",)),
         # Links that train and count no error, yet carry half: found only by moving data (all_reduce_perf).
         FaultSpec("nvlink-slow", "gpu", "the GPU's NVLinks move half the data: all_reduce_perf's bus bandwidth "
-                  "halves, no counter shows it"),
+                  "halves, no counter shows it", seen_by=("validate",)),
         FaultSpec("ib-down", "hca", "the port is down (state DOWN, phys Polling)",
-                  rates={}, steps={"link_downed": 1}),
+                  rates={}, steps={"link_downed": 1}, seen_by=("ib-down", "node-check")),
         FaultSpec("sm-down", "node", "the subnet manager is gone: every InfiniBand port sits in INIT "
-                  "(phys LinkUp, no LID)"),
-        FaultSpec("ib-degraded", "hca", "the port trained at 200 Gb/s (2X NDR)"),
+                  "(phys LinkUp, no LID)", seen_by=("ib-down", "node-check")),
+        FaultSpec("ib-degraded", "hca", "the port trained at 200 Gb/s (2X NDR)", seen_by=("ib-degraded", "node-check")),
         FaultSpec("ib-counters", "hca", "symbol and link errors rising",
-                  rates={"symbol_error": 20.0, "link_error_recovery": 0.5, "port_rcv_errors": 5.0}),
-        FaultSpec("exporter-down", "node", "the node's exporters stop answering"),
+                  rates={"symbol_error": 20.0, "link_error_recovery": 0.5, "port_rcv_errors": 5.0},
+                  seen_by=("ib-errors", "node-check")),
+        FaultSpec("exporter-down", "node", "the node's exporters stop answering", seen_by=("data",)),
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth: ib_write_bw and a "
-                  "multi-node all_reduce_perf over it"),
-        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}"),
-        FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)"),
+                  "multi-node all_reduce_perf over it", seen_by=("validate",)),
+        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", seen_by=("node-check",)),
+        FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)", seen_by=("node-check",)),
         FaultSpec("dgx-naming", "node", "the HCAs are named as on a DGX H100/H200: rails mlx5_0,3,4,5,6,9,10,11, "
                   "in-band/storage ports mlx5_1,2 (InfiniBand, Ethernet) and mlx5_7,8 between them",
-                  simulated_only=True),
+                  simulated_only=True, seen_by=("layout",)),
         FaultSpec("gpu-leftover-memory", "gpu", "a dead process still holds GPU memory", machines_only=True,
-                  survives_reboot=False),
+                  survives_reboot=False, seen_by=("epilog",)),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True,
-                  survives_reboot=False),
+                  survives_reboot=False, seen_by=("epilog",)),
         # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM does not report it.
         FaultSpec("persistence-off", "gpu", "the GPU runs with persistence mode Disabled (nvidia-smi -pm 0, or a "
-                  "persistence daemon started with --no-persistence-mode)", machines_only=True),
+                  "persistence daemon started with --no-persistence-mode)", machines_only=True,
+                  seen_by=("driver-verify",)),
         FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
-                  "`lfs check servers` fails it", simulated_only=False),
-        FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=False),
+                  "`lfs check servers` fails it", simulated_only=False, seen_by=("lustre-import-down",)),
+        FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=False,
+                  seen_by=("storage-mount-missing",)),
         FaultSpec("nfs-hung", "node", "/home stops answering: its probe blocks, as a stat of a hung NFS mount does",
-                  simulated_only=False),
+                  simulated_only=False, seen_by=("storage-mount-hung",)),
         FaultSpec("lnet-down", "node", "the node's LNet NI on o2ib (bond0) is down: `lnetctl net show` says so and "
-                  "`lctl ping` of the MGS fails", simulated_only=True),
+                  "`lctl ping` of the MGS fails", simulated_only=True,
+                  seen_by=("lnet-ni-down", "lustre-mgs-unreachable")),
         # The fabric's cabling, as `ibnetdiscover` of each rail shows it (opsctl_lab.fabric).
         FaultSpec("recable-leaf", "rail", "recable-leaf:<rail>: the rail's HCA is cabled to that rail's leaf of the "
-                  "other scalable unit (a free down port, else the leaf's last up-link port)"),
+                  "other scalable unit (a free down port, else the leaf's last up-link port)", seen_by=("topology",)),
         FaultSpec("recable-rail", "rail", "recable-rail:<rail>: the rail's HCA is cabled to the next rail's leaf "
-                  "(rail r to rail (r+1) % 8) of its own scalable unit"),
+                  "(rail r to rail (r+1) % 8) of its own scalable unit", seen_by=("topology",)),
         FaultSpec("uplink-down", "fabric", "uplink-down:<leaf>: the leaf's last up-link (port 64, to spine 2) is "
-                  "down; inject it on `fabric` (`opsctl lab inject fabric uplink-down:rail3-su1-leaf`)"),
+                  "down; inject it on `fabric` (`opsctl lab inject fabric uplink-down:rail3-su1-leaf`)",
+                  seen_by=("topology",)),
     ]
 }
 
