@@ -1,6 +1,7 @@
 """The dcgm-exporter emulator speaks dcgm-exporter's exact text format and label set."""
 
 import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -140,3 +141,19 @@ def test_the_fabric_is_trained_stuck_on_one_gpu_or_untrained_without_fabric_mana
     hw.clear()
     hw.inject("fabricmanager-down")
     assert set(_fabric(hw).values()) == {2}
+
+
+def test_the_counters_file_the_role_installs_exports_every_field_a_rule_reads_and_the_emulator_emits_it():
+    """A DCGM field is exported only when dcgm-exporter's counters file lists it: a rule that reads one it
+    does not list would never see a fault on a real cluster (and the emulator, which needs no file, would
+    hide that)."""
+    from opsctl.config import parse_config
+    from opsctl.health.catalog import load_catalog
+
+    counters = (Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "dcgm_exporter" / "files"
+                / "opsctl-counters.csv").read_text()
+    listed = {line.split(",")[0].strip() for line in counters.splitlines() if line.strip() and line[0] != "#"}
+    read = {name for rule in load_catalog(parse_config({}, "t", {}))
+            for name in re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", rule.expr)}
+    assert "DCGM_FI_DEV_FABRIC_MANAGER_STATUS" in read and read - listed == set()
+    assert read - set(_families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))) == set()
