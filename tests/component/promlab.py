@@ -140,7 +140,9 @@ class Tsdb:
         text = yaml.safe_dump({"groups": groups}, sort_keys=False)
         if self.rules_file.read_text() != text:
             self.rules_file.write_text(text)
-            urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=10).close()
+            # A reload parses and loads every group before it answers: seconds on a machine busy with the
+            # other streams, once more than 10.
+            urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=60).close()
         if interval is None:
             client = PromClientImpl(self.url)
             # A held rule's results are used once its recorded history spans its hold (young before).
