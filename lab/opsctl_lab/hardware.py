@@ -53,7 +53,6 @@ CLOCK_EVENT_HW_THERMAL = 0x40
 # the release dcgm-exporter 4.1.3 builds with: pkg/dcgm/dcgm_structs.h): the GPU's NVML fabric state, Success
 # once Fabric Manager has trained it. With Fabric Manager down a GPU stays "In Progress" (NVIDIA/NVSentinel
 # issue 889: "fabric.state stays In Progress indefinitely").
-FABRIC_NOT_STARTED = 1
 FABRIC_IN_PROGRESS = 2
 FABRIC_SUCCESS = 3
 
@@ -157,6 +156,10 @@ FAULTS = {
                   "In Progress", seen_by=("fabric-not-ready",)),
         FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "
                   "stays In Progress", seen_by=("fabric-manager-down",)),
+        FaultSpec("mig-on", "gpu", "MIG mode is enabled on the GPU (nvidia-smi -mig 1 and a reset)",
+                  seen_by=("mig-enabled",)),
+        FaultSpec("ecc-off", "gpu", "ECC is disabled on the GPU (nvidia-smi -e 0 and a reboot)",
+                  seen_by=("ecc-disabled",)),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
                   rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE,
                   seen_by=("nvlink-errors",)),
@@ -185,10 +188,10 @@ FAULTS = {
                   survives_reboot=False, seen_by=("epilog",)),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True,
                   survives_reboot=False, seen_by=("epilog",)),
-        # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM does not report it.
+        # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM reports it (field 66).
         FaultSpec("persistence-off", "gpu", "the GPU runs with persistence mode Disabled (nvidia-smi -pm 0, or a "
                   "persistence daemon started with --no-persistence-mode)", machines_only=True,
-                  seen_by=("driver-verify",)),
+                  seen_by=("driver-verify", "persistence-off")),
         FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
                   "`lfs check servers` fails it", simulated_only=False, seen_by=("lustre-import-down",)),
         FaultSpec("mount-missing", "node", "/shared is not mounted (gone from mountinfo)", simulated_only=False,

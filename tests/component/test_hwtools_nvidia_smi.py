@@ -156,6 +156,18 @@ def test_a_stuck_fabric_shows_in_q_csv_and_dcgm_alike(node):
     assert len(re.findall(r"^DCGM_FI_DEV_FABRIC_MANAGER_STATUS{.*} 3$", metrics, re.M)) == 7
 
 
+def test_mig_on_and_ecc_off_show_in_q_and_csv_on_their_gpu(node):
+    state, env = node
+    inject(state, "mig-on", gpu=4)
+    inject(state, "ecc-off", gpu=1)
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,mig.mode.current,ecc.mode.current", "--format=csv").stdout)
+    assert [(r["mig.mode.current"], r["ecc.mode.current"]) for r in rows] == [
+        ("Enabled" if g == 4 else "Disabled", "Disabled" if g == 1 else "Enabled") for g in range(8)]
+    q4, q1 = smi(env, "-q", "-i", "4").stdout, smi(env, "-q", "-i", "1").stdout
+    assert "    MIG Mode\n        Current                                        : Enabled\n" in q4
+    assert "    ECC Mode\n        Current                                        : Disabled\n" in q1
+
+
 def test_q_blocks_have_the_real_layout(node):
     _, env = node
     q = smi(env, "-q").stdout

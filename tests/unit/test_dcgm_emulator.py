@@ -157,3 +157,19 @@ def test_the_counters_file_the_role_installs_exports_every_field_a_rule_reads_an
             for name in re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", rule.expr)}
     assert "DCGM_FI_DEV_FABRIC_MANAGER_STATUS" in read and read - listed == set()
     assert read - set(_families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))) == set()
+
+
+def _per_gpu(hw, metric: str) -> dict:
+    return {s.labels["gpu"]: int(s.value) for s in _families(render(hw))[metric].samples}
+
+
+def test_mig_ecc_and_persistence_modes_follow_their_faults_on_their_gpu_alone():
+    hw = NodeHardware(node="gpu001")
+    modes = ("DCGM_FI_DEV_ECC_CURRENT", "DCGM_FI_DEV_MIG_MODE", "DCGM_FI_DEV_PERSISTENCE_MODE")
+    assert [set(_per_gpu(hw, m).values()) for m in modes] == [{1}, {0}, {1}]
+    hw.inject("ecc-off", gpu=1)
+    hw.inject("mig-on", gpu=4)
+    hw.set_persistence_mode(6, False)
+    changed = [{g for g, v in _per_gpu(hw, m).items() if v != healthy}
+               for m, healthy in zip(modes, (1, 0, 1), strict=True)]
+    assert changed == [{"1"}, {"4"}, {"6"}]

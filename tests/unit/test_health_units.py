@@ -28,6 +28,8 @@ def rules(raw=None):
     ("fabric-not-ready", "gpu2", 4, "gpu2 fabric Failure"),
     ("fabric-not-ready", "gpu2", 9, "gpu2 fabric status 9"),
     ("fabric-manager-down", "", 8, "fabric untrained on all 8 GPUs"),
+    ("mig-enabled", "gpu4", 1, "gpu4 MIG mode enabled"),
+    ("ecc-disabled", "gpu1", 0, "gpu1 ECC mode disabled"),
     ("gpu-temp-high", "gpu3", 91.25, "gpu3 91.2°C (threshold 87°C)"),
 ])
 def test_evidence_is_written_for_people(rule, device, value, evidence):

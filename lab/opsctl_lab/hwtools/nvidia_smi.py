@@ -95,6 +95,8 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "power": f"{power:.2f}", "power_avg": f"{power:.2f}",
         "sm_clock": 1155 if thermal else 1980,
         "clock_events": view.clock_events(),
+        "mig_mode": "Enabled" if view.has("mig-on") else "Disabled",
+        "ecc_mode": "Disabled" if view.has("ecc-off") else "Enabled",
         # NVML's fabric status is read only once the state is Completed; before that nvidia-smi prints N/A.
         **({"fabric_state": "Completed", "fabric_status": "Success"} if view.fabric_status() == hwm.FABRIC_SUCCESS
            else {"fabric_state": "In Progress", "fabric_status": "N/A"}),
@@ -216,6 +218,8 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
         "clocks.current.graphics": f"{v['sm_clock']} MHz", "clocks.current.sm": f"{v['sm_clock']} MHz",
         "platform.module_id": str(gpu + 1),
         "fabric.state": v["fabric_state"], "fabric.status": v["fabric_status"],
+        "mig.mode.current": v["mig_mode"], "mig.mode.pending": v["mig_mode"],
+        "ecc.mode.current": v["ecc_mode"], "ecc.mode.pending": v["ecc_mode"],
     })
     return row
 

@@ -24,6 +24,8 @@ DRAIN_ROWS = [  # (fault, node, gpu, hca, rule that must own the drain)
     ("ib-degraded", "gpu041", None, 5, "ib-degraded"),
     ("fabric-stuck", "gpu053", 2, None, "fabric-not-ready"),
     ("fabricmanager-down", "gpu054", None, None, "fabric-manager-down"),
+    ("mig-on", "gpu055", 6, None, "mig-enabled"),
+    ("ecc-off", "gpu056", 1, None, "ecc-disabled"),
 ]
 WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("xid:13", "gpu042", 0, None, "xid-13"),
@@ -36,7 +38,7 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-054]"
+SCOPE = "gpu[033-056]"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def table(lab, tmp_path_factory):
     """Inject every row at once on its own node, wait for the verdicts, compare the dry-run plans of
     Prometheus and VictoriaMetrics, then run one --drain."""
     tmp = tmp_path_factory.mktemp("table")
-    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 12, "max_drains_per_run": 20, "max_drains_per_hour": 100})
+    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 16, "max_drains_per_run": 20, "max_drains_per_hour": 100})
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     try:
         if victoria is not None:  # it must see a DBE begin, as Prometheus does, or it rightly reads no new DBE
@@ -130,7 +132,7 @@ def test_the_faulty_nodes_and_no_other_are_drained(table):
     assert {r["node"] for r in drains} == newly
     assert all(r["dry_run"] is False and r["user"] and r["checks"] and r["evidence"] for r in drains)
     summary = nodes["_summary"]
-    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (11, 11, 8, 1)
+    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (13, 13, 8, 1)
 
 
 def test_victoria_metrics_scraping_the_same_exporters_decides_exactly_alike(table):
