@@ -188,9 +188,10 @@ FAULTS = {
                   survives_reboot=False, seen_by=("epilog",)),
         FaultSpec("gpu-hang", "gpu", "nvidia-smi hangs on any query that reaches this GPU", machines_only=True,
                   survives_reboot=False, seen_by=("epilog",)),
-        # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM reports it (field 66).
+        # Also what `nvidia-smi -pm 0` leaves (NodeHardware.set_persistence_mode); DCGM reports it (field 66), so
+        # the simulated lab shows it too.
         FaultSpec("persistence-off", "gpu", "the GPU runs with persistence mode Disabled (nvidia-smi -pm 0, or a "
-                  "persistence daemon started with --no-persistence-mode)", machines_only=True,
+                  "persistence daemon started with --no-persistence-mode)",
                   seen_by=("driver-verify", "persistence-off")),
         FaultSpec("lustre-ost-down", "node", "the Lustre client lost lustre-OST0002: its import is DISCONN and "
                   "`lfs check servers` fails it", simulated_only=False, seen_by=("lustre-import-down",)),

@@ -2,9 +2,9 @@
 panel query runs, every health panel returns data and shows its injected node beyond the panel's
 threshold, every variable has values, and the lab's `opsctl health --watch` metrics are scraped.
 
-Faults go on gpu017..gpu030, which no other lab test touches, all at once, and are cleared at the end. They
-are injected through the lab's own functions, in this process: `opsctl lab inject` as a command is
-tested in test_lab.py."""
+Faults go on gpu017..gpu030, which no other lab test touches, and on three of the health tests' nodes,
+all at once, and are cleared at the end. They are injected through the lab's own functions, in this
+process: `opsctl lab inject` as a command is tested in test_lab.py."""
 
 import json
 import urllib.parse
@@ -38,14 +38,21 @@ FAULTS = [
                                                ("opsctl-infiniband", "Receive errors/s")]),
     ("exporter-down", "gpu029", [], [("opsctl-overview", "Exporter targets down")]),
     ("remapped-rows", "gpu030", ["--gpu", "6"], [("opsctl-gpu", "remapped-rows-high")]),
+    # The health tests' nodes: this module runs first and clears them.
+    ("mig-on", "gpu057", ["--gpu", "4"], [("opsctl-gpu", "mig-enabled")]),
+    ("ecc-off", "gpu059", ["--gpu", "1"], [("opsctl-gpu", "ecc-disabled")]),
+    ("persistence-off", "gpu060", ["--gpu", "6"], [("opsctl-gpu", "persistence-off")]),
 ]
 # Panels that plot a health signal: each must be shown by one of the faults above, except traffic, the
-# last-XID table (the XID panel shows the fault), counters that no lab fault raises, and the fabric test's
-# results (`opsctl ib fabric-test` runs against the lab machines, not this simulated cluster).
+# last-XID table (the XID panel shows the fault), counters that no lab fault raises, the fabric test's
+# results (`opsctl ib fabric-test` runs against the lab machines, not this simulated cluster), and the
+# NVSwitch fabric's rules: they hold 5 minutes by default, a boot's grace, longer than this module waits
+# (test_health_lab.py's table drains on them at a short hold).
 HEALTH_DASHBOARDS = ("opsctl-gpu", "opsctl-infiniband")
 NOT_HEALTH = {"Last XID per GPU", "GPU power", "Data received", "Data transmitted", "Link downs/s",
               "Transmit discards/s", "Fabric test: Gb/s per node and rail", "Fabric test: culprits",
-              "Fabric test: age of the results"}
+              "Fabric test: age of the results", "fabric-not-ready: GPU fabric status held short of Success",
+              "fabric-manager-down: GPUs whose fabric nothing trains"}
 
 
 def load(uid: str) -> dict:

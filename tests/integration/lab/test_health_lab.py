@@ -46,7 +46,8 @@ def table(lab, tmp_path_factory):
     """Inject every row at once on its own node, wait for the verdicts, compare the dry-run plans of
     Prometheus and VictoriaMetrics, then run one --drain."""
     tmp = tmp_path_factory.mktemp("table")
-    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 16, "max_drains_per_run": 20, "max_drains_per_hour": 100})
+    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 16, "max_drains_per_run": 20, "max_drains_per_hour": 100,
+                                    "max_out_of_service_fraction": 0.4})
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     try:
         if victoria is not None:  # it must see a DBE begin, as Prometheus does, or it rightly reads no new DBE
