@@ -17,7 +17,7 @@ XID_RULES = "xid-<code>"
 # What sees a fault outside the health catalog.
 DETECTORS = {
     "data": "the data checks (`data-dcgm`, `data-node`): the node is unknown, never drained",
-    "epilog": "Slurm's epilog (the slurm role): it drains the node after the job, naming the GPU",
+    "epilog": "Slurm's epilog (the slurm role): it drains the node after the job, saying what it found",
     "driver-verify": "the nvidia role's verification in `make provision`: the run fails naming the GPUs",
     "topology": "`opsctl ib topology`: the cabling drift against the fabric's design",
     "layout": "nothing to see: a naming of the HCAs, under which every check must still work",
