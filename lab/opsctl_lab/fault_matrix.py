@@ -9,7 +9,7 @@ catalog rule has no fault that exercises it (beyond the rules it lists as not ye
 from dataclasses import dataclass
 
 from opsctl.health.catalog import Rule
-from opsctl_lab.hardware import FAULT_ARGUMENTS, FAULTS, FaultSpec
+from opsctl_lab.hardware import FAULT_ARGUMENTS, FAULTS, TARGET_OPTIONS, FaultSpec
 
 # What sees an XID fault: the catalog rule of its code (xid-79), or the family that takes the code
 # (xid-report, xid-unknown), as NVIDIA's XID catalog decides (docs/health.md, "XIDs").
@@ -45,7 +45,7 @@ def rows(rules: list[Rule]) -> list[Row]:
     by_id = {rule.id: rule for rule in rules}
     out = []
     for spec in FAULTS.values():
-        where = {"gpu": "--gpu G", "hca": "--hca H", "node": "node", "rail": "rail", "fabric": "fabric"}[spec.target]
+        where = TARGET_OPTIONS.get(spec.target, spec.target)  # node, rail, fabric
         for seen in spec.seen_by:
             rule = by_id.get(seen)
             if seen == XID_RULES:

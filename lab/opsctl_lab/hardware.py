@@ -214,10 +214,14 @@ FAULTS = {
 }
 
 
+# How `opsctl lab inject` addresses a fault's device, by its target.
+TARGET_OPTIONS = {"gpu": "--gpu G", "hca": "--hca H"}
+
+
 def describe_faults() -> str:
     lines = []
     for spec in FAULTS.values():
-        where = {"gpu": "--gpu G", "hca": "--hca H"}.get(spec.target, "")
+        where = TARGET_OPTIONS.get(spec.target, "")
         name = spec.name + FAULT_ARGUMENTS.get(spec.name, "")
         tier = " (lab machines only)" if spec.machines_only else " (simulated lab only)" if spec.simulated_only else ""
         lines.append(f"{name:22} {where:8} {spec.summary}{tier}")
