@@ -145,22 +145,29 @@ class Tsdb:
             urllib.request.urlopen(urllib.request.Request(f"{self.url}/-/reload", method="POST"), timeout=60).close()
         if interval is None:
             client = PromClientImpl(self.url)
-            # A held rule's results are used once its recorded history spans its hold (young before).
-            wait(lambda: not precomputed.read(client.query(precomputed.QUERY), rules, config).direct, 45,
-                 "every rule's recorded results")
+            # A held rule's results are used once its recorded history spans its hold (young before), and
+            # every heartbeat is fresh for `config` at one instant.
+            last = {}
+
+            def whole() -> bool:
+                last["read"] = precomputed.read(client.query(precomputed.QUERY), rules, config)
+                return not last["read"].direct
+            wait(whole, 90, "every rule's recorded results", lambda: last["read"].note())
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
 
 
-def wait(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+def wait(predicate, timeout: float = 30.0, what: str = "condition", why=lambda: "") -> None:
+    """Polls `predicate` until it holds; on timeout the error names `what` and what `why()` says."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    detail = why()
+    raise AssertionError(f"timed out waiting for {what}" + (f": {detail}" if detail else ""))
 
 
 class Running:

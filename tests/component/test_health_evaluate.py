@@ -339,7 +339,10 @@ def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
     the first drain. The exported alert stays on the held breach alone. The recording groups run for a
     whole hold before the faults come: a group's history shorter than its hold is read directly."""
     config = config_for(clean, catalog={"overrides": {**FAST_HOLDS, "row-remap-pending": {"hold": "30s"}}})
-    clean.tsdbs["prometheus"].record(load_catalog(config), config)  # until every group's history is whole
+    # Until every group's history is whole, each read as `run` reads it: fresh for two 2 s intervals (fresh
+    # for two of 1 s, every one of tens of groups at one instant, a machine busy with other streams is not).
+    recorded_config = replace(config, prometheus=replace(config.prometheus, recording_interval=Duration(2)))
+    clean.tsdbs["prometheus"].record(load_catalog(config), recorded_config)
     for node in ("gpu001", "gpu002", "gpu003"):
         clean.dcgm[node].hw.inject("row-remap-pending", gpu=2)
     clean.dcgm["gpu004"].hw.inject("row-remap-failure", gpu=5)
@@ -347,7 +350,6 @@ def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
     expected = {**{n: [("row-remap-pending", "gpu2")] for n in ("gpu001", "gpu002", "gpu003")}, "gpu004": []}
     recorded, client, rules = run(clean, config)  # verdicts and decisions agree on every engine and path
     assert {n: v.status for n, v in recorded.nodes.items()} == {**{n: "ok" for n in expected}, "gpu004": "fail"}
-    recorded_config = replace(config, prometheus=replace(config.prometheus, recording_interval=Duration(2)))
     direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
     paths = {"prometheus, recorded": (client, recorded_config), "prometheus, direct": (client, direct_config),
              **{f"{kind}, direct": (PromClientImpl(tsdb.url), direct_config) for kind, tsdb in clean.tsdbs.items()
