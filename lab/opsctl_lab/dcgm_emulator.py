@@ -85,9 +85,24 @@ class GpuView:
         return 94 + self.jitter("hot", 4) if self.has("thermal") else 29 + self.jitter("temp", 10)
 
     def clock_events(self) -> int:
+        """DCGM's clock event reasons (hwm.CLOCK_EVENT_*): GPU_IDLE on an idle GPU; a slowdown's bits."""
         if self.has("thermal"):
             return hwm.CLOCK_EVENT_HW_SLOWDOWN | hwm.CLOCK_EVENT_SW_THERMAL | hwm.CLOCK_EVENT_HW_THERMAL
-        return hwm.CLOCK_EVENT_GPU_IDLE
+        mask = 0
+        for fault in self.hw.faults_on("clock-slowdown", gpu=self.gpu):
+            mask |= hwm.CLOCK_SLOWDOWNS.get(fault.variant or "", 0)
+        return mask or hwm.CLOCK_EVENT_GPU_IDLE
+
+    def busy(self) -> bool:
+        """Whether a kernel runs on the GPU: only while a clock slowdown shows (it shows under load)."""
+        return self.has("clock-slowdown")
+
+    def pcie_width(self) -> int:
+        return hwm.PCIE_GPU_DOWNTRAINED_WIDTH if self.has("pcie-downtrain") else hwm.PCIE_GPU_WIDTH
+
+    def sm_clock(self) -> int:
+        slowed = self.has("thermal") or self.busy()
+        return hwm.SLOWED_SM_CLOCK_MHZ if slowed else hwm.SM_CLOCK_MHZ
 
     def fabric_status(self) -> int:
         """DCGM's Fabric Manager status of the GPU (hwm.FABRIC_*)."""
@@ -100,8 +115,7 @@ class GpuView:
 
 
 FIELDS = [
-    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
-          lambda g: 1155 if g.has("thermal") else 1980),
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda g: g.sm_clock()),
     Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda g: 3201),
     Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", lambda g: g.temp() + 3),
     Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda g: g.temp()),
@@ -111,7 +125,7 @@ FIELDS = [
           lambda g: int(g.uptime() * (72.0 + g.jitter("power", 40)) * 1000)),
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
           lambda g: int(g.counter("pcie_replay"))),
-    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: 0),
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda g: 100 if g.busy() else 0),
     Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda g: 0),
     Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda g: 0),
     Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda g: 0),
@@ -136,6 +150,10 @@ FIELDS = [
           lambda g: int(g.has("row-remap-pending"))),
     Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons (bitmask).",
           lambda g: g.clock_events()),
+    Field("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", lambda g: hwm.PCIE_GPU_GEN),
+    Field("DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "gauge", "PCIe max link generation.", lambda g: hwm.PCIE_GPU_GEN),
+    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.", lambda g: g.pcie_width()),
+    Field("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "gauge", "PCIe max link width.", lambda g: hwm.PCIE_GPU_WIDTH),
     Field("DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "gauge", "Fabric Manager status of the GPU (dcgmFabricManagerStatus_t).",
           lambda g: g.fabric_status()),
     Field("DCGM_FI_DEV_ECC_CURRENT", "gauge", "Current ECC mode of the GPU (1 enabled, 0 disabled).",

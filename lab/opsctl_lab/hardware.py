@@ -48,6 +48,19 @@ CLOCK_EVENT_GPU_IDLE = 0x1
 CLOCK_EVENT_HW_SLOWDOWN = 0x8
 CLOCK_EVENT_SW_THERMAL = 0x20
 CLOCK_EVENT_HW_THERMAL = 0x40
+CLOCK_EVENT_HW_POWER_BRAKE = 0x80
+# The `clock-slowdown:<reason>` fault's reasons and their bits. A hardware slowdown shows under load: the
+# GPU is busy (100 % utilisation) at a lower SM clock while the fault lasts.
+CLOCK_SLOWDOWNS = {"hw-slowdown": CLOCK_EVENT_HW_SLOWDOWN,
+                   "hw-thermal": CLOCK_EVENT_HW_SLOWDOWN | CLOCK_EVENT_HW_THERMAL,
+                   "power-brake": CLOCK_EVENT_HW_SLOWDOWN | CLOCK_EVENT_HW_POWER_BRAKE,
+                   "sw-thermal": CLOCK_EVENT_SW_THERMAL}
+# The GPU's PCIe link (an HGX H200 holds Gen5 x16, idle or busy: the real nvidia-smi -q capture).
+PCIE_GPU_GEN = 5
+PCIE_GPU_WIDTH = 16
+PCIE_GPU_DOWNTRAINED_WIDTH = 8
+SM_CLOCK_MHZ = 1980
+SLOWED_SM_CLOCK_MHZ = 1155
 
 # DCGM_FI_DEV_FABRIC_MANAGER_STATUS (field 170), a dcgmFabricManagerStatus_t (NVIDIA/go-dcgm @ 7c92211ba301,
 # the release dcgm-exporter 4.1.3 builds with: pkg/dcgm/dcgm_structs.h): the GPU's NVML fabric state, Success
@@ -152,6 +165,11 @@ FAULTS = {
         FaultSpec("gpu-missing", "gpu", "the GPU fell off the bus: its series vanish", seen_by=("gpu-count",)),
         FaultSpec("thermal", "gpu", "sustained > 90 C with thermal clock events",
                   seen_by=("gpu-temp-high", "clocks-hw-slowdown")),
+        FaultSpec("clock-slowdown", "gpu", "clock-slowdown:<reason>: the busy GPU's clocks are held down, the reason "
+                  "hw-slowdown, hw-thermal, power-brake or sw-thermal (DCGM's clock event reasons)",
+                  seen_by=("clock-slowdown",)),
+        FaultSpec("pcie-downtrain", "gpu", "the GPU's PCIe link trained at x8 of its x16 (after a reseat or a reboot)",
+                  seen_by=("pcie-downtrained",)),
         FaultSpec("fabric-stuck", "gpu", "Fabric Manager never finishes training the GPU: its fabric state stays "
                   "In Progress", seen_by=("fabric-not-ready",)),
         FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "
@@ -228,8 +246,9 @@ def describe_faults() -> str:
     return "\n".join(lines)
 
 
-def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
+def parse_fault(text: str) -> tuple[FaultSpec, int | str | None]:
     """'xid:79' -> (xid spec, 79); 'xid-kernel:62' -> (xid-kernel spec, 62); 'recable-rail:3' -> (its spec, 3);
+    'clock-slowdown:power-brake' -> (its spec, 'power-brake');
     'dbe' -> (dbe spec, None); 'uplink-down:rail3-su1-leaf' -> (its spec, None): the fabric's own faults name a
     switch, which opsctl_lab.fabric checks. Raises LabError on anything else."""
     name, _, arg = text.partition(":")
@@ -244,12 +263,20 @@ def parse_fault(text: str) -> tuple[FaultSpec, int | None]:
         if not arg.isdigit() or not 0 <= int(arg) < RAILS:
             raise LabError(f"bad rail in {text!r}: expected {name}:<0-{RAILS - 1}>")
         return spec, int(arg)
+    if name in VARIANT_FAULTS:
+        if arg not in VARIANT_FAULTS[name]:
+            raise LabError(f"bad reason in {text!r}: expected {name}:<{' | '.join(VARIANT_FAULTS[name])}>")
+        return spec, arg
     return spec, None
+
+
+# The faults that take one of a set of words (`clock-slowdown:power-brake`): fault -> its words.
+VARIANT_FAULTS = {"clock-slowdown": tuple(CLOCK_SLOWDOWNS)}
 
 
 # What a fault's argument is, for those that take one (`xid:79`, `recable-leaf:3`, `uplink-down:rail3-su1-leaf`).
 FAULT_ARGUMENTS = {**dict.fromkeys(XID_FAULTS, ":<code>"), **dict.fromkeys(RAIL_FAULTS, ":<rail>"),
-                   "uplink-down": ":<leaf>"}
+                   "uplink-down": ":<leaf>", "clock-slowdown": ":<reason>"}
 
 
 def hca_name(hca: str | int | None, names: HcaLayout | None = None) -> str:
@@ -303,6 +330,7 @@ class ActiveFault:
     since: float = 0.0
     xid: int | None = None
     rail: int | None = None  # the rail of a rail fault (recable-leaf:3)
+    variant: str | None = None  # the word of a variant fault (clock-slowdown:power-brake)
 
     def key(self, counter: str) -> str:
         return f"{self.gpu if self.hca is None else self.hca}:{counter}"
@@ -311,7 +339,8 @@ class ActiveFault:
 def fault_label(fault: ActiveFault) -> str:
     """How the lab's reports name a fault: `xid:79 gpu3`, `ib-down mlx5_2`, `recable-rail:3`, `exporter-down`."""
     name = f"{fault.fault}:{fault.xid}" if fault.fault in XID_FAULTS else \
-        f"{fault.fault}:{fault.rail}" if fault.fault in RAIL_FAULTS else fault.fault
+        f"{fault.fault}:{fault.rail}" if fault.fault in RAIL_FAULTS else \
+        f"{fault.fault}:{fault.variant}" if fault.variant else fault.fault
     where = f" gpu{fault.gpu}" if fault.gpu is not None else f" {fault.hca}" if fault.hca else ""
     return name + where
 
@@ -373,8 +402,10 @@ class NodeHardware:
             raise LabError(f"{spec.name} is a fault of the fabric, not of a node: inject it on `fabric` "
                            f"(`opsctl lab inject fabric {text}`)")
         now = time.time() if now is None else now
-        xid = arg if spec.name in XID_FAULTS else None
-        fault = ActiveFault(fault=spec.name, since=now, xid=xid, rail=arg if spec.target == "rail" else None)
+        xid = arg if spec.name in XID_FAULTS and isinstance(arg, int) else None
+        fault = ActiveFault(fault=spec.name, since=now, xid=xid,
+                            rail=arg if spec.target == "rail" and isinstance(arg, int) else None,
+                            variant=arg if isinstance(arg, str) else None)
         if spec.target == "gpu":
             fault.gpu = 0 if gpu is None else int(gpu)
             if not 0 <= fault.gpu < GPUS_PER_NODE:
@@ -389,8 +420,8 @@ class NodeHardware:
         elif spec.name == "xid-kernel":
             assert fault.gpu is not None and xid is not None  # a GPU fault, and parse_fault requires its code
             self._log_xid(fault.gpu, xid, now)
-        same = (fault.fault, fault.gpu, fault.hca, fault.xid, fault.rail)
-        self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid, f.rail) != same]
+        same = (fault.fault, fault.gpu, fault.hca, fault.xid, fault.rail, fault.variant)
+        self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid, f.rail, f.variant) != same]
         self.active.append(fault)
         return fault
 

@@ -60,7 +60,11 @@ def build(site: Site) -> db.Dashboard:
     dash = dash.with_row(db.Row("NVLink and PCIe"))
     dash = dash.with_panel(rule_graph(site, "nvlink-errors", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))
+    dash = dash.with_panel(rule_graph(site, "pcie-downtrained", "PCIe link's share of its maximum width and speed",
+                                      gpus))
     dash = dash.with_row(db.Row("Clocks, thermals and power"))
+    dash = dash.with_panel(rule_graph(site, "clock-slowdown", "Busy GPU's clocks held down (slowdown reason mask)",
+                                      gpus))
     dash = dash.with_panel(rule_graph(site, "clocks-hw-slowdown", "HW slowdown or HW thermal clock events", gpus))
     dash = dash.with_panel(rule_graph(site, "gpu-temp-high", "GPU temperature", gpus, unit="celsius"))
     dash = dash.with_panel(graph(

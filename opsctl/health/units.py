@@ -6,8 +6,10 @@ An evidence template names a value and, after a colon, how to show it: `${value:
   ib_state      InfiniBand port state id -> its name (sysfs ports/N/state, IBTA PortState): 1 -> DOWN
   gbps          bytes per second -> Gb/s: 25000000000 -> 200
   clock_events  DCGM clock event reason mask -> flag names and the mask: 72 -> HW_SLOWDOWN,HW_THERMAL (0x48)
+  clock_slowdown  the slowdown bits of that mask -> their short names: 136 -> hw-slowdown,power-brake
   fabric_status DCGM's Fabric Manager status of a GPU (dcgmFabricManagerStatus_t) -> its name: 2 -> In Progress
   celsius       degrees -> with the unit: 92 -> 92°C
+  percent       a fraction -> a percentage: 0.5 -> 50%
   age           seconds -> minutes and seconds: 312 -> 5m12s, 300 -> 5m, 42.5 -> 42s
 """
 
@@ -21,6 +23,9 @@ IB_PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "A
 CLOCK_EVENTS = {0x1: "GPU_IDLE", 0x2: "CLOCKS_SETTING", 0x4: "SW_POWER_CAP", 0x8: "HW_SLOWDOWN",
                 0x10: "SYNC_BOOST", 0x20: "SW_THERMAL", 0x40: "HW_THERMAL", 0x80: "HW_POWER_BRAKE",
                 0x100: "DISPLAY_CLOCKS"}
+# The bits of that mask that slow a busy GPU down, short names first named by the hardware (nvidia-smi -q's
+# "Clocks Event Reasons": HW Slowdown, SW Thermal Slowdown, HW Thermal Slowdown, HW Power Brake Slowdown).
+CLOCK_SLOWDOWNS = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "power-brake"}
 # dcgm_structs.h dcgmFabricManagerStatus_t, in the words of nvidia-smi -q's Fabric section where it has them.
 FABRIC_STATUSES = {0: "Not Supported", 1: "Not Started", 2: "In Progress", 3: "Success", 4: "Failure",
                    5: "Unrecognized", 6: "NVML too old"}
@@ -52,12 +57,23 @@ def clock_events(value: float) -> str:
     return f"{','.join(names) or 'none'} (0x{mask:x})"
 
 
+def clock_slowdown(value: float) -> str:
+    if not math.isfinite(value) or value < 0:
+        return str(value)
+    names = [name for bit, name in CLOCK_SLOWDOWNS.items() if int(value) & bit]
+    return ",".join(names) or "none"
+
+
 def fabric_status(value: float) -> str:
     return FABRIC_STATUSES.get(int(value), f"status {plain(value)}") if math.isfinite(value) else str(value)
 
 
 def celsius(value: float) -> str:
     return f"{plain(value)}°C"
+
+
+def percent(value: float) -> str:
+    return f"{plain(value * 100)}%" if math.isfinite(value) else str(value)
 
 
 def age(value: float) -> str:
@@ -71,7 +87,8 @@ def age(value: float) -> str:
 
 
 FORMATS: dict[str, Callable[[float], str]] = {"ib_state": ib_state, "gbps": gbps, "clock_events": clock_events,
-                                              "fabric_status": fabric_status, "celsius": celsius, "age": age}
+                                              "clock_slowdown": clock_slowdown, "fabric_status": fabric_status,
+                                              "celsius": celsius, "percent": percent, "age": age}
 PLACEHOLDER = re.compile(r"\$\{(value|threshold)(?::([a-z_]+))?\}")
 
 

@@ -168,6 +168,38 @@ def test_mig_on_and_ecc_off_show_in_q_and_csv_on_their_gpu(node):
     assert "    ECC Mode\n        Current                                        : Disabled\n" in q1
 
 
+def test_a_power_brake_shows_in_q_csv_and_dcgm_alike(node):
+    """clock-slowdown:power-brake on GPU 3: -q's Clocks Event Reasons say HW Slowdown and HW Power Brake
+    Slowdown Active, not Idle; the csv's active mask is DCGM's (0x88) and the GPU is busy in both."""
+    state, env = node
+    inject(state, "clock-slowdown:power-brake", gpu=3)
+    fields = "index,clocks_event_reasons.active,clocks_event_reasons.hw_power_brake_slowdown,utilization.gpu"
+    rows = parse_nvidia_smi_csv(smi(env, f"--query-gpu={fields}", "--format=csv").stdout)
+    assert [(r["clocks_event_reasons.active"], r["clocks_event_reasons.hw_power_brake_slowdown"]) for r in rows] == [
+        ("0x0000000000000088", "Active") if g == 3 else ("0x0000000000000001", "Not Active") for g in range(8)]
+    q3 = smi(env, "-q", "-i", "3").stdout
+    for line in ("        Idle                                           : Not Active",
+                 "        HW Slowdown                                    : Active",
+                 "            HW Power Brake Slowdown                    : Active",
+                 "        GPU                                            : 100 %"):
+        assert line + "\n" in q3, line
+    metrics = render(NodeHardware.load(state, "gpu7"))
+    assert re.search(r'^DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="3",[^}]*} 136$', metrics, re.M)
+    assert re.search(r'^DCGM_FI_DEV_GPU_UTIL{gpu="3",[^}]*} 100$', metrics, re.M)
+
+
+def test_a_downtrained_link_shows_in_q_csv_and_dcgm_alike(node):
+    state, env = node
+    inject(state, "pcie-downtrain", gpu=5)
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,pcie.link.width.current,pcie.link.width.max",
+                                    "--format=csv").stdout)
+    assert [(r["pcie.link.width.current"], r["pcie.link.width.max"]) for r in rows] == [
+        (8 if g == 5 else 16, 16) for g in range(8)]
+    width = smi(env, "-q", "-i", "5").stdout.split("            Link Width\n", 1)[1].splitlines()[:2]
+    assert [line.split(":")[1].strip() for line in width] == ["16x", "8x"]
+    assert re.search(r'^DCGM_FI_DEV_PCIE_LINK_WIDTH{gpu="5",[^}]*} 8$', render(NodeHardware.load(state, "gpu7")), re.M)
+
+
 def test_q_blocks_have_the_real_layout(node):
     _, env = node
     q = smi(env, "-q").stdout

@@ -126,6 +126,30 @@ def test_thermal_sets_temperature_and_clock_event_bits():
     assert temp > 90 and reasons & 0x40 and reasons & 0x8
 
 
+def test_a_clock_slowdown_is_a_busy_gpu_at_a_lower_clock_with_its_reasons_bits():
+    """clock-slowdown:<reason> on GPU 2: DCGM's clock event reasons carry the reason's bits (dcgm_fields.h:
+    0x8 HW_SLOWDOWN, 0x20 SW_THERMAL, 0x40 HW_THERMAL, 0x80 HW_POWER_BRAKE, a brake or HW thermal event with
+    the HW slowdown bit as nvidia-smi nests them), the GPU is busy and its SM clock lower; the other GPUs
+    stay idle (GPU_IDLE) at their full clock."""
+    hw = NodeHardware(node="gpu001")
+    for reason, mask in (("hw-slowdown", 0x8), ("sw-thermal", 0x20), ("hw-thermal", 0x48), ("power-brake", 0x88)):
+        hw.clear()
+        hw.inject(f"clock-slowdown:{reason}", gpu=2)
+        assert _per_gpu(hw, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS") == {str(g): mask if g == 2 else 0x1 for g in range(8)}
+    assert _per_gpu(hw, "DCGM_FI_DEV_GPU_UTIL") == {str(g): 100 if g == 2 else 0 for g in range(8)}
+    clocks = _per_gpu(hw, "DCGM_FI_DEV_SM_CLOCK")
+    assert clocks["2"] < clocks["1"] == clocks["7"]
+
+
+def test_a_downtrained_link_is_x8_of_its_x16_on_its_gpu_alone():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("pcie-downtrain", gpu=3)
+    assert _per_gpu(hw, "DCGM_FI_DEV_PCIE_LINK_WIDTH") == {str(g): 8 if g == 3 else 16 for g in range(8)}
+    assert set(_per_gpu(hw, "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH").values()) == {16}
+    assert set(_per_gpu(hw, "DCGM_FI_DEV_PCIE_LINK_GEN").values()) == \
+        set(_per_gpu(hw, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN").values()) == {5}
+
+
 def _fabric(hw) -> dict:
     fams = _families(render(hw))
     return {s.labels["gpu"]: int(s.value) for s in fams["DCGM_FI_DEV_FABRIC_MANAGER_STATUS"].samples}

@@ -3,11 +3,12 @@
 import pytest
 
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import NodeHardware, hca_name, parse_fault
+from opsctl_lab.hardware import NodeHardware, fault_label, hca_name, parse_fault
 from opsctl_lab.ib_sysfs import write_tree
 
 
-@pytest.mark.parametrize("text", ["meltdown", "xid", "xid:", "xid:abc", "xid:0", "dbe:3"])
+@pytest.mark.parametrize("text", ["meltdown", "xid", "xid:", "xid:abc", "xid:0", "dbe:3", "clock-slowdown",
+                                  "clock-slowdown:sw-power-cap", "clock-slowdown:3"])
 def test_bad_fault_names_are_refused(text):
     with pytest.raises(LabError):
         parse_fault(text)
@@ -20,9 +21,20 @@ def test_hca_addresses():
         hca_name(9)
 
 
+def test_a_variant_fault_keeps_its_word_and_each_word_is_a_fault_of_its_own():
+    hw = NodeHardware(node="gpu009")
+    hw.inject("clock-slowdown:power-brake", gpu=2, now=100.0)
+    hw.inject("clock-slowdown:sw-thermal", gpu=2, now=101.0)
+    hw.inject("clock-slowdown:power-brake", gpu=2, now=102.0)  # again: replaces, not adds
+    assert sorted(fault_label(f) for f in hw.active) == ["clock-slowdown:power-brake gpu2",
+                                                        "clock-slowdown:sw-thermal gpu2"]
+    assert parse_fault("clock-slowdown:hw-thermal")[1] == "hw-thermal"
+
+
 def test_state_round_trips_through_its_file(tmp_path):
     hw = NodeHardware(node="gpu009")
     hw.inject("xid:48", gpu=2, now=100.0)
+    hw.inject("clock-slowdown:hw-slowdown", gpu=5, now=100.0)
     hw.inject("ib-down", hca=4, now=100.0)
     hw.save(tmp_path / "hw.json")
     back = NodeHardware.load(tmp_path / "hw.json", "gpu009")

@@ -68,10 +68,12 @@ def gpu_serial(node: str, gpu: int) -> str:
 def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
     """Every dynamic value of one GPU, named as in the -q template."""
     view = GpuView(hw, gpu, now)
-    thermal = view.has("thermal")
+    events = view.clock_events()
     sbe, dbe = int(view.counter("ecc_sbe_vol")), int(view.counter("ecc_dbe_vol"))
     power = min(hwm.POWER_LIMIT_W, view.power() + view.jitter("mw", 1000) / 1000.0)
-    active = "Active"
+
+    def event(bit: int) -> str:
+        return "Active" if events & bit else "Not Active"
     return {
         "persistence_mode": "Enabled" if hw.persistence_mode(gpu) else "Disabled",
         "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
@@ -81,10 +83,9 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "pcie_replays": int(view.counter("pcie_replay")),
         "tx_kbs": 300 + view.jitter("tx", 100), "rx_kbs": 300 + view.jitter("rx", 100),
         "pstate": "P0",
-        "ev_idle": "Not Active" if thermal else active,
-        "ev_hw_slowdown": active if thermal else "Not Active",
-        "ev_hw_thermal": active if thermal else "Not Active",
-        "ev_sw_thermal": active if thermal else "Not Active",
+        "ev_idle": event(hwm.CLOCK_EVENT_GPU_IDLE), "ev_hw_slowdown": event(hwm.CLOCK_EVENT_HW_SLOWDOWN),
+        "ev_hw_thermal": event(hwm.CLOCK_EVENT_HW_THERMAL), "ev_sw_thermal": event(hwm.CLOCK_EVENT_SW_THERMAL),
+        "ev_hw_power_brake": event(hwm.CLOCK_EVENT_HW_POWER_BRAKE), "gpu_util": 100 if view.busy() else 0,
         "fb_used": view.fb_used, "fb_free": hwm.FB_TOTAL_MIB - hwm.FB_RESERVED_MIB - view.fb_used,
         "sbe_vol": sbe, "dbe_vol": dbe, "sbe_agg": sbe, "dbe_agg": dbe,
         "remap_corr": int(view.counter("correctable_remapped_rows")),
@@ -93,8 +94,8 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "remap_failure": "Yes" if view.has("row-remap-failure") else "No",
         "temp": view.temp(), "mem_temp": view.temp() + 3,
         "power": f"{power:.2f}", "power_avg": f"{power:.2f}",
-        "sm_clock": 1155 if thermal else 1980,
-        "clock_events": view.clock_events(),
+        "sm_clock": view.sm_clock(), "pcie_width": view.pcie_width(),
+        "clock_events": events,
         "mig_mode": "Enabled" if view.has("mig-on") else "Disabled",
         "ecc_mode": "Disabled" if view.has("ecc-off") else "Enabled",
         # NVML's fabric status is read only once the state is Completed; before that nvidia-smi prints N/A.
@@ -138,7 +139,7 @@ def render_table(hw: NodeHardware, now: float, gpus: list[int]) -> str:
         persistence = "On" if v["persistence_mode"] == "Enabled" else "Off"
         out += [f"| {gpu:>3}  {hwm.GPU_MODEL:<31}{persistence:<4}|   {v['bus_id']} Off | {v['dbe_vol']:>20} |",
                 f"| N/A  {v['temp']:>3}C    {v['pstate']}  {watts:>13}W / {int(hwm.POWER_LIMIT_W):>4}W |"
-                f" {used:>22} | {0:>6}%      Default |",
+                f" {used:>22} | {v['gpu_util']:>6}%      Default |",
                 "|                                         |                        |             Disabled |",
                 SEP]
         procs += [(gpu, p) for p in processes(hw, gpu)]
@@ -201,6 +202,8 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
         "clocks_event_reasons.gpu_idle": v["ev_idle"], "clocks_event_reasons.hw_slowdown": v["ev_hw_slowdown"],
         "clocks_event_reasons.hw_thermal_slowdown": v["ev_hw_thermal"],
         "clocks_event_reasons.sw_thermal_slowdown": v["ev_sw_thermal"],
+        "clocks_event_reasons.hw_power_brake_slowdown": v["ev_hw_power_brake"],
+        "utilization.gpu": f"{v['gpu_util']} %", "pcie.link.width.current": str(v["pcie_width"]),
         "memory.used": f"{v['fb_used']} MiB", "memory.free": f"{v['fb_free']} MiB",
         "ecc.errors.corrected.volatile.dram": str(v["sbe_vol"]),
         "ecc.errors.corrected.volatile.total": str(v["sbe_vol"]),

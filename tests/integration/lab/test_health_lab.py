@@ -26,6 +26,8 @@ DRAIN_ROWS = [  # (fault, node, gpu, hca, rule that must own the drain)
     ("fabricmanager-down", "gpu054", None, None, "fabric-manager-down"),
     ("mig-on", "gpu055", 6, None, "mig-enabled"),
     ("ecc-off", "gpu056", 1, None, "ecc-disabled"),
+    ("clock-slowdown:power-brake", "gpu057", 2, None, "clock-slowdown"),
+    ("pcie-downtrain", "gpu058", 3, None, "pcie-downtrained"),
 ]
 WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("xid:13", "gpu042", 0, None, "xid-13"),
@@ -38,7 +40,7 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-056]"
+SCOPE = "gpu[033-058]"
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def table(lab, tmp_path_factory):
     """Inject every row at once on its own node, wait for the verdicts, compare the dry-run plans of
     Prometheus and VictoriaMetrics, then run one --drain."""
     tmp = tmp_path_factory.mktemp("table")
-    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 16, "max_drains_per_run": 20, "max_drains_per_hour": 100,
+    h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 20, "max_drains_per_run": 20, "max_drains_per_hour": 100,
                                     "max_out_of_service_fraction": 0.4})
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     try:
@@ -104,6 +106,14 @@ def test_drain_rows_fail_and_are_drained_by_their_rule(table, fault, node, gpu, 
     assert check.get("hca") == (f"mlx5_{hca}" if hca is not None else None)
 
 
+def test_the_reasons_of_the_new_checks_name_what_they_saw(table):
+    """The drain reason names the device and, in words, what the rule saw there."""
+    after = table[4]
+    assert after["gpu057"].reason.startswith("opsctl:clock-slowdown gpu2 hw-slowdown,power-brake")
+    assert after["gpu053"].reason.startswith("opsctl:fabric-not-ready gpu2 fabric In Progress")
+    assert after["gpu058"].reason.startswith("opsctl:pcie-downtrained gpu3 PCIe link at 50% of its maximum")
+
+
 @pytest.mark.parametrize("fault,node,gpu,hca,rule", WARN_ROWS, ids=[r[0] for r in WARN_ROWS])
 def test_warn_rows_warn_and_are_not_drained(table, fault, node, gpu, hca, rule):
     _, _, nodes, _, after, _ = table
@@ -133,7 +143,8 @@ def test_the_faulty_nodes_and_no_other_are_drained(table):
     assert {r["node"] for r in drains} == newly
     assert all(r["dry_run"] is False and r["user"] and r["checks"] and r["evidence"] for r in drains)
     summary = nodes["_summary"]
-    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == (13, 13, 8, 1)
+    assert (summary["drained"], summary["fail"], summary["warn"], summary["unknown"]) == \
+        (len(DRAIN_ROWS), len(DRAIN_ROWS), len(WARN_ROWS), 1)
 
 
 def test_victoria_metrics_scraping_the_same_exporters_decides_exactly_alike(table):
