@@ -42,7 +42,7 @@ NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase() for its hold).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
                                                "pcie-replays", "sbe-storm", "ib-errors", "fabric-manager-down",
-                                               "fabric-not-ready")}
+                                               "fabric-not-ready", "clock-slowdown", "pcie-downtrained")}
 FAST_HOLDS["ecc-dbe-new"] = {"hold": "8s"}  # the counter must exist at the window's start: not 10m here
 # Every rule holds two scrape intervals (2 s here), for series that existed before the hold: an XID count
 # series is born with the XID, so its check shows after one to two holds.
@@ -208,6 +208,27 @@ def test_a_stuck_gpu_fabric_and_a_node_without_fabric_manager_fail_their_own_rul
     assert not any(c[0].startswith("fabric") for n in ("gpu002", "gpu004") for c in checks(report, n))
 
 
+def test_a_clock_slowdown_and_a_downtrained_link_fail_their_gpu_alone_on_both_engines(clean):
+    """clock-slowdown:power-brake on gpu002's GPU 6 (busy, mask 0x88) and pcie-downtrain on gpu004's GPU 1
+    (x8 of x16) fail their own rule on their GPU alone, with the values that name what was seen; the idle
+    GPUs' clock event reasons (GPU_IDLE) and the other links (x16 of x16) are ok."""
+    clean.dcgm["gpu002"].hw.inject("clock-slowdown:power-brake", gpu=6)
+    clean.dcgm["gpu004"].hw.inject("pcie-downtrain", gpu=1)
+    found = {}
+
+    def judged():
+        found["report"], _, _ = run(clean)
+        return ("clock-slowdown", "gpu6", "fail") in checks(found["report"], "gpu002") \
+            and ("pcie-downtrained", "gpu1", "fail") in checks(found["report"], "gpu004")
+    wait(judged, 30, "clock-slowdown and pcie-downtrained failing")
+    report = found["report"]
+    new = {"clock-slowdown", "pcie-downtrained"}
+    assert {(n, c.id, c.device, c.value) for n, v in report.nodes.items() for c in v.checks if c.id in new} == {
+        ("gpu002", "clock-slowdown", "gpu6", 0x88), ("gpu004", "pcie-downtrained", "gpu1", 0.5)}
+    slowed = next(c for c in report.nodes["gpu002"].checks if c.id == "clock-slowdown")
+    assert slowed.evidence == "gpu6 hw-slowdown,power-brake"
+
+
 def _gpu_count_once_judged(stack, node: str):
     """The report and the node's gpu-count check, read again until the check is there: on a busy host a
     scrape can time out, and a node whose scrape failed is unknown for that run, with no checks."""
@@ -348,7 +369,15 @@ def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
     clean.dcgm["gpu004"].hw.inject("row-remap-failure", gpu=5)
     clean.wait_scrapes(3)
     expected = {**{n: [("row-remap-pending", "gpu2")] for n in ("gpu001", "gpu002", "gpu003")}, "gpu004": []}
-    recorded, client, rules = run(clean, config)  # verdicts and decisions agree on every engine and path
+    # Verdicts and decisions agree on every engine and path, read again until gpu004's fault is past its
+    # hold (two scrape intervals) on all of them: recorded results can be two recording intervals old.
+    found = {}
+
+    def failed() -> bool:
+        found["run"] = run(clean, config)
+        return found["run"][0].nodes["gpu004"].status == "fail"
+    wait(failed, 20, "gpu004's row-remap-failure past its hold on every path")
+    recorded, client, rules = found["run"]
     assert {n: v.status for n, v in recorded.nodes.items()} == {**{n: "ok" for n in expected}, "gpu004": "fail"}
     direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
     paths = {"prometheus, recorded": (client, recorded_config), "prometheus, direct": (client, direct_config),
