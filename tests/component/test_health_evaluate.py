@@ -188,20 +188,24 @@ def test_memory_faults_fail(clean, fault, rule):
     assert (rule, "gpu5", "fail") in checks(report, "gpu004")
 
 
+def run_until_failing(stack, failing: dict[str, tuple[str, str]], timeout: float = 30.0):
+    """The report of a run on both engines, run again until each node fails its (rule, device) check."""
+    found = {}
+
+    def judged() -> bool:
+        found["report"], _, _ = run(stack)
+        return all((*check, "fail") in checks(found["report"], node) for node, check in failing.items())
+    wait(judged, timeout, f"failing checks {failing}")
+    return found["report"]
+
+
 def test_a_stuck_gpu_fabric_and_a_node_without_fabric_manager_fail_their_own_rule(clean):
     """fabric-stuck on one GPU is fabric-not-ready on that GPU; fabricmanager-down (every GPU untrained) is
     fabric-manager-down on the node alone, not eight fabric-not-ready checks: on both engines."""
     clean.dcgm["gpu003"].hw.inject("fabric-stuck", gpu=2)
     clean.dcgm["gpu001"].hw.inject("fabricmanager-down")
 
-    found = {}
-
-    def judged():
-        found["report"], _, _ = run(clean)
-        return ("fabric-not-ready", "gpu2", "fail") in checks(found["report"], "gpu003") \
-            and ("fabric-manager-down", "", "fail") in checks(found["report"], "gpu001")
-    wait(judged, 20, "the fabric rules failing")
-    report = found["report"]
+    report = run_until_failing(clean, {"gpu003": ("fabric-not-ready", "gpu2"), "gpu001": ("fabric-manager-down", "")})
     assert {c for c in checks(report, "gpu003") if c[0].startswith("fabric")} == {("fabric-not-ready", "gpu2", "fail")}
     assert {c for c in checks(report, "gpu001") if c[0].startswith("fabric")} == {("fabric-manager-down", "", "fail")}
     assert next(c for c in report.nodes["gpu001"].checks if c.id == "fabric-manager-down").value == 8
@@ -214,14 +218,7 @@ def test_a_clock_slowdown_and_a_downtrained_link_fail_their_gpu_alone_on_both_en
     GPUs' clock event reasons (GPU_IDLE) and the other links (x16 of x16) are ok."""
     clean.dcgm["gpu002"].hw.inject("clock-slowdown:power-brake", gpu=6)
     clean.dcgm["gpu004"].hw.inject("pcie-downtrain", gpu=1)
-    found = {}
-
-    def judged():
-        found["report"], _, _ = run(clean)
-        return ("clock-slowdown", "gpu6", "fail") in checks(found["report"], "gpu002") \
-            and ("pcie-downtrained", "gpu1", "fail") in checks(found["report"], "gpu004")
-    wait(judged, 30, "clock-slowdown and pcie-downtrained failing")
-    report = found["report"]
+    report = run_until_failing(clean, {"gpu002": ("clock-slowdown", "gpu6"), "gpu004": ("pcie-downtrained", "gpu1")})
     new = {"clock-slowdown", "pcie-downtrained"}
     assert {(n, c.id, c.device, c.value) for n, v in report.nodes.items() for c in v.checks if c.id in new} == {
         ("gpu002", "clock-slowdown", "gpu6", 0x88), ("gpu004", "pcie-downtrained", "gpu1", 0.5)}
