@@ -23,8 +23,8 @@ IB_PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "A
 CLOCK_EVENTS = {0x1: "GPU_IDLE", 0x2: "CLOCKS_SETTING", 0x4: "SW_POWER_CAP", 0x8: "HW_SLOWDOWN",
                 0x10: "SYNC_BOOST", 0x20: "SW_THERMAL", 0x40: "HW_THERMAL", 0x80: "HW_POWER_BRAKE",
                 0x100: "DISPLAY_CLOCKS"}
-# The bits of that mask that slow a busy GPU down, short names first named by the hardware (nvidia-smi -q's
-# "Clocks Event Reasons": HW Slowdown, SW Thermal Slowdown, HW Thermal Slowdown, HW Power Brake Slowdown).
+# The bits of that mask that slow a busy GPU down, by short name (nvidia-smi -q's "Clocks Event Reasons":
+# HW Slowdown, SW Thermal Slowdown, HW Thermal Slowdown, HW Power Brake Slowdown).
 CLOCK_SLOWDOWNS = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "power-brake"}
 # dcgm_structs.h dcgmFabricManagerStatus_t, in the words of nvidia-smi -q's Fabric section where it has them.
 FABRIC_STATUSES = {0: "Not Supported", 1: "Not Started", 2: "In Progress", 3: "Success", 4: "Failure",
