@@ -243,12 +243,13 @@ def _differ(one, other) -> dict:
     return {n: (mine.get(n), theirs.get(n)) for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n)}
 
 
-def _until_agreed(first, second, seconds: float = 30.0):
-    """Both reports, read again together until their verdicts agree (or `seconds` have passed)."""
+def _until_agreed(first, second, seconds: float = 30.0, settled=lambda report: True):
+    """Both reports, read again together until their verdicts agree and `settled(first's report)` holds (or
+    `seconds` have passed)."""
     deadline = time.monotonic() + seconds
     while True:
         one, other = first(), second()
-        if verdicts(one) == verdicts(other) or time.monotonic() > deadline:
+        if (verdicts(one) == verdicts(other) and settled(one)) or time.monotonic() > deadline:
             return one, other
         time.sleep(0.5)
 
@@ -279,8 +280,9 @@ def evaluate_everywhere(tsdbs: dict, config, slurm_nodes, memory=None, now=None)
     def queried(url: str):
         return lambda: evaluate(PromClientImpl(url), rules, direct_config, slurm_nodes, memory, now)
 
+    # A group that ran late on a busy machine is read directly for that run: read again until none is.
     recorded, report = _until_agreed(lambda: evaluate(client, rules, recorded_config, slurm_nodes, memory, now),
-                                     queried(prometheus.url))
+                                     queried(prometheus.url), settled=lambda one: one.rule_results == "precomputed")
     assert recorded.rule_results == "precomputed", recorded.rule_results_note
     # Recorded results are up to two recording intervals old: a target that failed a scrape since then is
     # unknown on that path for as long (opsctl.health.evaluate.up_since), so on a machine where scrapes time

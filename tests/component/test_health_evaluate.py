@@ -373,7 +373,7 @@ def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
     def failed() -> bool:
         found["run"] = run(clean, config)
         return found["run"][0].nodes["gpu004"].status == "fail"
-    wait(failed, 20, "gpu004's row-remap-failure past its hold on every path")
+    wait(failed, 40, "gpu004's row-remap-failure past its hold on every path")
     recorded, client, rules = found["run"]
     assert {n: v.status for n, v in recorded.nodes.items()} == {**{n: "ok" for n in expected}, "gpu004": "fail"}
     direct_config = replace(config, prometheus=replace(config.prometheus, recording_rules="off"))
@@ -383,12 +383,13 @@ def test_pending_series_come_back_on_both_engines_and_both_paths(clean):
     for path, (on, cfg) in paths.items():
         found = {}
 
-        def judged(on=on, cfg=cfg, found=found) -> bool:
+        want = "precomputed" if "recorded" in path else "direct"  # a group late on a busy machine: read again
+
+        def judged(on=on, cfg=cfg, found=found, want=want) -> bool:
             found["report"] = evaluate(on, rules, cfg, NODES)
-            return pending_of(found["report"]) == expected
+            return pending_of(found["report"]) == expected and found["report"].rule_results == want
         wait(judged, 20, f"the pending series on {path}")
         report = found["report"]
-        assert report.rule_results == ("precomputed" if "recorded" in path else "direct"), path
         assert [c.status for c in report.nodes["gpu001"].pending] == ["pending"] and \
             report.nodes["gpu001"].checks == [], path
         safety = parse_config({"safety": {"breaker_min_nodes": 2, "max_out_of_service_fraction": 1.0}}, "t", {}).safety

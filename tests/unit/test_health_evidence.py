@@ -72,6 +72,7 @@ RULES = load_catalog(parse_config({}, "t", {}))
     ("opsctl:ib-down,xid-79 mlx5_0 DOWN (state_id=1); gpu3 xid=79 count=1",
      {"ib-down": {"mlx5_0"}, "xid-79": {"gpu3"}}),
     ("opsctl:row-remap-pending,gpu-count gpu5 row_remap_pending=1; gpus=7 expected=8", {"row-remap-pending": {"gpu5"}}),
+    ("opsctl:pcie-downtrained gpu3 PCIe link at 50% of its maximum", {"pcie-downtrained": {"gpu3"}}),
     ("opsctl:ib-down mlx5_3 DOWN (sta...", {}),  # cut by safety.reason_max_length: names nothing
     ("opsctl:node-check ib-port-state mlx5_2 failed", {}),  # node check results: per check, not per device
     ("opsctl:manual mlx5_3 DOWN (state_id=1)", {}),
