@@ -46,11 +46,16 @@ def gbps(value: float) -> str:
     return plain(value * 8 / 1e9) if math.isfinite(value) else str(value)
 
 
+def _flags(mask: int, names: dict[int, str]) -> list[str]:
+    """The names of the bits of `mask` that `names` names, lowest bit first."""
+    return [name for bit, name in names.items() if mask & bit]
+
+
 def clock_events(value: float) -> str:
     if not math.isfinite(value) or value < 0:
         return str(value)
     mask = int(value)
-    names = [name for bit, name in CLOCK_EVENTS.items() if mask & bit]
+    names = _flags(mask, CLOCK_EVENTS)
     unknown = mask & ~sum(CLOCK_EVENTS)
     if unknown:
         names.append(f"0x{unknown:x}")
@@ -60,8 +65,7 @@ def clock_events(value: float) -> str:
 def clock_slowdown(value: float) -> str:
     if not math.isfinite(value) or value < 0:
         return str(value)
-    names = [name for bit, name in CLOCK_SLOWDOWNS.items() if int(value) & bit]
-    return ",".join(names) or "none"
+    return ",".join(_flags(int(value), CLOCK_SLOWDOWNS)) or "none"
 
 
 def fabric_status(value: float) -> str:

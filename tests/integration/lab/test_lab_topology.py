@@ -121,8 +121,7 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
         busy = subprocess.run([*sbatch, "-N4", "-w", "gpu[001-004]"], capture_output=True, text=True, check=True)
         wait(lambda: squeue_nodes(cluster, busy.stdout.strip()), "the first job to run", cluster)
         job = subprocess.run([*sbatch, "-N32"], capture_output=True, text=True, check=True).stdout.strip()
-        placed = wait(lambda: squeue_nodes(cluster, job) or release_if_launch_failed(cluster, job),
-                      "the 32-node job to run", cluster, timeout=120)
+        placed = wait(lambda: running_or_released(cluster, job), "the 32-node job to run", cluster, timeout=120)
     finally:
         cluster.down()
     blocks = settings(written["block"], "BlockName")
@@ -130,10 +129,13 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
     assert placed == blocks["su2-leaf"]
 
 
-def release_if_launch_failed(cluster: ChrootCluster, job: str) -> list[str]:
-    """On a machine busy with other streams, launching 32 nodes' steps can outlast slurmd's message timeout:
-    slurmctld then requeues the job held ("launch failed requeued held"). Where a job lands is what is tested,
-    so it is released to be placed again (the same free block). Returns [] (not placed yet)."""
+def running_or_released(cluster: ChrootCluster, job: str) -> list[str]:
+    """The job's nodes once it runs. On a machine busy with other streams, launching 32 nodes' steps can
+    outlast slurmd's message timeout: slurmctld then requeues the job held ("launch failed requeued held").
+    Where a job lands is what is tested, so such a job is released to be placed again (the same free block)."""
+    placed = squeue_nodes(cluster, job)
+    if placed:
+        return placed
     reason = subprocess.run([str(cluster.bin / "squeue"), "-h", "-j", job, "-o", "%r"], capture_output=True,
                             text=True, timeout=30).stdout
     if "launch failed requeued held" in reason:
