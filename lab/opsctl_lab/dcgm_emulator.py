@@ -3,7 +3,8 @@ format and label set, rendered from each node's NodeHardware state file.
 
 Format facts (tests/fixtures/dcgm-exporter/dcgm-exporter-sample.txt and dcgm-exporter's
 render_metrics.go): one `# HELP` and `# TYPE` per field, then one series per GPU with labels
-gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION, and err_code/err_msg on
+gpu, UUID, pci_bus_id, device, modelName, Hostname, then the label fields of the role's counters file
+(DCGM_FI_DEV_INFOROM_IMAGE_VER, DCGM_FI_DEV_VBIOS_VERSION, DCGM_FI_DRIVER_VERSION), and err_code/err_msg on
 DCGM_FI_DEV_XID_ERRORS. A field DCGM cannot read is skipped, so a GPU that fell off the bus simply
 has no series. DCGM_EXP_XID_ERRORS_COUNT carries window_size_in_ms and xid, one series per XID seen
 in the window, and a series of value 0 without `xid` for a GPU that saw none (dcgm-exporter's
@@ -96,6 +97,9 @@ class GpuView:
     def busy(self) -> bool:
         """Whether a kernel runs on the GPU: only while a clock slowdown shows (it shows under load)."""
         return self.has("clock-slowdown")
+
+    def vbios(self) -> str:
+        return hwm.VBIOS_DRIFT_VERSION if self.has("vbios-drift") else hwm.VBIOS_VERSION
 
     def pcie_width(self) -> int:
         return hwm.PCIE_GPU_DOWNTRAINED_WIDTH if self.has("pcie-downtrain") else hwm.PCIE_GPU_WIDTH
@@ -197,7 +201,10 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def base_labels(node: str, gpu: int, minor: int | None = None, driver: str = hwm.DRIVER_VERSION) -> str:
+def base_labels(node: str, gpu: int, minor: int | None = None, driver: str = hwm.DRIVER_VERSION,
+                vbios: str = hwm.VBIOS_VERSION) -> str:
+    # The fields of type `label` (the role's counters file) follow Hostname in the order of their names: Go's
+    # template ranges over the metric's Labels map sorted by key (render_metrics.go).
     pairs = [
         ("gpu", str(gpu)),
         ("UUID", gpu_uuid(node, gpu)),
@@ -205,6 +212,8 @@ def base_labels(node: str, gpu: int, minor: int | None = None, driver: str = hwm
         ("device", f"nvidia{gpu if minor is None else minor}"),  # the device file, /dev/nvidia<minor>
         ("modelName", hwm.GPU_MODEL),
         ("Hostname", node),
+        ("DCGM_FI_DEV_INFOROM_IMAGE_VER", hwm.INFOROM_IMAGE_VERSION),
+        ("DCGM_FI_DEV_VBIOS_VERSION", vbios),
         ("DCGM_FI_DRIVER_VERSION", driver),
     ]
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
@@ -214,7 +223,8 @@ def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True) -
     """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT."""
     now = time.time() if now is None else now
     views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
-    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.driver_version) for view in views}
+    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.driver_version, view.vbios())
+              for view in views}
     out = []
     for fld in FIELDS:
         out.append(f"# HELP {fld.name} {fld.help}\n# TYPE {fld.name} {fld.kind}\n")

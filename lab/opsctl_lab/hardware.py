@@ -26,6 +26,11 @@ GPU_MODEL = "NVIDIA H200"
 DRIVER_VERSION = "570.133.20"
 # nvidia-smi -q on a real H200 (tests/fixtures/gpu/nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt):
 # Total 143771 MiB, Reserved 614 MiB; power limit 700 W.
+# VBIOS Version and Inforom Image Version: 96.00.A5.00.03 and G520.0280.02.02. `vbios-drift` flashes a GPU to
+# another VBIOS (the H100's 96.00.89.00.01, one a board swapped from another system might carry).
+VBIOS_VERSION = "96.00.A5.00.03"
+VBIOS_DRIFT_VERSION = "96.00.89.00.01"
+INFOROM_IMAGE_VERSION = "G520.0280.02.02"
 FB_TOTAL_MIB = 143771
 FB_RESERVED_MIB = 614
 POWER_LIMIT_W = 700.0
@@ -170,6 +175,8 @@ FAULTS = {
                   seen_by=("clock-slowdown",)),
         FaultSpec("pcie-downtrain", "gpu", "the GPU's PCIe link trained at x8 of its x16 (after a reseat or a reboot)",
                   seen_by=("pcie-downtrained",)),
+        FaultSpec("vbios-drift", "gpu", f"the GPU runs VBIOS {VBIOS_DRIFT_VERSION}, every other one {VBIOS_VERSION} "
+                  "(a board swapped in from another system, or flashed apart)", seen_by=("firmware-drift",)),
         FaultSpec("fabric-stuck", "gpu", "Fabric Manager never finishes training the GPU: its fabric state stays "
                   "In Progress", seen_by=("fabric-not-ready",)),
         FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "

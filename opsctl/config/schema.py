@@ -30,6 +30,9 @@ DEFAULT_STATE_DIR = Path("/var/lib/opsctl")
 DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
 DEFAULTS_SOURCE = "built-in defaults"
 IB_PROFILES = ("h200-ndr",)  # opsctl.ib.check.PROFILES; named here so that config needs no fabric import
+FIRMWARE_COMPONENTS = ("vbios", "inforom")  # opsctl.health.firmware.COMPONENTS, named here for the same reason
+# A firmware version as dcgm-exporter shows it (96.00.A5.00.03, G520.0280.02.02): it goes into PromQL verbatim.
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LABEL = re.compile(r"^[A-Za-z_]\w*$")
 _JOB = re.compile(r"^[A-Za-z0-9_-]+$")
 # An LNet NID: an address (IPv4, IPv6 since Lustre 2.16, a number on some fabrics) @ a network (o2ib, tcp1).
@@ -82,6 +85,18 @@ def _jobs(raw: object, default: dict[str, str], path: str) -> dict[str, str]:
                  + (" (or null)" if source == "node" else ""), job)
         jobs[source] = job
     return jobs
+
+
+def _firmware(raw: object, default: dict[str, str], path: str) -> dict[str, str]:
+    """hardware.firmware: {component: version} for the components whose version a site pins."""
+    if not isinstance(raw, dict):
+        fail(path, f"must map components ({', '.join(FIRMWARE_COMPONENTS)}) to versions", raw)
+    for component, version in raw.items():
+        if component not in FIRMWARE_COMPONENTS:
+            fail(f"{path}.{component}", f"is not a component opsctl compares (one of {', '.join(FIRMWARE_COMPONENTS)})")
+        if not isinstance(version, str) or not _VERSION.match(version):
+            fail(f"{path}.{component}", "must be a version of letters, digits, '.', '_' and '-'", version)
+    return {**default, **raw}
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,8 @@ class HardwareConfig:
 
     gpus_per_node: int = key(8, check=_between(1, 64), hint="must be 1-64")
     ib_rate_bytes_per_second: float = key(5e10, check=_positive, hint="must be > 0")
+    # component -> the version every GPU must run (firmware-drift then drains); unpinned: the fleet's majority
+    firmware: dict[str, str] = key(factory=dict, parse=_firmware)
 
 
 @dataclass(frozen=True)

@@ -122,14 +122,16 @@ def graph(title: str, description: str, unit: str, targets: Sequence[prometheus.
     return panel
 
 
-def rule_graph(site: Site, rule_id: str, title: str, filter_on: str, unit: str = "short", width: int = 12) -> Panel:
+def rule_graph(site: Site, rule_id: str, title: str, filter_on: str, unit: str = "short", width: int = 12,
+               by_device: bool = True) -> Panel:
     """One catalog rule, plotted per node and device, with the rule's threshold drawn in.
 
     `filter_on` keeps the series of the picked nodes (and GPUs or HCAs): `and on (...)` against a
-    selector of the variables, so that the catalog's PromQL stays exactly as the alert has it."""
+    selector of the variables, so that the catalog's PromQL stays exactly as the alert has it. A rule whose
+    device label no selector has (firmware-drift's `firmware`) is kept by node alone: by_device=False."""
     rule = site.rules[rule_id]
     legend = "{{" + site.node + "}}" + (" {{" + rule.device_label + "}}" if rule.device_label else "")
-    keys = ", ".join([site.node, rule.device_label] if rule.device_label else [site.node])
+    keys = ", ".join([site.node, rule.device_label] if rule.device_label and by_device else [site.node])
     expr = f"({panel_expr(rule)}) and on ({keys}) group by ({keys}) ({filter_on})"
     description = (f"Rule `{rule.id}` ({rule.severity}, {rule.action}): alerts and `opsctl health` act when the "
                    f"value is {rule.op} {rule.threshold:g} (hold {rule.hold}). {rule.description}\n\n"

@@ -32,6 +32,7 @@ import yaml
 
 from opsctl.config.schema import Config, duration_seconds
 from opsctl.errors import ConfigError
+from opsctl.health import firmware
 from opsctl.health.units import FORMATS, fill, unknown_formats
 from opsctl.health.xid import DRAIN_ACTIONS, code_regex, value_filter, xid_catalog
 
@@ -166,6 +167,8 @@ def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
         "ib_devices": config.ib.rails_regex,
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
+        "firmware_versions": firmware.versions(config.prometheus.jobs["dcgm"], ", ".join(config.node_mapping.by),
+                                               config.hardware.firmware),
     }
 
 
@@ -434,6 +437,9 @@ def load_catalog(config: Config) -> list[Rule]:
     # back through the xid-reboot family.
     own_rule_xids = {int(raw["xid"]) for raw, _ in entries.values() if str(raw.get("xid", "")).isdigit()}
     replaced: set[str] = set()  # rules whose expression, op or threshold an override replaced
+    if config.hardware.firmware and firmware.RULE in entries:  # a pinned version is what every GPU must run
+        raw, label = entries[firmware.RULE]
+        entries[firmware.RULE] = ({**raw, **firmware.PINNED}, label)
     for rid, fields in config.catalog.overrides.items():
         if rid not in entries:
             raise ConfigError(f"config key catalog.overrides.{rid}: no such rule")

@@ -42,7 +42,8 @@ class Check:
     # condition holds now, its hold has not yet elapsed: in NodeVerdict.pending only)
     status: str
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
-    kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet) or ""
+    kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet),
+    # "firmware" (a GPU's component and versions: gpu3 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)) or ""
     value: float | None = None
     threshold: float | None = None
     op: str = ""
@@ -254,7 +255,7 @@ def check_for(rule: Rule, sample: Sample) -> Check:
         if raw is None:
             raise SourceUnavailable(f"rule {rule.id}: series without the {rule.device_label!r} label: "
                                     f"{sample.labels!r}")
-        kind = rule.device_label if rule.device_label in ("gpu", "mount", "target", "nid") else "hca"
+        kind = rule.device_label if rule.device_label in ("gpu", "mount", "target", "nid", "firmware") else "hca"
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \

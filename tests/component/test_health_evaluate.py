@@ -22,6 +22,7 @@ from opsctl.health.plan import BreakerCount, plan_drains
 from opsctl.prom import PromClientImpl
 from opsctl.slurm import SlurmNode
 from opsctl_lab.dcgm_emulator import send_body
+from opsctl_lab.hardware import VBIOS_DRIFT_VERSION, VBIOS_VERSION
 from tests.component.promlab import (
     HAVE_NODE_EXPORTER,
     HAVE_PROMETHEUS,
@@ -30,6 +31,7 @@ from tests.component.promlab import (
     Running,
     Stack,
     Tsdb,
+    drain_decisions,
     evaluate_everywhere,
     serve,
     verdicts,
@@ -42,7 +44,8 @@ NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase() for its hold).
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
                                                "pcie-replays", "sbe-storm", "ib-errors", "fabric-manager-down",
-                                               "fabric-not-ready", "clock-slowdown", "pcie-downtrained")}
+                                               "fabric-not-ready", "clock-slowdown", "pcie-downtrained",
+                                               "firmware-drift")}
 FAST_HOLDS["ecc-dbe-new"] = {"hold": "8s"}  # the counter must exist at the window's start: not 10m here
 # Every rule holds two scrape intervals (2 s here), for series that existed before the hold: an XID count
 # series is born with the XID, so its check shows after one to two holds.
@@ -224,6 +227,35 @@ def test_a_clock_slowdown_and_a_downtrained_link_fail_their_gpu_alone_on_both_en
         ("gpu002", "clock-slowdown", "gpu6", 0x88), ("gpu004", "pcie-downtrained", "gpu1", 0.5)}
     slowed = next(c for c in report.nodes["gpu002"].checks if c.id == "clock-slowdown")
     assert slowed.evidence == "gpu6 hw-slowdown,power-brake"
+
+
+def test_a_gpu_with_another_vbios_warns_naming_both_versions_and_a_pin_makes_it_drain(clean):
+    """vbios-drift on gpu003's GPU 4, while every other GPU runs 96.00.A5.00.03: firmware-drift warns on that
+    GPU alone, its series naming both versions, on both engines. With hardware.firmware pinning 96.00.A5.00.03
+    it fails and is drained; pinned at the other version, every other GPU fails instead."""
+    clean.dcgm["gpu003"].hw.inject("vbios-drift", gpu=4)
+    drifted = f"gpu4 vbios {VBIOS_DRIFT_VERSION} (most run {VBIOS_VERSION})"
+    found = {}
+
+    def drifts(config, status: str, nodes: set[str]) -> bool:
+        found["report"], _, found["rules"] = run(clean, config)
+        seen = {(n, c.device) for n, v in found["report"].nodes.items() for c in v.checks
+                if c.id == "firmware-drift" and c.status == status}
+        found["seen"] = seen
+        return {n for n, _ in seen} == nodes
+    wait(lambda: drifts(None, "warn", {"gpu003"}), 30, "gpu003's firmware-drift warning")
+    assert found["seen"] == {("gpu003", drifted)}
+    check = next(c for c in found["report"].nodes["gpu003"].checks if c.id == "firmware-drift")
+    assert (check.kind, check.value, found["report"].nodes["gpu003"].status) == ("firmware", 1, "warn")
+
+    pinned = config_for(clean, hardware={"firmware": {"vbios": VBIOS_VERSION}})
+    wait(lambda: drifts(pinned, "fail", {"gpu003"}), 30, "gpu003 failing firmware-drift against the pin")
+    assert found["seen"] == {("gpu003", f"gpu4 vbios {VBIOS_DRIFT_VERSION} (pinned {VBIOS_VERSION})")}
+    assert drain_decisions(found["report"], found["rules"], NODES)["gpu003"] == "would-drain"
+
+    other = config_for(clean, hardware={"firmware": {"vbios": VBIOS_DRIFT_VERSION}})
+    wait(lambda: drifts(other, "fail", set(NODES)), 30, "every node failing firmware-drift against the other pin")
+    assert len(found["seen"]) == 4 * 8 - 1 and ("gpu003", drifted) not in found["seen"]
 
 
 def _gpu_count_once_judged(stack, node: str):

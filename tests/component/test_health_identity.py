@@ -88,7 +88,7 @@ def site(tmp_path_factory):
 
 # The rules that opsctl holds for minutes (the recording rules read them directly until their recorded
 # history spans the hold) hold seconds here: each test's jobs load new recording groups.
-HOLDS = {"clock-slowdown": {"hold": "3s"}, "pcie-downtrained": {"hold": "3s"}}
+HOLDS = {"clock-slowdown": {"hold": "3s"}, "pcie-downtrained": {"hold": "3s"}, "firmware-drift": {"hold": "3s"}}
 
 
 def config(site, job, **mapping):

@@ -12,7 +12,7 @@ import pytest
 
 from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
 from opsctl_lab.dcgm_emulator import render
-from opsctl_lab.hardware import NodeHardware
+from opsctl_lab.hardware import VBIOS_DRIFT_VERSION, VBIOS_VERSION, NodeHardware
 from tests.conftest import FIXTURES
 
 # Real H200 capture (nvidia_gpu_exporter, driver 590.48.01; tests/fixtures/SOURCES.md).
@@ -198,6 +198,17 @@ def test_a_downtrained_link_shows_in_q_csv_and_dcgm_alike(node):
     width = smi(env, "-q", "-i", "5").stdout.split("            Link Width\n", 1)[1].splitlines()[:2]
     assert [line.split(":")[1].strip() for line in width] == ["16x", "8x"]
     assert re.search(r'^DCGM_FI_DEV_PCIE_LINK_WIDTH{gpu="5",[^}]*} 8$', render(NodeHardware.load(state, "gpu7")), re.M)
+
+
+def test_a_drifted_vbios_shows_in_q_csv_and_dcgm_alike(node):
+    state, env = node
+    inject(state, "vbios-drift", gpu=2)
+    rows = parse_nvidia_smi_csv(smi(env, "--query-gpu=index,vbios_version", "--format=csv").stdout)
+    assert [r["vbios_version"] for r in rows] == [VBIOS_DRIFT_VERSION if g == 2 else VBIOS_VERSION for g in range(8)]
+    assert f"    VBIOS Version                                      : {VBIOS_DRIFT_VERSION}\n" in \
+        smi(env, "-q", "-i", "2").stdout
+    assert re.search(rf'^DCGM_FI_DEV_GPU_TEMP{{gpu="2",[^}}]*DCGM_FI_DEV_VBIOS_VERSION="{VBIOS_DRIFT_VERSION}"',
+                     render(NodeHardware.load(state, "gpu7")), re.M)
 
 
 def test_q_blocks_have_the_real_layout(node):

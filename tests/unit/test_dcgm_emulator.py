@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from opsctl_lab.dcgm_emulator import render
-from opsctl_lab.hardware import FB_RESERVED_MIB, FB_TOTAL_MIB, NodeHardware
+from opsctl_lab.hardware import FB_RESERVED_MIB, FB_TOTAL_MIB, VBIOS_DRIFT_VERSION, VBIOS_VERSION, NodeHardware
 from tests.conftest import FIXTURES
 
 SAMPLE = (FIXTURES / "dcgm-exporter" / "dcgm-exporter-sample.txt").read_text()
@@ -42,11 +42,15 @@ def test_output_parses_and_has_eight_gpus(healthy):
     assert {s.labels["modelName"] for s in healthy["DCGM_FI_DEV_GPU_TEMP"].samples} == {"NVIDIA H200"}
 
 
+FIRMWARE_LABELS = {"DCGM_FI_DEV_INFOROM_IMAGE_VER", "DCGM_FI_DEV_VBIOS_VERSION"}
+
+
 def test_every_sample_metric_is_emitted_with_the_same_labels_and_type(healthy):
     for name, family in _sample_families().items():
         assert name in healthy, name
         assert healthy[name].type == family.type, name
-        assert _label_names(healthy[name]) == _label_names(family) - K8S_LABELS, name
+        # the sample's exporter ran the default counters file, which leaves these label fields commented out
+        assert _label_names(healthy[name]) - FIRMWARE_LABELS == _label_names(family) - K8S_LABELS, name
 
 
 def test_help_lines_match_the_sample_verbatim():
@@ -60,8 +64,8 @@ def test_label_order_follows_dcgm_exporter():
     line = next(line for line in render(NodeHardware(node="gpu007")).splitlines()
                 if line.startswith("DCGM_FI_DEV_XID_ERRORS{"))
     keys = re.findall(r'(\w+)="', line)
-    assert keys == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
-                    "err_code", "err_msg"]
+    assert keys == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+                    "DCGM_FI_DEV_VBIOS_VERSION", "DCGM_FI_DRIVER_VERSION", "err_code", "err_msg"]
 
 
 def test_values_plausible_and_stable(healthy):
@@ -176,11 +180,18 @@ def test_the_counters_file_the_role_installs_exports_every_field_a_rule_reads_an
 
     counters = (Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "dcgm_exporter" / "files"
                 / "opsctl-counters.csv").read_text()
-    listed = {line.split(",")[0].strip() for line in counters.splitlines() if line.strip() and line[0] != "#"}
+    rows = [[part.strip() for part in line.split(",")[:2]] for line in counters.splitlines()
+            if line.strip() and line[0] != "#"]
+    listed = {name for name, kind in rows if kind != "label"}
+    labels = {name for name, kind in rows if kind == "label"}
     read = {name for rule in load_catalog(parse_config({}, "t", {}))
             for name in re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", rule.expr)}
-    assert "DCGM_FI_DEV_FABRIC_MANAGER_STATUS" in read and read - listed == set()
-    assert read - set(_families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))) == set()
+    assert "DCGM_FI_DEV_FABRIC_MANAGER_STATUS" in read and read - listed - labels == set()
+    families = _families(render(NodeHardware(node="gpu001"), now=1_800_000_000.0))
+    assert read - labels - set(families) == set()
+    # a field of type label is a label of every series of the GPU, as dcgm-exporter renders it
+    assert "DCGM_FI_DEV_VBIOS_VERSION" in read & labels
+    assert all(labels <= set(s.labels) for s in families["DCGM_FI_DEV_GPU_TEMP"].samples)
 
 
 def _per_gpu(hw, metric: str) -> dict:
@@ -197,3 +208,11 @@ def test_mig_ecc_and_persistence_modes_follow_their_faults_on_their_gpu_alone():
     changed = [{g for g, v in _per_gpu(hw, m).items() if v != healthy}
                for m, healthy in zip(modes, (1, 0, 1), strict=True)]
     assert changed == [{"1"}, {"4"}, {"6"}]
+
+
+def test_vbios_drift_changes_the_vbios_label_of_its_gpu_alone():
+    hw = NodeHardware(node="gpu001")
+    hw.inject("vbios-drift", gpu=5)
+    seen = {s.labels["gpu"]: s.labels["DCGM_FI_DEV_VBIOS_VERSION"]
+            for s in _families(render(hw))["DCGM_FI_DEV_GPU_TEMP"].samples}
+    assert seen == {str(g): VBIOS_DRIFT_VERSION if g == 5 else VBIOS_VERSION for g in range(8)}

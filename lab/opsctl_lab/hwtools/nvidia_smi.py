@@ -77,7 +77,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
     return {
         "persistence_mode": "Enabled" if hw.persistence_mode(gpu) else "Disabled",
         "bus_id": bus_id(gpu), "bus": PCI_BUS_IDS[gpu], "minor": hw.minor(gpu), "module_id": gpu + 1,
-        "serial": gpu_serial(hw.node, gpu),
+        "serial": gpu_serial(hw.node, gpu), "vbios": view.vbios(),
         "uuid": gpu_uuid(hw.node, gpu), "pdi": f"0x{stable_int(hw.node, gpu, 'pdi', modulo=1 << 64):016x}",
         "board_id": f"0x{int(PCI_BUS_IDS[gpu], 16) << 8:x}",
         "pcie_replays": int(view.counter("pcie_replay")),
@@ -197,6 +197,7 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
         "timestamp": time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}",
         "driver_version": hw.driver_version, "count": str(sum(hw.gpu_present(g) for g in range(8))),
         "name": hwm.GPU_MODEL, "serial": v["serial"], "uuid": v["uuid"], "pci.bus_id": v["bus_id"],
+        "vbios_version": v["vbios"],
         "pci.bus": f"0x{v['bus']}", "index": str(gpu), "persistence_mode": v["persistence_mode"],
         "clocks_event_reasons.active": f"0x{events:016X}",
         "clocks_event_reasons.gpu_idle": v["ev_idle"], "clocks_event_reasons.hw_slowdown": v["ev_hw_slowdown"],

@@ -44,6 +44,7 @@ FAULTS = [
     ("persistence-off", "gpu060", ["--gpu", "6"], [("opsctl-gpu", "persistence-off")]),
     ("clock-slowdown:hw-thermal", "gpu058", ["--gpu", "3"], [("opsctl-gpu", "clock-slowdown")]),
     ("pcie-downtrain", "gpu061", ["--gpu", "5"], [("opsctl-gpu", "pcie-downtrained")]),
+    ("vbios-drift", "gpu062", ["--gpu", "2"], [("opsctl-gpu", "firmware-drift")]),
 ]
 # Panels that plot a health signal: each must be shown by one of the faults above, except traffic, the
 # last-XID table (the XID panel shows the fault), counters that no lab fault raises, the fabric test's

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from opsctl_lab.hardware import VBIOS_DRIFT_VERSION, VBIOS_VERSION
 from tests.integration.lab.health_support import HealthLab, LabVictoria
 
 pytestmark = pytest.mark.lab
@@ -38,9 +39,10 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("pcie-replays", "gpu047", 5, None, "pcie-replays"),
     ("sbe-storm", "gpu048", 6, None, "sbe-storm"),
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
+    ("vbios-drift", "gpu059", 4, None, "firmware-drift"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-058]"
+SCOPE = "gpu[033-059]"
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,15 @@ def test_warn_rows_warn_and_are_not_drained(table, fault, node, gpu, hca, rule):
     assert (nodes[node]["status"], nodes[node]["action"]) == ("warn", "none")
     assert any(c["id"] == rule and c["status"] == "warn" for c in nodes[node]["checks"])
     assert not after[node].drained
+
+
+def test_a_gpu_with_another_vbios_is_a_warning_that_names_both_versions(table):
+    """One GPU of the 64 nodes' 512 runs another VBIOS: firmware-drift warns on it alone, naming its version
+    and the one the rest run."""
+    nodes = table[2]
+    drift = [(n, c["firmware"]) for n, v in nodes.items() if n != "_summary" for c in v["checks"]
+             if c["id"] == "firmware-drift"]
+    assert drift == [("gpu059", f"gpu4 vbios {VBIOS_DRIFT_VERSION} (most run {VBIOS_VERSION})")]
 
 
 def test_exporter_down_is_unknown_and_not_drained(table):

@@ -1,0 +1,60 @@
+"""firmware-drift: what hardware.firmware accepts, and what a pin changes in the rule (the PromQL itself runs
+on real Prometheus and VictoriaMetrics in tests/component/test_health_evaluate.py and promtool)."""
+
+import pytest
+
+from opsctl.config import parse_config
+from opsctl.config.schema import FIRMWARE_COMPONENTS
+from opsctl.errors import ConfigError
+from opsctl.health import firmware
+from opsctl.health.catalog import load_catalog
+
+
+def drift_rule(raw: dict):
+    return next(r for r in load_catalog(parse_config(raw, "t", {})) if r.id == firmware.RULE)
+
+
+def test_the_config_knows_the_components_the_rule_compares():
+    assert set(FIRMWARE_COMPONENTS) == set(firmware.COMPONENTS)
+
+
+def test_without_a_pin_it_warns_against_the_fleets_majority():
+    rule = drift_rule({})
+    assert (rule.severity, rule.action, rule.device_label) == ("warn", "report", "firmware")
+    assert '"basis", "most run"' in rule.expr and "pinned" not in rule.expr
+
+
+def test_a_pin_compares_its_component_with_the_pin_and_drains():
+    rule = drift_rule({"hardware": {"firmware": {"vbios": "96.00.A5.00.03"}}})
+    assert (rule.severity, rule.action, rule.auto_resume) == ("fail", "drain", True)
+    assert '"DCGM_FI_DEV_VBIOS_VERSION", "96.00.A5.00.03"' in rule.expr
+    # the component without a pin still goes by the majority
+    assert rule.expr.count('"basis", "most run"') == 2 and rule.expr.count('"basis", "pinned"') == 2
+
+
+def test_a_sites_override_wins_over_what_a_pin_sets():
+    rule = drift_rule({"hardware": {"firmware": {"vbios": "96.00.A5.00.03"}},
+                       "catalog": {"overrides": {"firmware-drift": {"action": "report", "severity": "warn"}}}})
+    assert (rule.severity, rule.action) == ("warn", "report")
+
+
+def test_the_rule_holds_by_itself_and_stays_short_enough_for_victoria_metrics():
+    """VictoriaMetrics refuses a query over 16 KiB (-search.maxQueryLen): the judged query, pinned, with long
+    job names, stays well under it."""
+    raw = {"hardware": {"firmware": {"vbios": "96.00.A5.00.03", "inforom": "G520.0280.02.02"}},
+           "prometheus": {"jobs": {"dcgm": "kubernetes-dcgm-exporter-pods", "node": "kubernetes-node-exporter"}}}
+    rule = drift_rule(raw)
+    assert not rule.plot_expr and f"offset {rule.hold})" in rule.expr
+    assert len(rule.judged_expr()) < 8192
+
+
+@pytest.mark.parametrize("pins,message", [
+    ({"bios": "1.0"}, "config key hardware.firmware.bios: is not a component opsctl compares"),
+    ({"vbios": '96"00'}, "config key hardware.firmware.vbios: must be a version of letters, digits"),
+    ({"vbios": 96}, "config key hardware.firmware.vbios: must be a version"),
+    (["vbios"], "config key hardware.firmware: must map components (vbios, inforom) to versions"),
+])
+def test_a_bad_pin_is_a_one_line_error_naming_its_key(pins, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"hardware": {"firmware": pins}}, "t", {})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
