@@ -1,12 +1,15 @@
-"""The one place where opsctl builds what it talks to: the config, the Prometheus client and the Slurm
-backend. The CLI passes a Clients through click's context object; tests pass one holding fakes of
-the PromQuery and Slurm protocols (`CliRunner().invoke(main, args, obj=Clients(...))`)."""
+"""The one place where opsctl builds what it talks to: the config, the Prometheus client, the Slurm
+backend and how the node's GPU tools run. The CLI passes a Clients through click's context object; tests
+pass one holding fakes of the PromQuery and Slurm protocols and of the tools' runner
+(`CliRunner().invoke(main, args, obj=Clients(...))`)."""
 
 import os
+import subprocess
 from typing import cast
 
 from opsctl.config import Config, load_config
 from opsctl.errors import ConfigError
+from opsctl.gpu.tools import Run
 from opsctl.prom.client import PromClientImpl, PromQuery, PromRangeQuery
 from opsctl.slurm import Slurm, SlurmCliImpl, make_slurm
 from opsctl.slurm.base import SlurmAccounting, SlurmReservations
@@ -14,8 +17,10 @@ from opsctl.slurm.base import SlurmAccounting, SlurmReservations
 
 class Clients:
     def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
-                 jobs: SlurmReservations | None = None, accounting: SlurmAccounting | None = None):
+                 jobs: SlurmReservations | None = None, accounting: SlurmAccounting | None = None,
+                 tools: Run | None = None):
         self._config = config
+        self._tools = tools
         self._prom = prom
         self._slurm = slurm
         self._jobs = jobs
@@ -39,6 +44,10 @@ class Clients:
         if acting and self._loaded_here:  # a config handed in (tests) is taken as it is
             refuse_private_state_dir(self._config, self.config_path)
         return self._config
+
+    def tools(self) -> Run:
+        """How the node's GPU tools run (opsctl.gpu.tools.run_tool): subprocess.run unless handed a fake."""
+        return self._tools or subprocess.run
 
     def prom(self) -> PromQuery:
         if self._prom is None:

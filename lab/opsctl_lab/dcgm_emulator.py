@@ -98,6 +98,13 @@ class GpuView:
         """Whether a kernel runs on the GPU: only while a clock slowdown shows (it shows under load)."""
         return self.has("clock-slowdown")
 
+    def nvlink_speeds(self) -> dict[int, float]:
+        """link -> GB/s as `nvidia-smi nvlink -s` prints it, 0 for an inactive link."""
+        slowed = {int(str(f.variant)): speed for name, speed in (("nvlink-down", 0.0),
+                                                               ("nvlink-degraded", hwm.NVLINK_DEGRADED_SPEED_GBPS))
+                  for f in self.hw.faults_on(name, self.gpu)}
+        return {link: slowed.get(link, hwm.NVLINK_SPEED_GBPS) for link in range(hwm.NVLINKS_PER_GPU)}
+
     def vbios(self) -> str:
         return hwm.VBIOS_DRIFT_VERSION if self.has("vbios-drift") else hwm.VBIOS_VERSION
 

@@ -66,6 +66,11 @@ PCIE_GPU_WIDTH = 16
 PCIE_GPU_DOWNTRAINED_WIDTH = 8
 SM_CLOCK_MHZ = 1980
 SLOWED_SM_CLOCK_MHZ = 1155
+# NVLink 4 on an HGX H200: 18 links a GPU, each at 26.562 GB/s as `nvidia-smi nvlink -s` prints it; a link that
+# trained at half its speed (`nvlink-degraded`) prints 13.281 GB/s.
+NVLINKS_PER_GPU = 18
+NVLINK_SPEED_GBPS = 26.562
+NVLINK_DEGRADED_SPEED_GBPS = 13.281
 
 # DCGM_FI_DEV_FABRIC_MANAGER_STATUS (field 170), a dcgmFabricManagerStatus_t (NVIDIA/go-dcgm @ 7c92211ba301,
 # the release dcgm-exporter 4.1.3 builds with: pkg/dcgm/dcgm_structs.h): the GPU's NVML fabric state, Success
@@ -188,6 +193,11 @@ FAULTS = {
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
                   rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE,
                   seen_by=("nvlink-errors",)),
+        FaultSpec("nvlink-down", "gpu", "nvlink-down:<link>: the GPU's NVLink <link> (0-17) is inactive: `nvidia-smi "
+                  "nvlink -s` prints <inactive>, and DCGM watches only the links that are up",
+                  seen_by=("nvlink-down",)),
+        FaultSpec("nvlink-degraded", "gpu", "nvlink-degraded:<link>: the GPU's NVLink <link> runs at half its speed "
+                  f"({NVLINK_DEGRADED_SPEED_GBPS} GB/s)", seen_by=("nvlink-degraded",)),
         FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE,
                   seen_by=("pcie-replays",)),
         # Links that train and count no error, yet carry half: found only by moving data (all_reduce_perf).
@@ -255,7 +265,7 @@ def describe_faults() -> str:
 
 def parse_fault(text: str) -> tuple[FaultSpec, int | str | None]:
     """'xid:79' -> (xid spec, 79); 'xid-kernel:62' -> (xid-kernel spec, 62); 'recable-rail:3' -> (its spec, 3);
-    'clock-slowdown:power-brake' -> (its spec, 'power-brake');
+    'clock-slowdown:power-brake' -> (its spec, 'power-brake'); 'nvlink-down:3' -> (its spec, '3');
     'dbe' -> (dbe spec, None); 'uplink-down:rail3-su1-leaf' -> (its spec, None): the fabric's own faults name a
     switch, which opsctl_lab.fabric checks. Raises LabError on anything else."""
     name, _, arg = text.partition(":")
@@ -270,6 +280,10 @@ def parse_fault(text: str) -> tuple[FaultSpec, int | str | None]:
         if not arg.isdigit() or not 0 <= int(arg) < RAILS:
             raise LabError(f"bad rail in {text!r}: expected {name}:<0-{RAILS - 1}>")
         return spec, int(arg)
+    if name in NVLINK_FAULTS:
+        if not arg.isdigit() or not 0 <= int(arg) < NVLINKS_PER_GPU:
+            raise LabError(f"bad link in {text!r}: expected {name}:<0-{NVLINKS_PER_GPU - 1}>")
+        return spec, str(int(arg))
     if name in VARIANT_FAULTS:
         if arg not in VARIANT_FAULTS[name]:
             raise LabError(f"bad reason in {text!r}: expected {name}:<{' | '.join(VARIANT_FAULTS[name])}>")
@@ -277,13 +291,15 @@ def parse_fault(text: str) -> tuple[FaultSpec, int | str | None]:
     return spec, None
 
 
+# The faults that take a link of the GPU (`nvlink-down:3`), kept as its variant.
+NVLINK_FAULTS = ("nvlink-down", "nvlink-degraded")
 # The faults that take one of a set of words (`clock-slowdown:power-brake`): fault -> its words.
 VARIANT_FAULTS = {"clock-slowdown": tuple(CLOCK_SLOWDOWNS)}
 
 
 # What a fault's argument is, for those that take one (`xid:79`, `recable-leaf:3`, `uplink-down:rail3-su1-leaf`).
 FAULT_ARGUMENTS = {**dict.fromkeys(XID_FAULTS, ":<code>"), **dict.fromkeys(RAIL_FAULTS, ":<rail>"),
-                   "uplink-down": ":<leaf>", "clock-slowdown": ":<reason>"}
+                   "uplink-down": ":<leaf>", "clock-slowdown": ":<reason>", **dict.fromkeys(NVLINK_FAULTS, ":<link>")}
 
 
 def hca_name(hca: str | int | None, names: HcaLayout | None = None) -> str:

@@ -14,7 +14,14 @@ from opsctl.clients import Clients
 from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
 from opsctl.ib.report import report_dict
-from opsctl.nodecheck.run import check_lines, kernel_log_dict, kernel_log_lines, storage_dict
+from opsctl.nodecheck.run import (
+    check_lines,
+    kernel_log_dict,
+    kernel_log_lines,
+    nvlink_dict,
+    nvlink_lines,
+    storage_dict,
+)
 from opsctl.nodecheck.run import node_check as run_node_check
 
 
@@ -28,9 +35,10 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
         acted = {name: lines for name, lines in result.action.fields().items() if name != "skipped"}
         click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(result.report),
                                "checks": [r.__dict__ for r in result.found], "storage": storage_dict(result.storage),
-                               "kernel_log": kernel_log_dict(result.kernel), "action": action, **acted}, indent=1))
+                               "kernel_log": kernel_log_dict(result.kernel), "nvlink": nvlink_dict(result.nvlinks),
+                               "action": action, **acted}, indent=1))
     else:
-        for line in check_lines(result) + kernel_log_lines(result.kernel):
+        for line in check_lines(result) + kernel_log_lines(result.kernel) + nvlink_lines(result.nvlinks):
             click.echo(line)
         if action:
             click.echo(action)

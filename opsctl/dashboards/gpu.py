@@ -60,6 +60,9 @@ def build(site: Site) -> db.Dashboard:
     dash = dash.with_panel(rule_graph(site, "firmware-drift", "GPU firmware against the fleet's or the pinned "
                                       "version (1 differs)", nodes, width=24, by_device=False))
     dash = dash.with_row(db.Row("NVLink and PCIe"))
+    dash = dash.with_panel(rule_graph(site, "nvlink-down", "NVLinks inactive (1)", nodes, by_device=False))
+    dash = dash.with_panel(rule_graph(site, "nvlink-degraded", "NVLink speed, share of the GPU's fastest link",
+                                      nodes, unit="percentunit", by_device=False))
     dash = dash.with_panel(rule_graph(site, "nvlink-errors", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-downtrained", "PCIe link's share of its maximum width and speed",

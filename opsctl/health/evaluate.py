@@ -32,6 +32,8 @@ from opsctl.prom.client import PromQuery, Sample
 # dcgm-exporter's default XID count window (--xid-count-window-size), used when the label is absent.
 DEFAULT_XID_WINDOW_S = 300.0
 STATUS_ORDER = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
+# The device labels a check names its device by (its JSON key); any other (a node check's `finding`) is "hca".
+KINDS = ("gpu", "mount", "target", "nid", "firmware", "nvlink")
 
 
 @dataclass
@@ -43,7 +45,8 @@ class Check:
     status: str
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
     kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet),
-    # "firmware" (a GPU's component and versions: gpu3 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)) or ""
+    # "firmware" (a GPU's component and versions: gpu3 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)), "nvlink"
+    # (a GPU's link: gpu1 link3) or ""
     value: float | None = None
     threshold: float | None = None
     op: str = ""
@@ -255,7 +258,7 @@ def check_for(rule: Rule, sample: Sample) -> Check:
         if raw is None:
             raise SourceUnavailable(f"rule {rule.id}: series without the {rule.device_label!r} label: "
                                     f"{sample.labels!r}")
-        kind = rule.device_label if rule.device_label in ("gpu", "mount", "target", "nid", "firmware") else "hca"
+        kind = rule.device_label if rule.device_label in KINDS else "hca"
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \

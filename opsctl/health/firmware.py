@@ -27,7 +27,8 @@ def versions(job: str, by: str, pins: Mapping[str, str]) -> str:
     """One series per GPU and component, labelled component, version, expected (the version it should run)
     and basis ("pinned" or "most run"), besides the GPU's ${by}, gpu and modelName: 1 when the version
     differs from the expected one, 0 when not."""
-    return " or ".join(_component(job, by, component, label, pins.get(component)) for component, label in COMPONENTS.items())
+    return " or ".join(_component(job, by, component, label, pins.get(component))
+                       for component, label in COMPONENTS.items())
 
 
 def _component(job: str, by: str, component: str, label: str, pin: str | None) -> str:
@@ -44,4 +45,5 @@ def _component(job: str, by: str, component: str, label: str, pin: str | None) -
     # `> bool 0`: the expected series' value (a count) must not scale the result
     judged = (f"(({gpus} unless on(modelName, {label}) {expected}) * 0 + 1 or {gpus} * 0)"
               f" * on(modelName) group_left(expected, basis) ({expected} > bool 0)")
-    return f'label_replace(label_replace({judged}, "version", "$1", "{label}", "(.*)"), "component", "{component}", "", "")'
+    named = f'label_replace({judged}, "version", "$1", "{label}", "(.*)")'
+    return f'label_replace({named}, "component", "{component}", "", "")'

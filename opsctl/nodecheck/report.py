@@ -15,6 +15,7 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
     opsctl_node_kernel_sxid_total{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"} 2
     opsctl_node_gpu_recovery_action{gpu="3",pci_bus_id="00000000:8A:00.0",action="reset"} 1   latest XID 154
+    opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="3"} 26562000000   per GPU and link, 0: inactive
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
@@ -29,6 +30,7 @@ from pathlib import Path
 from opsctl.errors import ConfigError
 from opsctl.fileio import write_atomic
 from opsctl.gpu.kmsg import IGNORED_REASONS
+from opsctl.gpu.nvlink import NvlinkReport
 from opsctl.ib.check import CHECKS, Report
 from opsctl.nodecheck.kernel_log import XID_WINDOW_S, KernelLogReport
 from opsctl.slurm import OWNED_PREFIX
@@ -68,7 +70,7 @@ def _label(value: str) -> str:
 
 
 def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None,
-                 kernel: KernelLogReport | None = None) -> str:
+                 kernel: KernelLogReport | None = None, nvlinks: NvlinkReport | None = None) -> str:
     lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
              "# TYPE opsctl_node_check gauge"]
     lines += [f'opsctl_node_check{{check="{r.check}",device="{_label(r.device)}"}} {int(r.failed)}' for r in found]
@@ -80,6 +82,12 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
                   for point, stats in sorted(storage.nfs.items())]
     if kernel:
         lines += kernel_log_metrics(kernel)
+    if nvlinks and nvlinks.speeds:
+        lines += ["# HELP opsctl_node_nvlink_speed_bytes_per_second The speed of each NVLink of each GPU "
+                  "(nvidia-smi nvlink -s), 0 while the link is inactive.",
+                  "# TYPE opsctl_node_nvlink_speed_bytes_per_second gauge"]
+        lines += [f'opsctl_node_nvlink_speed_bytes_per_second{{gpu="{gpu}",link="{link}"}} {speed:.0f}'
+                  for gpu, links in sorted(nvlinks.speeds.items()) for link, speed in sorted(links.items())]
     lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
               "# TYPE opsctl_node_check_timestamp_seconds gauge",
               f"opsctl_node_check_timestamp_seconds {now:.3f}"]

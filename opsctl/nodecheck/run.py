@@ -16,6 +16,7 @@ from opsctl.actor.result import ActionResult
 from opsctl.clients import Clients
 from opsctl.errors import ExitCode, worst
 from opsctl.gpu.kmsg import SXid, Xid
+from opsctl.gpu.nvlink import NvlinkReport, read_nvlinks
 from opsctl.ib.check import Report
 from opsctl.ib.report import check_report
 from opsctl.ladder.node_step import take_step
@@ -31,6 +32,7 @@ class NodeCheck:
     storage: StorageReport
     kernel: KernelLogReport  # what is new in the kernel log
     found: list[CheckResult]  # every check's result, InfiniBand then storage
+    nvlinks: NvlinkReport = field(default_factory=NvlinkReport)  # each NVLink's speed (the health rules judge them)
     action: ActionResult = field(default_factory=ActionResult)  # what --drain-self and --remediate-self did
     exit_code: ExitCode = ExitCode.OK
 
@@ -45,10 +47,11 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
     storage = storage_report(clients.config().storage)
     now = time.time()
     kernel = check_kernel_log(clients.config().gpu, clients.config().state_dir, now)
+    nvlinks = read_nvlinks(clients.config().gpu.nvidia_smi, clients.tools())
     found = results(report) + storage_results(storage)
     if textfile:
-        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel))
-    result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found,
+        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks))
+    result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found, nvlinks=nvlinks,
                        exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
     # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
     name = node or socket.gethostname().split(".")[0]
@@ -86,6 +89,23 @@ def check_lines(result: NodeCheck) -> list[str]:
     for point, stats in sorted(result.storage.nfs.items()):
         lines.append(f"nfs {point}: {stats.retransmissions} RPC retransmissions of {stats.ops} ops since mount")
     return lines
+
+
+def nvlink_dict(nvlinks: NvlinkReport) -> dict[str, Any]:
+    return {"links": [{"gpu": gpu, "link": link, "bytes_per_second": speed}
+                      for gpu, links in sorted(nvlinks.speeds.items()) for link, speed in sorted(links.items())],
+            "note": nvlinks.note or None}
+
+
+def nvlink_lines(nvlinks: NvlinkReport) -> list[str]:
+    """One line for the links at the fastest speed seen, one per link below it or inactive."""
+    if not nvlinks.speeds:
+        return [f"nvlink not read: {nvlinks.note}" if nvlinks.note else "nvlink: no GPU lists a link"]
+    links = [(gpu, link, speed) for gpu, per in sorted(nvlinks.speeds.items()) for link, speed in sorted(per.items())]
+    fastest = max(speed for _, _, speed in links)
+    slower = [f"nvlink gpu{gpu} link{link}: {f'{speed / 1e9:.3f} GB/s' if speed else 'inactive'}"
+              for gpu, link, speed in links if speed < fastest]
+    return [f"nvlink: {len(links) - len(slower)} of {len(links)} links at {fastest / 1e9:.3f} GB/s"] + slower
 
 
 def kernel_log_dict(kernel: KernelLogReport) -> dict[str, Any]:

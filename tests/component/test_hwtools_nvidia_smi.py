@@ -11,6 +11,7 @@ from importlib import resources
 import pytest
 
 from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
+from opsctl.gpu.nvlink import parse_nvlink_status
 from opsctl_lab.dcgm_emulator import render
 from opsctl_lab.hardware import VBIOS_DRIFT_VERSION, VBIOS_VERSION, NodeHardware
 from tests.conftest import FIXTURES
@@ -209,6 +210,24 @@ def test_a_drifted_vbios_shows_in_q_csv_and_dcgm_alike(node):
         smi(env, "-q", "-i", "2").stdout
     assert re.search(rf'^DCGM_FI_DEV_GPU_TEMP{{gpu="2",[^}}]*DCGM_FI_DEV_VBIOS_VERSION="{VBIOS_DRIFT_VERSION}"',
                      render(NodeHardware.load(state, "gpu7")), re.M)
+
+
+def test_nvlink_status_has_the_real_layout_and_shows_a_down_and_a_slow_link(node):
+    """`nvidia-smi nvlink -s`, line for line in the real capture's form, read by opsctl's own parser."""
+    state, env = node
+    inject(state, "nvlink-down:3", gpu=1)
+    inject(state, "nvlink-degraded:7", gpu=5)
+    proc = smi(env, "nvlink", "-s")
+    real = (FIXTURES / "gpu" / "nvidia-smi_nvlink_-s_2xH100_PCIe.txt").read_text().splitlines()
+    shape = re.compile(r"^(GPU \d+: .+ \(UUID: GPU-[0-9a-f-]+\)|\t Link \d+: (\d+\.\d{3} GB/s|<inactive>))$")
+    assert all(shape.match(line) for line in real) and all(shape.match(line) for line in proc.stdout.splitlines())
+    speeds = parse_nvlink_status(proc.stdout)
+    assert sorted(speeds) == list(range(8)) and all(sorted(links) == list(range(18)) for links in speeds.values())
+    assert {(g, link, s) for g, links in speeds.items() for link, s in links.items() if s != 26.562e9} == {
+        (1, 3, 0.0), (5, 7, 13.281e9)}
+    one = smi(env, "nvlink", "--status", "-i", "1").stdout
+    assert one.splitlines()[0].startswith("GPU 1: NVIDIA H200 (UUID: ") and "\t Link 3: <inactive>\n" in one
+    assert smi(env, "nvlink").returncode == 2
 
 
 def test_q_blocks_have_the_real_layout(node):

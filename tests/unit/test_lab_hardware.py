@@ -8,7 +8,8 @@ from opsctl_lab.ib_sysfs import write_tree
 
 
 @pytest.mark.parametrize("text", ["meltdown", "xid", "xid:", "xid:abc", "xid:0", "dbe:3", "clock-slowdown",
-                                  "clock-slowdown:sw-power-cap", "clock-slowdown:3"])
+                                  "clock-slowdown:sw-power-cap", "clock-slowdown:3", "nvlink-down", "nvlink-down:18",
+                                  "nvlink-down:-1", "nvlink-degraded:x"])
 def test_bad_fault_names_are_refused(text):
     with pytest.raises(LabError):
         parse_fault(text)
@@ -29,6 +30,23 @@ def test_a_variant_fault_keeps_its_word_and_each_word_is_a_fault_of_its_own():
     assert sorted(fault_label(f) for f in hw.active) == ["clock-slowdown:power-brake gpu2",
                                                         "clock-slowdown:sw-thermal gpu2"]
     assert parse_fault("clock-slowdown:hw-thermal")[1] == "hw-thermal"
+
+
+def test_nvlink_faults_take_a_link_and_slow_or_stop_that_link_of_their_gpu_alone():
+    from opsctl_lab.dcgm_emulator import GpuView
+    from opsctl_lab.hardware import NVLINK_DEGRADED_SPEED_GBPS, NVLINK_SPEED_GBPS
+
+    hw = NodeHardware(node="gpu009")
+    hw.inject("nvlink-down:03", gpu=1, now=100.0)
+    hw.inject("nvlink-down:17", gpu=1, now=100.0)
+    hw.inject("nvlink-degraded:7", gpu=5, now=100.0)
+    assert sorted(fault_label(f) for f in hw.active) == ["nvlink-degraded:7 gpu5", "nvlink-down:17 gpu1",
+                                                        "nvlink-down:3 gpu1"]
+    speeds = {gpu: GpuView(hw, gpu, 100.0).nvlink_speeds() for gpu in range(8)}
+    off_speed = {(gpu, link, speed) for gpu, links in speeds.items() for link, speed in links.items()
+                 if speed != NVLINK_SPEED_GBPS}
+    assert off_speed == {(1, 3, 0.0), (1, 17, 0.0), (5, 7, NVLINK_DEGRADED_SPEED_GBPS)}
+    assert all(len(links) == 18 for links in speeds.values())
 
 
 def test_state_round_trips_through_its_file(tmp_path):

@@ -4,6 +4,7 @@ limit, and resumes only a drain that names node-check alone, each after re-readi
 set). The lab tier runs the same command against real Slurm on every node at once."""
 
 import json
+import subprocess
 from dataclasses import replace
 
 from opsctl.actor.audit import AuditLog
@@ -153,6 +154,11 @@ def test_drain_and_resume_re_read_the_node_and_leave_a_changed_one_alone(tmp_pat
     assert slurm.calls == []
 
 
+def no_driver(argv, **_):
+    """nvidia-smi on a node whose driver is not loaded (exit 9)."""
+    return subprocess.CompletedProcess(argv, 9, "", "no driver\n")
+
+
 def test_the_json_of_node_check_says_what_the_drain_did_beside_its_checks(tmp_path):
     """`opsctl node check --drain-self --json`: the drain in `done`, the older `action` line kept."""
     from click.testing import CliRunner
@@ -165,10 +171,12 @@ def test_the_json_of_node_check_says_what_the_drain_did_beside_its_checks(tmp_pa
     slurm = FakeSlurm(gpu_nodes(64))
     checked(tmp_path, ("ib-down", "mlx5_2"))
     result = CliRunner().invoke(main, ["node", "check", "--json", "--drain-self", "--node", "gpu007", "--window", "0",
-                                       "--sysfs-root", str(tmp_path / "sys")], obj=Clients(config=config, slurm=slurm))
+                                       "--sysfs-root", str(tmp_path / "sys")],
+                           obj=Clients(config=config, slurm=slurm, tools=no_driver))
     assert result.exit_code == ExitCode.FAILING, result.output
     data = json.loads(result.output)
     reason = f"{REASON_PREFIX} ib-port-state mlx5_2"
     assert data["action"] == f"drained gpu007: {reason}"
     assert (data["done"], data["would"], data["refused"]) == ([f"drain gpu007: {reason}"], [], {})
     assert isinstance(data["skipped"], list)  # the InfiniBand report's: the checks it could not make
+    assert data["nvlink"] == {"links": [], "note": "nvidia-smi nvlink -s exited 9: no driver"}

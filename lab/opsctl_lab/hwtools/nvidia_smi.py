@@ -319,10 +319,44 @@ def _parse(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
+# ---- nvlink -s ------------------------------------------------------------------------------------
+def render_nvlink_status(hw: NodeHardware, now: float, gpus: list[int]) -> str:
+    """`nvidia-smi nvlink -s`: each GPU's line, then each link's speed (tests/fixtures/gpu/
+    nvidia-smi_nvlink_-s_2xH100_PCIe.txt: a tab and a space before each link)."""
+    out = []
+    for gpu in gpus:
+        if not hw.gpu_present(gpu):
+            continue
+        out.append(f"GPU {gpu}: {hwm.GPU_MODEL} (UUID: {gpu_uuid(hw.node, gpu)})\n")
+        for link, speed in GpuView(hw, gpu, now).nvlink_speeds().items():
+            out.append(f"\t Link {link}: {f'{speed:.3f} GB/s' if speed else '<inactive>'}\n")
+    return "".join(out)
+
+
+def nvlink(argv: list[str]) -> int:
+    """`nvlink -s|--status [-i G]`, the only nvlink query the lab answers."""
+    rest = [a for a in argv if a not in ("-s", "--status")]
+    if len(rest) == len(argv):
+        sys.stdout.write("Invalid combination of input arguments. Please run 'nvidia-smi nvlink -h' for help.\n\n")
+        return RC_INVALID
+    try:
+        opts = _parse(rest)
+    except Usage as err:
+        sys.stdout.write(f"{err}\n\n")
+        return RC_INVALID
+    hw = load()
+    if any(hw.has("gpu-hang", gpu=g) for g in opts["gpus"]):
+        time.sleep(HANG_SECONDS)
+    sys.stdout.write(_missing_lines(hw, opts["gpus"]) + render_nvlink_status(hw, time.time(), opts["gpus"]))
+    return RC_FELL_OFF_BUS if _missing(hw, opts["gpus"]) else 0
+
+
 def main(argv: list[str]) -> int:
     if argv[:2] == ["topo", "-m"] or argv[:2] == ["topo", "--matrix"]:
         sys.stdout.write(render_topo(load()))
         return 0
+    if argv[:1] == ["nvlink"]:
+        return nvlink(argv[1:])
     try:
         opts = _parse(argv)
     except Usage as err:

@@ -21,6 +21,17 @@ FAST = {"catalog": {"overrides": {
     "clock-slowdown": {"hold": "15s"}, "pcie-downtrained": {"hold": "10s"}, "firmware-drift": {"hold": "10s"}}}}
 
 
+def node_check(lab, node: str, env: dict | None = None) -> tuple[int, dict]:
+    """`opsctl node check --json` of a lab node with its own config (its sysfs, mounts and emulated tools),
+    writing the textfile its node_exporter reads; `opsctl lab clear` removes that file."""
+    node_dir = lab.lab_dir / "nodes" / node
+    argv = [sys.executable, "-m", "opsctl", "node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
+            "--textfile", str(node_dir / "textfile" / "node-check.prom")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env or {**os.environ, **lab.env})
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
 class HealthLab:
     def __init__(self, lab, tmp: Path, safety: dict | None = None, prometheus: str | None = None):
         self.lab = lab
@@ -46,6 +57,10 @@ class HealthLab:
     def popen(self, *args) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "opsctl", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=self.env())
+
+    def node_check(self, node: str) -> tuple[int, dict]:
+        """`opsctl node check` of one lab node, as its timer runs it on a real node: its exit code and JSON."""
+        return node_check(self.lab, node, self.env())
 
     def health_json(self, *args) -> tuple[int, dict]:
         proc = self.opsctl("health", "--json", *args)

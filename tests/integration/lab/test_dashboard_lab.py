@@ -14,6 +14,7 @@ import pytest
 
 from opsctl_lab import cluster
 from tests.conftest import REPO
+from tests.integration.lab.health_support import node_check
 
 pytestmark = pytest.mark.lab
 
@@ -45,7 +46,11 @@ FAULTS = [
     ("clock-slowdown:hw-thermal", "gpu058", ["--gpu", "3"], [("opsctl-gpu", "clock-slowdown")]),
     ("pcie-downtrain", "gpu061", ["--gpu", "5"], [("opsctl-gpu", "pcie-downtrained")]),
     ("vbios-drift", "gpu062", ["--gpu", "2"], [("opsctl-gpu", "firmware-drift")]),
+    ("nvlink-down:2", "gpu063", ["--gpu", "4"], [("opsctl-gpu", "nvlink-down")]),
+    ("nvlink-degraded:9", "gpu064", ["--gpu", "0"], [("opsctl-gpu", "nvlink-degraded")]),
 ]
+# Read by `opsctl node check` (nvidia-smi nvlink -s): the fixture runs it on these nodes, as their timer would.
+NODE_CHECKED = ("gpu063", "gpu064")
 # Panels that plot a health signal: each must be shown by one of the faults above, except traffic, the
 # last-XID table (the XID panel shows the fault), counters that no lab fault raises, the fabric test's
 # results (`opsctl ib fabric-test` runs against the lab machines, not this simulated cluster), and the
@@ -87,6 +92,8 @@ def faults(lab):
     for fault, node, options, _ in FAULTS:
         device = dict(zip(options[::2], options[1::2], strict=True))
         cluster.inject(node, fault, gpu=int(device["--gpu"]) if "--gpu" in device else None, hca=device.get("--hca"))
+    for node in NODE_CHECKED:
+        node_check(lab, node)
     try:
         def every_fault_shows():
             for _, node, _, panels in FAULTS:

@@ -29,7 +29,11 @@ DRAIN_ROWS = [  # (fault, node, gpu, hca, rule that must own the drain)
     ("ecc-off", "gpu056", 1, None, "ecc-disabled"),
     ("clock-slowdown:power-brake", "gpu057", 2, None, "clock-slowdown"),
     ("pcie-downtrain", "gpu058", 3, None, "pcie-downtrained"),
+    ("nvlink-down:3", "gpu060", 1, None, "nvlink-down"),
+    ("nvlink-degraded:7", "gpu061", 5, None, "nvlink-degraded"),
 ]
+# What `opsctl node check` reads (nvidia-smi nvlink -s), not DCGM: run on its node as its timer would.
+NODE_CHECKED = [row[1] for row in DRAIN_ROWS if row[4].startswith("nvlink-")]
 WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("xid:13", "gpu042", 0, None, "xid-13"),
     ("xid:31", "gpu043", 1, None, "xid-31"),
@@ -42,7 +46,7 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("vbios-drift", "gpu059", 4, None, "firmware-drift"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-059]"
+SCOPE = "gpu[033-061]"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,8 @@ def table(lab, tmp_path_factory):
             victoria.wait_scraped(lab, "gpu036")
         for fault, node, gpu, hca, _ in DRAIN_ROWS + WARN_ROWS:
             h.inject(node, fault, gpu=gpu, hca=hca)
+        for node in NODE_CHECKED:
+            h.node_check(node)
         h.inject("gpu050", "exporter-down")
         for fault, node, gpu, hca in STORAGE_ROWS:
             h.inject(node, fault, gpu=gpu, hca=hca)
@@ -104,7 +110,9 @@ def test_drain_rows_fail_and_are_drained_by_their_rule(table, fault, node, gpu, 
     assert after[node].reason.startswith(f"opsctl:{rule}")
     check = next(c for c in entry["checks"] if c["id"] == rule)
     assert check["status"] == "fail" and check["value"] is not None and check["threshold"] is not None
-    assert check.get("gpu") == (f"gpu{gpu}" if gpu is not None and rule != "gpu-count" else None)
+    link = fault.partition(":")[2] if rule.startswith("nvlink-") else None
+    assert check.get("nvlink") == (f"gpu{gpu} link{link}" if link else None)
+    assert check.get("gpu") == (f"gpu{gpu}" if gpu is not None and rule != "gpu-count" and not link else None)
     assert check.get("hca") == (f"mlx5_{hca}" if hca is not None else None)
 
 
@@ -114,6 +122,8 @@ def test_the_reasons_of_the_new_checks_name_what_they_saw(table):
     assert after["gpu057"].reason.startswith("opsctl:clock-slowdown gpu2 hw-slowdown,power-brake")
     assert after["gpu053"].reason.startswith("opsctl:fabric-not-ready gpu2 fabric In Progress")
     assert after["gpu058"].reason.startswith("opsctl:pcie-downtrained gpu3 PCIe link at 50% of its maximum")
+    assert after["gpu060"].reason.startswith("opsctl:nvlink-down gpu1 link3 inactive")
+    assert after["gpu061"].reason.startswith("opsctl:nvlink-degraded gpu5 link7 at 50% of the GPU's fastest link")
 
 
 @pytest.mark.parametrize("fault,node,gpu,hca,rule", WARN_ROWS, ids=[r[0] for r in WARN_ROWS])

@@ -62,12 +62,9 @@ def prometheus_query(lab, expr: str) -> list:
 
 
 def node_check(h, node):
-    """`opsctl node check` of one lab node, as its timer would run it on a real node."""
-    node_dir = h.lab.lab_dir / "nodes" / node
-    proc = h.opsctl("node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
-                    "--textfile", str(node_dir / "textfile" / "node-check.prom"), timeout=60)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)["storage"]
+    """`opsctl node check` of one lab node: its exit code and storage report."""
+    code, data = h.node_check(node)
+    return code, data["storage"]
 
 
 def check_ids(h, node):
@@ -201,10 +198,9 @@ def test_an_xid_only_in_the_kernel_log_is_drained_by_its_catalog_action(h):
     node_dir = h.lab.lab_dir / "nodes" / NODE
     h.inject(NODE, "xid-kernel:62", gpu=5)
     try:
-        proc = h.opsctl("node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
-                        "--textfile", str(node_dir / "textfile" / "node-check.prom"), timeout=60)
-        kernel = json.loads(proc.stdout)["kernel_log"]
-        assert kernel["read_ok"] and [(x["xid"], x["gpu"]) for x in kernel["xids"]] == [(62, 5)], proc.stdout
+        _, data = h.node_check(NODE)
+        kernel = data["kernel_log"]
+        assert kernel["read_ok"] and [(x["xid"], x["gpu"]) for x in kernel["xids"]] == [(62, 5)], data
         h.lab.wait_until(lambda: ("xid-62", None) in check_ids(h, NODE), 60, "Prometheus to show XID 62", interval=1)
         assert h.health_json("--nodes", NODE)[1][NODE]["status"] == "fail"
         assert not prometheus_query(h.lab, 'DCGM_EXP_XID_ERRORS_COUNT{xid="62"} > 0')  # DCGM never saw it
