@@ -192,7 +192,10 @@ FAULTS = {
                   seen_by=("ecc-disabled",)),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",
                   rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0, "nvlink_replay": 5.0}, **_VOLATILE,
-                  seen_by=("nvlink-errors",)),
+                  seen_by=("nvlink-errors-rising",)),
+        FaultSpec("nvlink-crc", "gpu", "NVLink CRC errors rising (flow-control flits and data), no replays yet",
+                  rates={"nvlink_crc_flit": 20.0, "nvlink_crc_data": 5.0}, **_VOLATILE,
+                  seen_by=("nvlink-errors-rising",)),
         FaultSpec("nvlink-down", "gpu", "nvlink-down:<link>: the GPU's NVLink <link> (0-17) is inactive: `nvidia-smi "
                   "nvlink -s` prints <inactive>, and DCGM watches only the links that are up",
                   seen_by=("nvlink-down",)),

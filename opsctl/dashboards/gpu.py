@@ -63,7 +63,7 @@ def build(site: Site) -> db.Dashboard:
     dash = dash.with_panel(rule_graph(site, "nvlink-down", "NVLinks inactive (1)", nodes, by_device=False))
     dash = dash.with_panel(rule_graph(site, "nvlink-degraded", "NVLink speed, share of the GPU's fastest link",
                                       nodes, unit="percentunit", by_device=False))
-    dash = dash.with_panel(rule_graph(site, "nvlink-errors", "NVLink errors/s", gpus))
+    dash = dash.with_panel(rule_graph(site, "nvlink-errors-rising", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-downtrained", "PCIe link's share of its maximum width and speed",
                                       gpus))

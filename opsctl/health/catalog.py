@@ -47,6 +47,8 @@ SHIPPED_LABEL = "opsctl/health/catalog.yaml"
 CANDIDATES_PLACEHOLDER = "${candidates}"  # in `unhealthy`: what `candidates` kept
 OVERRIDABLE = {"expr", "unhealthy", "candidates", "op", "threshold", "healthy", "hold", "evidence", "severity",
                "action", "auto_resume", "memory", "description", "remediation"}
+# Rule ids that changed, old -> new: catalog.overrides and catalog.disable keep working under the old id.
+RENAMED = {"nvlink-errors": "nvlink-errors-rising"}
 # How long an event stays "handled" once opsctl acted on it (docs/health.md, "Handled events"):
 #   window: a windowed count or increase; the same or a lower value within the window is the same event.
 #   level:  a lifetime counter or a latched gauge; the same or a lower value is the same event until the
@@ -441,6 +443,7 @@ def load_catalog(config: Config) -> list[Rule]:
         raw, label = entries[firmware.RULE]
         entries[firmware.RULE] = ({**raw, **firmware.PINNED}, label)
     for rid, fields in config.catalog.overrides.items():
+        rid = RENAMED.get(rid, rid)
         if rid not in entries:
             raise ConfigError(f"config key catalog.overrides.{rid}: no such rule")
         if not isinstance(fields, dict) or not set(fields) <= OVERRIDABLE:
@@ -459,7 +462,7 @@ def load_catalog(config: Config) -> list[Rule]:
         entries[rid] = ({**raw, **dropped, **fields, "variants": variants}, label)
         if set(fields) & {"expr", "op", "threshold"}:
             replaced.add(rid)
-    for rid in config.catalog.disable:
+    for rid in (RENAMED.get(r, r) for r in config.catalog.disable):
         if rid not in entries:
             raise ConfigError(f"config key catalog.disable: no such rule {rid!r}")
         del entries[rid]

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(not (HAVE_PROMETHEUS and HAVE_NODE_EXPORTER and 
                                 reason="needs prometheus, prometheus-node-exporter and victoria-metrics")
 NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 # gpu004 takes the faults whose traces outlive a clear (a DBE stays in increase() for its hold).
-FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors",
+FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors-rising",
                                                "pcie-replays", "sbe-storm", "ib-errors", "fabric-manager-down",
                                                "fabric-not-ready", "clock-slowdown", "pcie-downtrained",
                                                "firmware-drift")}
@@ -713,13 +713,13 @@ NFS = 'opsctl_node_nfs_rpc_retransmissions_total{{mount="{mount}"}} {value}\n'
 # Clock event masks: none, idle and SW power cap, each hardware bit alone and both, those beside the bits
 # between them (16, 32), bits above 64, and the values no exporter should send (NaN, infinities, negative).
 CLOCK_MASKS = [0, 5, 8, 64, 72, 48, 56, 200, 328, 1.5, "NaN", "+Inf", "-Inf", -8, -72, -100]
-OWN_STAGE_ZERO = {"nvlink-errors", "ib-errors", "clocks-hw-slowdown", "pcie-replays", "sbe-storm",
+OWN_STAGE_ZERO = {"nvlink-errors-rising", "ib-errors", "clocks-hw-slowdown", "pcie-replays", "sbe-storm",
                   "nfs-retransmissions"}
 
 
 def test_a_rules_own_unhealthy_expression_finds_what_its_expression_finds(texts):
     """The rules that spell stage 0 themselves (catalog.yaml, `unhealthy`, with its `candidates` inline):
-    nvlink-errors and ib-errors drop the zero terms of their sums before the `or`s, the single counters
+    nvlink-errors-rising and ib-errors drop the zero terms of their sums before the `or`s, the single counters
     guard only what rises, clocks-hw-slowdown takes the mask of the GPUs its filter kept. On either engine
     each answers what `(expr) != 0` answers, series and values, for counters that rise, stay flat at zero
     or above it, and one that is young, and for every kind of clock event mask."""

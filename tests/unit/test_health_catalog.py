@@ -34,7 +34,7 @@ def test_xid_defaults_follow_the_issue():
     ("row-remap-failure", "fail", "drain"), ("row-remap-pending", "fail", "drain"), ("ecc-dbe-new", "fail", "drain"),
     ("remapped-rows-high", "fail", "drain"), ("gpu-count", "fail", "drain"), ("ib-down", "fail", "drain"),
     ("ib-degraded", "fail", "drain"), ("gpu-temp-high", "warn", "report"), ("clocks-hw-slowdown", "warn", "report"),
-    ("nvlink-errors", "warn", "report"), ("pcie-replays", "warn", "report"), ("sbe-storm", "warn", "report"),
+    ("nvlink-errors-rising", "warn", "report"), ("pcie-replays", "warn", "report"), ("sbe-storm", "warn", "report"),
     ("ib-errors", "warn", "report"),
 ])
 def test_non_xid_defaults(rid, severity, action):
@@ -259,3 +259,14 @@ def test_export_matches_the_evaluated_promql():
         assert "for" not in alert  # the hold is inside the PromQL, so alerts and opsctl agree
     assert "[75s]" in alerts["ib-down"]["expr"]
     assert "[90s:30s]" in alerts["gpu-count"]["expr"]  # three samples over two scrape intervals, as opsctl holds it
+
+
+def test_a_renamed_rules_old_id_still_overrides_and_disables_it():
+    from opsctl.health.catalog import RENAMED
+
+    assert RENAMED == {"nvlink-errors": "nvlink-errors-rising"}
+    rules = {r.id: r for r in load_catalog(parse_config(
+        {"catalog": {"overrides": {"nvlink-errors": {"threshold": 7}}}}, "t", {}))}
+    assert "nvlink-errors" not in rules and rules["nvlink-errors-rising"].threshold == 7
+    assert "nvlink-errors-rising" not in {r.id for r in load_catalog(parse_config(
+        {"catalog": {"disable": ["nvlink-errors"]}}, "t", {}))}

@@ -29,7 +29,7 @@ FAULTS = [
     ("gpu-missing", "gpu022", ["--gpu", "7"], [("opsctl-gpu", "gpu-count")]),
     ("thermal", "gpu023", ["--gpu", "5"], [("opsctl-gpu", "gpu-temp-high"), ("opsctl-gpu", "clocks-hw-slowdown"),
                                           ("opsctl-overview", "Hottest GPU per node")]),
-    ("nvlink-errors", "gpu024", ["--gpu", "6"], [("opsctl-gpu", "nvlink-errors")]),
+    ("nvlink-errors", "gpu024", ["--gpu", "6"], [("opsctl-gpu", "nvlink-errors-rising")]),
     ("pcie-replays", "gpu025", ["--gpu", "2"], [("opsctl-gpu", "pcie-replays")]),
     ("ib-down", "gpu026", ["--hca", "3"], [("opsctl-infiniband", "ib-down"), ("opsctl-infiniband", "Port state"),
                                            ("opsctl-infiniband", "Physical state")]),

@@ -39,14 +39,15 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("xid:31", "gpu043", 1, None, "xid-31"),
     ("xid:94", "gpu044", 2, None, "xid-94"),
     ("thermal", "gpu045", 3, None, "gpu-temp-high"),
-    ("nvlink-errors", "gpu046", 4, None, "nvlink-errors"),
+    ("nvlink-errors", "gpu046", 4, None, "nvlink-errors-rising"),
     ("pcie-replays", "gpu047", 5, None, "pcie-replays"),
     ("sbe-storm", "gpu048", 6, None, "sbe-storm"),
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
     ("vbios-drift", "gpu059", 4, None, "firmware-drift"),
+    ("nvlink-crc", "gpu062", 2, None, "nvlink-errors-rising"),
 ]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-061]"
+SCOPE = "gpu[033-062]"
 
 
 @pytest.fixture(scope="module")
