@@ -40,7 +40,7 @@ from typing import Any
 
 from opsctl_lab import hardware as hwm
 from opsctl_lab.hardware import NodeHardware, stable_int
-from opsctl_lab.ib_sysfs import write_tree
+from opsctl_lab.ib_sysfs import GPU_COUNTERS, write_tree
 from opsctl_lab.storage_view import write_storage
 
 # A fixed origin for time-driven counters, so that a restarted emulator does not reset them.
@@ -352,7 +352,9 @@ def tick(node: EmulatedNode, now: float) -> None:
             _start(node)
         except OSError as err:  # the address may still be held; try again next tick
             sys.stderr.write(f"dcgm-exporter emulator: {node.node}: {err}\n")
-    rising = any(f.hca is not None and hwm.FAULTS[f.fault].rates for f in hw.active)
+    # A counter that sysfs shows rises: an HCA's, or a GPU's AER count (ib_sysfs.GPU_COUNTERS).
+    rising = any((f.hca is not None and hwm.FAULTS[f.fault].rates) or GPU_COUNTERS & hwm.FAULTS[f.fault].rates.keys()
+                 for f in hw.active)
     if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
         write_tree(node.sysfs_root, hw, now)
         if node.storage_root is not None and node.mount_base is not None:

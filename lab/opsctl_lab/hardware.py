@@ -201,6 +201,9 @@ FAULTS = {
                   seen_by=("nvlink-down",)),
         FaultSpec("nvlink-degraded", "gpu", "nvlink-degraded:<link>: the GPU's NVLink <link> runs at half its speed "
                   f"({NVLINK_DEGRADED_SPEED_GBPS} GB/s)", seen_by=("nvlink-degraded",)),
+        FaultSpec("pcie-aer", "gpu", "the GPU's PCIe link reports correctable errors (AER RxErr), 5 a second, in "
+                  "sysfs aer_dev_correctable", rates={"pcie_aer_correctable": 5.0}, **_VOLATILE,
+                  seen_by=("pcie-aer-rising",)),
         FaultSpec("pcie-replays", "gpu", "PCIe replays rising", rates={"pcie_replay": 10.0}, **_VOLATILE,
                   seen_by=("pcie-replays",)),
         # Links that train and count no error, yet carry half: found only by moving data (all_reduce_perf).

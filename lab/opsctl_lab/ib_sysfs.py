@@ -98,6 +98,30 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
     return files
 
 
+# The errors of each of the kernel's aer_dev_* files as drivers/pci/pcie/aer.c (5.x and later) names them, then
+# the file's total (Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats).
+AER_ERRORS = {
+    "aer_dev_correctable": (["RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr",
+                             "HeaderOF"], "TOTAL_ERR_COR"),
+    **{file: (["Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP",
+               "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked", "TLPBlockedErr"], total)
+       for file, total in (("aer_dev_fatal", "TOTAL_ERR_FATAL"), ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"))},
+}
+
+
+# The GPU counters that sysfs shows (the rest are DCGM's): a fault that raises one keeps the tree rewritten.
+GPU_COUNTERS = {"pcie_aer_correctable"}
+
+
+def aer_files(correctable: int) -> dict[str, str]:
+    """A device's aer_dev_* files: `correctable` receiver errors (what a marginal link shows), nothing else."""
+    files = {}
+    for file, (names, total) in AER_ERRORS.items():
+        count = correctable if file == "aer_dev_correctable" else 0
+        files[file] = "".join(f"{name} {count if name == 'RxErr' else 0}\n" for name in names) + f"{total} {count}\n"
+    return files
+
+
 def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
     """Write (or refresh) <root>/class/infiniband for hw, the PCI devices behind it and the GPUs beside
     them (opsctl_lab.hca_layout), and the module list. Only files whose content changed are rewritten;
@@ -106,14 +130,14 @@ def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
     root = Path(root)
     base = root / "class" / "infiniband"
     layout = hw.hca_layout()
-    for gpu in layout.gpus:
-        _write_pci_device(root, gpu, {})
+    for index, gpu in enumerate(layout.gpus):
+        _write_pci_device(root, gpu, aer_files(int(hw.counter(index, "pcie_aer_correctable", 0.0, now))))
     for hca, device in layout.hcas.items():
         for rel, content in device_files(hw, hca, now).items():
             _write_if_changed(base / hca / rel, content)
         # As in sysfs: class/infiniband/<hca>/device leads to the HCA's PCI device, whose path under
         # devices/ names the bridges above it (how `opsctl ib check` tells a rail from a storage port).
-        _write_pci_device(root, device, hw.hca_pcie(hca))
+        _write_pci_device(root, device, {**hw.hca_pcie(hca), **aer_files(0)})
         _link(base / hca / "device", Path("../../../bus/pci/devices") / device.bdf)
     for stale in sorted(base.iterdir()):
         if stale.name not in layout.hcas:

@@ -15,6 +15,7 @@ from opsctl.commands.render import JSON_SCHEMA
 from opsctl.errors import ExitCode
 from opsctl.ib.report import report_dict
 from opsctl.nodecheck.run import (
+    aer_lines,
     check_lines,
     kernel_log_dict,
     kernel_log_lines,
@@ -36,9 +37,10 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
         click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(result.report),
                                "checks": [r.__dict__ for r in result.found], "storage": storage_dict(result.storage),
                                "kernel_log": kernel_log_dict(result.kernel), "nvlink": nvlink_dict(result.nvlinks),
-                               "action": action, **acted}, indent=1))
+                               "pcie_aer": result.aer, "action": action, **acted}, indent=1))
     else:
-        for line in check_lines(result) + kernel_log_lines(result.kernel) + nvlink_lines(result.nvlinks):
+        for line in (check_lines(result) + kernel_log_lines(result.kernel) + nvlink_lines(result.nvlinks)
+                     + aer_lines(result.aer)):
             click.echo(line)
         if action:
             click.echo(action)

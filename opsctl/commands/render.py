@@ -1,7 +1,7 @@
 """Text for people (a table) and for programs (JSON) from one health run. Returns strings; the CLI echoes.
 
 JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", "severity", "status",
-"gpu"|"hca"|"mount"|"target"|"nid"|"firmware"|"nvlink", "value", "threshold", "evidence"}], "action"}],
+"gpu"|"hca"|"mount"|"target"|"nid"|"firmware"|"nvlink"|"pcie", "value", "threshold", "evidence"}], "action"}],
 "summary": {...}}.
 """
 

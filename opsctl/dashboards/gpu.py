@@ -65,6 +65,8 @@ def build(site: Site) -> db.Dashboard:
                                       nodes, unit="percentunit", by_device=False))
     dash = dash.with_panel(rule_graph(site, "nvlink-errors-rising", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))
+    dash = dash.with_panel(rule_graph(site, "pcie-aer-rising", "PCIe AER errors/min per GPU and HCA", nodes,
+                                      by_device=False))
     dash = dash.with_panel(rule_graph(site, "pcie-downtrained", "PCIe link's share of its maximum width and speed",
                                       gpus))
     dash = dash.with_row(db.Row("Clocks, thermals and power"))

@@ -33,7 +33,7 @@ from opsctl.prom.client import PromQuery, Sample
 DEFAULT_XID_WINDOW_S = 300.0
 STATUS_ORDER = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 # The device labels a check names its device by (its JSON key); any other (a node check's `finding`) is "hca".
-KINDS = ("gpu", "mount", "target", "nid", "firmware", "nvlink")
+KINDS = ("gpu", "mount", "target", "nid", "firmware", "nvlink", "pcie")
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Check:
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
     kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet),
     # "firmware" (a GPU's component and versions: gpu3 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)), "nvlink"
-    # (a GPU's link: gpu1 link3) or ""
+    # (a GPU's link: gpu1 link3), "pcie" (a GPU or HCA on the PCIe bus: gpu3, mlx5_2) or ""
     value: float | None = None
     threshold: float | None = None
     op: str = ""

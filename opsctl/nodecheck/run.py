@@ -15,8 +15,10 @@ from typing import Any
 from opsctl.actor.result import ActionResult
 from opsctl.clients import Clients
 from opsctl.errors import ExitCode, worst
-from opsctl.gpu.kmsg import SXid, Xid
+from opsctl.gpu.kmsg import SXid, Xid, canonical_pci
 from opsctl.gpu.nvlink import NvlinkReport, read_nvlinks
+from opsctl.hw.aer import read_aer
+from opsctl.hw.pcie_tree import read_pci_tree
 from opsctl.ib.check import Report
 from opsctl.ib.report import check_report
 from opsctl.ladder.node_step import take_step
@@ -33,6 +35,7 @@ class NodeCheck:
     kernel: KernelLogReport  # what is new in the kernel log
     found: list[CheckResult]  # every check's result, InfiniBand then storage
     nvlinks: NvlinkReport = field(default_factory=NvlinkReport)  # each NVLink's speed (the health rules judge them)
+    aer: dict[str, dict[str, int]] = field(default_factory=dict)  # GPU or HCA -> AER severity -> errors so far
     action: ActionResult = field(default_factory=ActionResult)  # what --drain-self and --remediate-self did
     exit_code: ExitCode = ExitCode.OK
 
@@ -48,10 +51,11 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
     now = time.time()
     kernel = check_kernel_log(clients.config().gpu, clients.config().state_dir, now)
     nvlinks = read_nvlinks(clients.config().gpu.nvidia_smi, clients.tools())
+    aer = aer_counts(sysfs_root or clients.config().ib.sysfs_root, kernel)
     found = results(report) + storage_results(storage)
     if textfile:
-        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks))
-    result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found, nvlinks=nvlinks,
+        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks, aer))
+    result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found, nvlinks=nvlinks, aer=aer,
                        exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
     # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
     name = node or socket.gethostname().split(".")[0]
@@ -67,6 +71,25 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
                          "other checks failed: " + ", ".join(failed), result=result.action)
         result.action.lines.append(step.line)
     return result
+
+
+def aer_counts(sysfs_root: str, kernel: KernelLogReport) -> dict[str, dict[str, int]]:
+    """The PCIe AER counts of the node's GPUs, named gpu<index> by the index nvidia-smi gave them this boot (else
+    by their PCI address), and of its HCAs, by name."""
+    tree = read_pci_tree(sysfs_root)
+    gpus = {}
+    for bdf in tree.gpus:
+        index = kernel.index(canonical_pci(bdf) or bdf)
+        gpus[bdf if index is None else f"gpu{index}"] = bdf
+    return read_aer(sysfs_root, {**gpus, **tree.hcas})
+
+
+def aer_lines(aer: dict[str, dict[str, int]]) -> list[str]:
+    """A line per device whose kernel counted AER errors, else one that says none did."""
+    lines = [f"pcie aer {device}: " + ", ".join(f"{severity} {count}" for severity, count in sorted(counts.items())
+                                                if count)
+             for device, counts in sorted(aer.items()) if any(counts.values())]
+    return lines or [f"pcie aer: no errors on {len(aer)} devices"]
 
 
 def storage_dict(storage: StorageReport) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from opsctl.slurm.base import SlurmNode
 
 DEVICE = {"gpu": "0", "device": "mlx5_0", "finding": "ib-port-state mlx5_0", "mount": "/home",
           "target": "lustre-OST0002", "nid": "10.0.0.1@o2ib",
-          "firmware": "gpu0 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)", "nvlink": "gpu0 link3", "": ""}
+          "firmware": "gpu0 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)", "nvlink": "gpu0 link3",
+          "pcie": "gpu0", "": ""}
 
 
 def devices(rule: Rule) -> list[str]:

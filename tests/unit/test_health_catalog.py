@@ -134,7 +134,7 @@ def test_every_counter_rule_needs_the_series_at_the_window_start():
             assert window == rule.hold, rule.id
             assert f"[{window}]) and {selector} offset {window}" in rule.expr, (rule.id, selector)
         assert "delta(" not in rule.expr and "irate(" not in rule.expr
-    assert found == 1 + 1 + 4 + 3 + 1  # pcie-replays, sbe-storm, nvlink, ib-errors, nfs
+    assert found == 1 + 1 + 4 + 3 + 1 + 1  # pcie-replays, sbe-storm, nvlink, ib-errors, nfs, pcie-aer
 
 
 def test_a_new_dbe_is_the_counter_above_its_lowest_in_the_hold():

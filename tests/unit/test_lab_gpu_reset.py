@@ -20,7 +20,7 @@ from opsctl_lab.hwtools.nvidia_smi import bus_id
 from opsctl_lab.hwtools.nvidia_smi_reset import RC_IN_USE, gpu_reset
 from tests.conftest import FIXTURES
 
-VOLATILE = {"xid", "xid-kernel", "dbe", "sbe-storm", "nvlink-errors", "nvlink-crc", "pcie-replays",
+VOLATILE = {"xid", "xid-kernel", "dbe", "sbe-storm", "nvlink-errors", "nvlink-crc", "pcie-replays", "pcie-aer",
             "row-remap-pending"}
 # A /dev/kmsg record (Documentation/ABI/testing/dev-kmsg) holding the driver's XID line with its process.
 RECORD = re.compile(r"(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),-;(?P<message>.*)")
@@ -41,7 +41,7 @@ def test_the_volatile_faults_are_what_a_reset_and_a_reboot_end():
 def test_a_reset_ends_the_gpus_volatile_faults_and_keeps_the_sticky_ones():
     hw = NodeHardware(node="gpu1")
     for fault in ("xid:48", "xid-kernel:62", "dbe", "sbe-storm", "nvlink-errors", "nvlink-crc", "pcie-replays",
-                  "row-remap-pending", "row-remap-failure", "remapped-rows", "thermal"):
+                  "pcie-aer", "row-remap-pending", "row-remap-failure", "remapped-rows", "thermal"):
         hw.inject(fault, gpu=3, now=100.0)
     hw.inject("dbe", gpu=4, now=100.0)
     rows = hw.counter(3, "uncorrectable_remapped_rows", 0.0, now=150.0)

@@ -18,7 +18,8 @@ FAST = {"catalog": {"overrides": {
     "ib-down": {"hold": "10s"}, "ib-degraded": {"hold": "10s"}, "gpu-temp-high": {"hold": "15s"},
     "nvlink-errors-rising": {"hold": "20s"}, "pcie-replays": {"hold": "20s"}, "sbe-storm": {"hold": "20s"},
     "ib-errors": {"hold": "20s"}, "fabric-manager-down": {"hold": "10s"}, "fabric-not-ready": {"hold": "10s"},
-    "clock-slowdown": {"hold": "15s"}, "pcie-downtrained": {"hold": "10s"}, "firmware-drift": {"hold": "10s"}}}}
+    "clock-slowdown": {"hold": "15s"}, "pcie-downtrained": {"hold": "10s"}, "firmware-drift": {"hold": "10s"},
+    "pcie-aer-rising": {"hold": "15s"}}}}
 
 
 def node_check(lab, node: str, env: dict | None = None) -> tuple[int, dict]:

@@ -4,6 +4,7 @@ alike), then drained for real.
 
 All faults are injected on gpu033..gpu064 (gpu001..gpu032 belong to other tests of the lab)."""
 
+import threading
 import time
 
 import pytest
@@ -45,9 +46,12 @@ WARN_ROWS = [  # (fault, node, gpu, hca, rule that must warn)
     ("ib-counters", "gpu049", None, 1, "ib-errors"),
     ("vbios-drift", "gpu059", 4, None, "firmware-drift"),
     ("nvlink-crc", "gpu062", 2, None, "nvlink-errors-rising"),
+    ("pcie-aer", "gpu063", 3, None, "pcie-aer-rising"),
 ]
+# A rate of what `opsctl node check` counts (sysfs AER): run on its node every few seconds while the table waits.
+RATE_CHECKED = ["gpu063"]
 STORAGE_ROWS = [("ib-down", "gpu051", None, "8"), ("ib-degraded", "gpu052", None, "mlx5_bond_0")]
-SCOPE = "gpu[033-062]"
+SCOPE = "gpu[033-063]"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,13 @@ def table(lab, tmp_path_factory):
     h = HealthLab(lab, tmp, safety={"breaker_min_nodes": 20, "max_drains_per_run": 20, "max_drains_per_hour": 100,
                                     "max_out_of_service_fraction": 0.4})
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
+    stop = threading.Event()
+
+    def keep_checking():
+        while not stop.wait(3):
+            for node in RATE_CHECKED:
+                h.node_check(node)
+    checking = threading.Thread(target=keep_checking, daemon=True)
     try:
         if victoria is not None:  # it must see a DBE begin, as Prometheus does, or it rightly reads no new DBE
             victoria.wait_scraped(lab, "gpu036")
@@ -65,6 +76,7 @@ def table(lab, tmp_path_factory):
             h.inject(node, fault, gpu=gpu, hca=hca)
         for node in NODE_CHECKED:
             h.node_check(node)
+        checking.start()
         h.inject("gpu050", "exporter-down")
         for fault, node, gpu, hca in STORAGE_ROWS:
             h.inject(node, fault, gpu=gpu, hca=hca)
@@ -74,8 +86,12 @@ def table(lab, tmp_path_factory):
         plans = _plans(h, victoria)
         before = h.slurm()
         code, nodes = h.health_json("--drain", "--nodes", SCOPE)
+        stop.set()
         yield h, code, nodes, before, h.slurm(), plans
     finally:
+        stop.set()
+        if checking.is_alive():
+            checking.join(60)
         if victoria is not None:
             victoria.stop()
         h.cleanup()
