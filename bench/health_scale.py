@@ -81,7 +81,22 @@ GPU_METRICS = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM
                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-               "DCGM_FI_DEV_XID_ERRORS"]
+               "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_PCIE_LINK_GEN",
+               "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+               "DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "DCGM_FI_DEV_ECC_CURRENT", "DCGM_FI_DEV_MIG_MODE",
+               "DCGM_FI_DEV_PERSISTENCE_MODE"]
+# What a healthy H200 reads where it is not 0 (Gen5 x16, fabric Success, ECC and persistence on).
+HEALTHY = {"DCGM_FI_DEV_PCIE_LINK_GEN": 5.0, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": 5.0, "DCGM_FI_DEV_PCIE_LINK_WIDTH": 16.0,
+           "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": 16.0, "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": 3.0,
+           "DCGM_FI_DEV_ECC_CURRENT": 1.0, "DCGM_FI_DEV_PERSISTENCE_MODE": 1.0}
+# The faults of the GPU's own settings and state, on GPU 2: metric -> value.
+GPU_STATE_FAULTS = {"clock-slowdown": {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 136.0},
+                    "pcie-downtrain": {"DCGM_FI_DEV_PCIE_LINK_WIDTH": 8.0},
+                    "fabric-stuck": {"DCGM_FI_DEV_FABRIC_MANAGER_STATUS": 2.0},
+                    "mig-on": {"DCGM_FI_DEV_MIG_MODE": 1.0}, "ecc-off": {"DCGM_FI_DEV_ECC_CURRENT": 0.0}}
+VBIOS, OTHER_VBIOS, INFOROM = "96.00.A5.00.03", "96.00.89.00.01", "G520.0280.02.02"
+NVLINKS = 18
+NVLINK_BYTES_PER_S = 26.562e9
 IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second",
               "node_infiniband_link_error_recovery_total", "node_infiniband_link_downed_total",
               "node_infiniband_port_errors_received_total"]
@@ -117,7 +132,9 @@ def node_names(n: int) -> list[str]:
 # their finder exports: a failed node check or validation. "nan" is an exporter that reports NaN.
 FAULT_KINDS = ("xid", "xid-kernel", "dbe", "sbe-storm", "row-remap-failure", "row-remap-pending", "remapped-rows",
                "gpu-missing", "thermal", "nvlink-errors", "pcie-replays", "ib-down", "sm-down", "ib-degraded",
-               "ib-counters", "exporter-down", "node-check", "validate", "storage", "nan")
+               "ib-counters", "exporter-down", "node-check", "validate", "storage", "nan", "clock-slowdown",
+               "pcie-downtrain", "fabric-stuck", "mig-on", "ecc-off", "vbios-drift", "nvlink-down", "nvlink-crc",
+               "pcie-aer")
 FIRST_FAULT_NODE = 10  # after the resume candidates; the kinds take one node each from here
 
 
@@ -133,6 +150,7 @@ def faults_of(nodes: list[str]) -> dict[str, str]:
 RATES = {("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 1 / 60, ("sbe-storm", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"): 50.0,
          ("nvlink-errors", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"): 20.0,
          ("nvlink-errors", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"): 5.0,
+         ("nvlink-crc", "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"): 5.0,
          ("pcie-replays", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"): 10.0,
          ("ib-counters", "node_infiniband_link_error_recovery_total"): 0.5,
          ("ib-counters", "node_infiniband_port_errors_received_total"): 5.0}
@@ -140,7 +158,9 @@ RATES = {("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 1 / 60, ("sbe-storm", "DCGM_F
 
 def gpu_value(metric: str, fault: str, gpu: int) -> float | tuple[float, float]:
     """The value, or (value at the start, rise per second) for a counter that climbs."""
-    if fault in ("dbe", "sbe-storm", "nvlink-errors", "pcie-replays") and gpu == 1:
+    if fault in GPU_STATE_FAULTS and gpu == 2 and metric in GPU_STATE_FAULTS[fault]:
+        return GPU_STATE_FAULTS[fault][metric]
+    if fault in ("dbe", "sbe-storm", "nvlink-errors", "nvlink-crc", "pcie-replays") and gpu == 1:
         rate = RATES.get((fault, metric))
         if rate:
             return (100.0, rate)
@@ -154,7 +174,7 @@ def gpu_value(metric: str, fault: str, gpu: int) -> float | tuple[float, float]:
         return 1.0
     if metric == "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS" and gpu == 0:
         return {"remapped-rows": 9.0, "row-remap-failure": 1.0, "row-remap-pending": 1.0}.get(fault, 0.0)
-    return 0.0
+    return HEALTHY.get(metric, 0.0)
 
 
 def ib_value(metric: str, fault: str, hca: str) -> float | tuple[float, float]:
@@ -191,9 +211,14 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
         def gpus(n: str) -> range:
             return range(7) if fault.get(n) == "gpu-missing" else range(8)
 
+        def versions(n: str, g: int) -> str:  # the label fields of the role's counters file
+            vbios = OTHER_VBIOS if fault.get(n) == "vbios-drift" and g == 4 else VBIOS
+            return (f',modelName="NVIDIA H200",DCGM_FI_DEV_INFOROM_IMAGE_VER="{INFOROM}",'
+                    f'DCGM_FI_DEV_VBIOS_VERSION="{vbios}"')
+
         for metric in GPU_METRICS:
-            family(metric, [(dcgm.format(n=n) + f',gpu="{g}"', gpu_value(metric, fault.get(n, ""), g))
-                            for n in nodes for g in gpus(n)])
+            family(metric, [(dcgm.format(n=n) + f',gpu="{g}"' + versions(n, g),
+                             gpu_value(metric, fault.get(n, ""), g)) for n in nodes for g in gpus(n)])
         # dcgm-exporter with the windowed count exports it for every GPU: 0, or one series per XID seen.
         def xid(n: str, g: int) -> bool:
             return fault.get(n) in ("composite", "xid") and g == 2
@@ -213,6 +238,20 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
                                      for n, kind in fault.items() if kind in checks])
         family("opsctl_node_check_timestamp_seconds",
                [(node.format(n=n), (float(stamps[0]), 1.0)) for n, kind in fault.items() if kind in checks])
+        # What `opsctl node check` writes on every node: each NVLink's speed, each GPU's and HCA's AER totals.
+        def link_speed(n: str, g: int, link: int) -> float:
+            return 0.0 if fault.get(n) == "nvlink-down" and (g, link) == (1, 3) else NVLINK_BYTES_PER_S
+
+        family("opsctl_node_nvlink_speed_bytes_per_second",
+               [(node.format(n=n) + f',gpu="{g}",link="{link}"', link_speed(n, g, link))
+                for n in nodes for g in gpus(n) for link in range(NVLINKS)])
+
+        def aer(n: str, device: str, severity: str) -> float | tuple[float, float]:
+            return (0.0, 5.0) if fault.get(n) == "pcie-aer" and (device, severity) == ("gpu3", "correctable") else 0.0
+
+        family("opsctl_node_pcie_aer_errors_total",
+               [(node.format(n=n) + f',device="{d}",severity="{sev}"', aer(n, d, sev)) for n in nodes
+                for d in [f"gpu{g}" for g in gpus(n)] + HCAS for sev in ("correctable", "nonfatal", "fatal")])
         family("opsctl_node_validate", [(node.format(n=n) + ',test="nccl",device="node"', float(end))
                                         for n, kind in fault.items() if kind == "validate"])
         out.write("# EOF\n")
