@@ -243,14 +243,14 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
             return 0.0 if fault.get(n) == "nvlink-down" and (g, link) == (1, 3) else NVLINK_BYTES_PER_S
 
         family("opsctl_node_nvlink_speed_bytes_per_second",
-               [(node.format(n=n) + f',gpu="{g}",link="{link}"', link_speed(n, g, link))
+               [(node.format(n=n) + f',gpu="{g}",link="{link}",nvlink="gpu{g} link{link}"', link_speed(n, g, link))
                 for n in nodes for g in gpus(n) for link in range(NVLINKS)])
 
         def aer(n: str, device: str, severity: str) -> float | tuple[float, float]:
             return (0.0, 5.0) if fault.get(n) == "pcie-aer" and (device, severity) == ("gpu3", "correctable") else 0.0
 
         family("opsctl_node_pcie_aer_errors_total",
-               [(node.format(n=n) + f',device="{d}",severity="{sev}"', aer(n, d, sev)) for n in nodes
+               [(node.format(n=n) + f',pcie="{d}",severity="{sev}"', aer(n, d, sev)) for n in nodes
                 for d in [f"gpu{g}" for g in gpus(n)] + HCAS for sev in ("correctable", "nonfatal", "fatal")])
         family("opsctl_node_validate", [(node.format(n=n) + ',test="nccl",device="node"', float(end))
                                         for n, kind in fault.items() if kind == "validate"])

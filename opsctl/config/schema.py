@@ -189,6 +189,8 @@ class HardwareConfig:
 
     gpus_per_node: int = key(8, check=_between(1, 64), hint="must be 1-64")
     ib_rate_bytes_per_second: float = key(5e10, check=_positive, hint="must be > 0")
+    # an NVLink's full speed as `nvidia-smi nvlink -s` prints it: 26.562 GB/s on H100 and H200 (NVLink 4)
+    nvlink_bytes_per_second: float = key(26.562e9, check=_positive, hint="must be > 0")
     # component -> the version every GPU must run (firmware-drift then drains); unpinned: the fleet's majority
     firmware: dict[str, str] = key(factory=dict, parse=_firmware)
 

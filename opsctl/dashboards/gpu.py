@@ -61,7 +61,7 @@ def build(site: Site) -> db.Dashboard:
                                       "version (1 differs)", nodes, width=24, by_device=False))
     dash = dash.with_row(db.Row("NVLink and PCIe"))
     dash = dash.with_panel(rule_graph(site, "nvlink-down", "NVLinks inactive (1)", nodes, by_device=False))
-    dash = dash.with_panel(rule_graph(site, "nvlink-degraded", "NVLink speed, share of the GPU's fastest link",
+    dash = dash.with_panel(rule_graph(site, "nvlink-degraded", "NVLink speed, share of its full speed",
                                       nodes, unit="percentunit", by_device=False))
     dash = dash.with_panel(rule_graph(site, "nvlink-errors-rising", "NVLink errors/s", gpus))
     dash = dash.with_panel(rule_graph(site, "pcie-replays", "PCIe replays/s", gpus))

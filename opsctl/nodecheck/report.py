@@ -15,8 +15,8 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
     opsctl_node_kernel_sxid_total{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"} 2
     opsctl_node_gpu_recovery_action{gpu="3",pci_bus_id="00000000:8A:00.0",action="reset"} 1   latest XID 154
-    opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="3"} 26562000000   per GPU and link, 0: inactive
-    opsctl_node_pcie_aer_errors_total{device="gpu3",severity="correctable"} 12   per GPU or HCA (sysfs AER)
+    opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="3",nvlink="gpu1 link3"} 26562000000   0: inactive
+    opsctl_node_pcie_aer_errors_total{pcie="gpu3",severity="correctable"} 12   per GPU or HCA (sysfs AER)
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
@@ -88,13 +88,14 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
         lines += ["# HELP opsctl_node_nvlink_speed_bytes_per_second The speed of each NVLink of each GPU "
                   "(nvidia-smi nvlink -s), 0 while the link is inactive.",
                   "# TYPE opsctl_node_nvlink_speed_bytes_per_second gauge"]
-        lines += [f'opsctl_node_nvlink_speed_bytes_per_second{{gpu="{gpu}",link="{link}"}} {speed:.0f}'
+        lines += [f'opsctl_node_nvlink_speed_bytes_per_second{{gpu="{gpu}",link="{link}",'
+                  f'nvlink="gpu{gpu} link{link}"}} {speed:.0f}'
                   for gpu, links in sorted(nvlinks.speeds.items()) for link, speed in sorted(links.items())]
     if aer:
         lines += ["# HELP opsctl_node_pcie_aer_errors_total PCIe AER errors a GPU or HCA reported, by severity "
                   "(sysfs aer_dev_*: its kernel's count since boot).",
                   "# TYPE opsctl_node_pcie_aer_errors_total counter"]
-        lines += [f'opsctl_node_pcie_aer_errors_total{{device="{_label(device)}",severity="{severity}"}} {count}'
+        lines += [f'opsctl_node_pcie_aer_errors_total{{pcie="{_label(device)}",severity="{severity}"}} {count}'
                   for device, counts in sorted(aer.items()) for severity, count in sorted(counts.items())]
     lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
               "# TYPE opsctl_node_check_timestamp_seconds gauge",

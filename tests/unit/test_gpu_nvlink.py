@@ -48,8 +48,8 @@ def test_a_failing_or_missing_nvidia_smi_gives_no_link_and_says_why():
 def test_the_textfile_has_a_series_per_link_and_the_lines_name_the_slow_and_inactive_ones():
     report = NvlinkReport(speeds={0: {0: 26.562e9, 1: 0.0}, 1: {0: 13.281e9, 1: 26.562e9}})
     text = metrics_text([], 1.8e9, nvlinks=report)
-    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="0",link="1"} 0\n' in text
-    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="0"} 13281000000\n' in text
+    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="0",link="1",nvlink="gpu0 link1"} 0\n' in text
+    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="0",nvlink="gpu1 link0"} 13281000000\n' in text
     assert text.count("opsctl_node_nvlink_speed_bytes_per_second{") == 4
     assert nvlink_lines(report) == ["nvlink: 2 of 4 links at 26.562 GB/s", "nvlink gpu0 link1: inactive",
                                     "nvlink gpu1 link0: 13.281 GB/s"]

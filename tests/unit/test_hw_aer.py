@@ -34,7 +34,7 @@ def test_each_device_with_aer_files_has_its_three_counts_and_one_without_has_non
     counts = read_aer(tmp_path, {"gpu0": "0000:18:00.0", "mlx5_0": "0000:19:00.0"})
     assert counts == {"gpu0": {"correctable": 12, "nonfatal": 0, "fatal": 0}}
     text = metrics_text([], 1.8e9, aer=counts)
-    assert 'opsctl_node_pcie_aer_errors_total{device="gpu0",severity="correctable"} 12\n' in text
+    assert 'opsctl_node_pcie_aer_errors_total{pcie="gpu0",severity="correctable"} 12\n' in text
     assert text.count("opsctl_node_pcie_aer_errors_total{") == 3
     assert aer_lines(counts) == ["pcie aer gpu0: correctable 12"]
     assert aer_lines({"gpu0": {"correctable": 0}}) == ["pcie aer: no errors on 1 devices"]

@@ -140,7 +140,7 @@ def test_the_reasons_of_the_new_checks_name_what_they_saw(table):
     assert after["gpu053"].reason.startswith("opsctl:fabric-not-ready gpu2 fabric In Progress")
     assert after["gpu058"].reason.startswith("opsctl:pcie-downtrained gpu3 PCIe link at 50% of its maximum")
     assert after["gpu060"].reason.startswith("opsctl:nvlink-down gpu1 link3 inactive")
-    assert after["gpu061"].reason.startswith("opsctl:nvlink-degraded gpu5 link7 at 50% of the GPU's fastest link")
+    assert after["gpu061"].reason.startswith("opsctl:nvlink-degraded gpu5 link7 at 50% of its full speed")
 
 
 @pytest.mark.parametrize("fault,node,gpu,hca,rule", WARN_ROWS, ids=[r[0] for r in WARN_ROWS])
