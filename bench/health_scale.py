@@ -95,8 +95,6 @@ GPU_STATE_FAULTS = {"clock-slowdown": {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_D
                     "fabric-stuck": {"DCGM_FI_DEV_FABRIC_MANAGER_STATUS": 2.0},
                     "mig-on": {"DCGM_FI_DEV_MIG_MODE": 1.0}, "ecc-off": {"DCGM_FI_DEV_ECC_CURRENT": 0.0}}
 VBIOS, OTHER_VBIOS, INFOROM = "96.00.A5.00.03", "96.00.89.00.01", "G520.0280.02.02"
-NVLINKS = 18
-NVLINK_BYTES_PER_S = 26.562e9
 IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second",
               "node_infiniband_link_error_recovery_total", "node_infiniband_link_downed_total",
               "node_infiniband_port_errors_received_total"]
@@ -238,13 +236,16 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
                                      for n, kind in fault.items() if kind in checks])
         family("opsctl_node_check_timestamp_seconds",
                [(node.format(n=n), (float(stamps[0]), 1.0)) for n, kind in fault.items() if kind in checks])
-        # What `opsctl node check` writes on every node: each NVLink's speed, each GPU's and HCA's AER totals.
-        def link_speed(n: str, g: int, link: int) -> float:
-            return 0.0 if fault.get(n) == "nvlink-down" and (g, link) == (1, 3) else NVLINK_BYTES_PER_S
+        # What `opsctl node check` writes on every node: per GPU its inactive NVLinks and its slowest link's share
+        # of full speed (each naming the links), and each GPU's and HCA's AER totals.
+        def down(n: str, g: int) -> bool:
+            return fault.get(n) == "nvlink-down" and g == 1
 
-        family("opsctl_node_nvlink_speed_bytes_per_second",
-               [(node.format(n=n) + f',gpu="{g}",link="{link}",nvlink="gpu{g} link{link}"', link_speed(n, g, link))
-                for n in nodes for g in gpus(n) for link in range(NVLINKS)])
+        family("opsctl_node_nvlink_inactive", [(node.format(n=n) + f',gpu="{g}",nvlink="gpu{g}' +
+                                                (' link3"' if down(n, g) else '"'), float(down(n, g)))
+                                               for n in nodes for g in gpus(n)])
+        family("opsctl_node_nvlink_speed_ratio", [(node.format(n=n) + f',gpu="{g}",nvlink="gpu{g}"', 1.0)
+                                                  for n in nodes for g in gpus(n)])
 
         def aer(n: str, device: str, severity: str) -> float | tuple[float, float]:
             return (0.0, 5.0) if fault.get(n) == "pcie-aer" and (device, severity) == ("gpu3", "correctable") else 0.0

@@ -169,7 +169,6 @@ def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
         "ib_devices": config.ib.rails_regex,
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
-        "nvlink_rate": _number(config.hardware.nvlink_bytes_per_second),
         "firmware_versions": firmware.versions(config.prometheus.jobs["dcgm"], ", ".join(config.node_mapping.by),
                                                config.hardware.firmware),
     }

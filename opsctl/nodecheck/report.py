@@ -15,7 +15,8 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
     opsctl_node_kernel_sxid_total{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"} 2
     opsctl_node_gpu_recovery_action{gpu="3",pci_bus_id="00000000:8A:00.0",action="reset"} 1   latest XID 154
-    opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="3",nvlink="gpu1 link3"} 26562000000   0: inactive
+    opsctl_node_nvlink_inactive{gpu="1",nvlink="gpu1 link3"} 1    per GPU: its inactive NVLinks, named
+    opsctl_node_nvlink_speed_ratio{gpu="5",nvlink="gpu5 link7"} 0.5   its slowest active link over full speed
     opsctl_node_pcie_aer_errors_total{pcie="gpu3",severity="correctable"} 12   per GPU or HCA (sysfs AER)
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
@@ -85,12 +86,17 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
     if kernel:
         lines += kernel_log_metrics(kernel)
     if nvlinks and nvlinks.speeds:
-        lines += ["# HELP opsctl_node_nvlink_speed_bytes_per_second The speed of each NVLink of each GPU "
-                  "(nvidia-smi nvlink -s), 0 while the link is inactive.",
-                  "# TYPE opsctl_node_nvlink_speed_bytes_per_second gauge"]
-        lines += [f'opsctl_node_nvlink_speed_bytes_per_second{{gpu="{gpu}",link="{link}",'
-                  f'nvlink="gpu{gpu} link{link}"}} {speed:.0f}'
-                  for gpu, links in sorted(nvlinks.speeds.items()) for link, speed in sorted(links.items())]
+        gpus = nvlinks.gpus()
+        lines += ["# HELP opsctl_node_nvlink_inactive How many NVLinks of the GPU are inactive (nvidia-smi nvlink -s); "
+                  "the nvlink label names them.",
+                  "# TYPE opsctl_node_nvlink_inactive gauge"]
+        lines += [f'opsctl_node_nvlink_inactive{{gpu="{g.gpu}",nvlink="{g.name(g.inactive)}"}} {len(g.inactive)}'
+                  for g in gpus]
+        lines += ["# HELP opsctl_node_nvlink_speed_ratio The slowest active NVLink of the GPU over a link's full speed "
+                  "(hardware.nvlink_bytes_per_second); the nvlink label names the links below it.",
+                  "# TYPE opsctl_node_nvlink_speed_ratio gauge"]
+        lines += [f'opsctl_node_nvlink_speed_ratio{{gpu="{g.gpu}",nvlink="{g.name(g.slow)}"}} {g.share:.4g}'
+                  for g in gpus]
     if aer:
         lines += ["# HELP opsctl_node_pcie_aer_errors_total PCIe AER errors a GPU or HCA reported, by severity "
                   "(sysfs aer_dev_*: its kernel's count since boot).",

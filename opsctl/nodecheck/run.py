@@ -50,7 +50,8 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
     storage = storage_report(clients.config().storage)
     now = time.time()
     kernel = check_kernel_log(clients.config().gpu, clients.config().state_dir, now)
-    nvlinks = read_nvlinks(clients.config().gpu.nvidia_smi, clients.tools())
+    nvlinks = read_nvlinks(clients.config().gpu.nvidia_smi, clients.config().hardware.nvlink_bytes_per_second,
+                           clients.tools())
     aer = aer_counts(sysfs_root or clients.config().ib.sysfs_root, kernel)
     found = results(report) + storage_results(storage)
     if textfile:

@@ -38,20 +38,25 @@ def test_a_failing_or_missing_nvidia_smi_gives_no_link_and_says_why():
 
     def missing(argv, **_):
         raise FileNotFoundError(2, "No such file or directory")
-    assert read_nvlinks("nvidia-smi", fails) == NvlinkReport(
+    assert read_nvlinks("nvidia-smi", 26.562e9, fails) == NvlinkReport(
         note="nvidia-smi nvlink -s exited 9: NVIDIA-SMI has failed because it couldn't communicate with the "
              "NVIDIA driver.")
-    assert read_nvlinks("/usr/bin/nvidia-smi", missing).note == \
+    assert read_nvlinks("/usr/bin/nvidia-smi", 26.562e9, missing).note == \
         "nvidia-smi nvlink -s exited 127: /usr/bin/nvidia-smi: No such file or directory"
 
 
-def test_the_textfile_has_a_series_per_link_and_the_lines_name_the_slow_and_inactive_ones():
-    report = NvlinkReport(speeds={0: {0: 26.562e9, 1: 0.0}, 1: {0: 13.281e9, 1: 26.562e9}})
+def test_the_textfile_has_two_series_per_gpu_naming_its_inactive_and_slow_links_and_the_lines_name_them():
+    report = NvlinkReport(speeds={0: {0: 26.562e9, 1: 0.0}, 1: {0: 13.281e9, 1: 26.562e9},
+                                  2: {0: 0.0, 1: 0.0, 2: 20e9, 3: 13.281e9}, 3: {0: 26.562e9, 1: 26.562e9}})
     text = metrics_text([], 1.8e9, nvlinks=report)
-    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="0",link="1",nvlink="gpu0 link1"} 0\n' in text
-    assert 'opsctl_node_nvlink_speed_bytes_per_second{gpu="1",link="0",nvlink="gpu1 link0"} 13281000000\n' in text
-    assert text.count("opsctl_node_nvlink_speed_bytes_per_second{") == 4
-    assert nvlink_lines(report) == ["nvlink: 2 of 4 links at 26.562 GB/s", "nvlink gpu0 link1: inactive",
-                                    "nvlink gpu1 link0: 13.281 GB/s"]
+    assert 'opsctl_node_nvlink_inactive{gpu="0",nvlink="gpu0 link1"} 1\n' in text
+    assert 'opsctl_node_nvlink_inactive{gpu="2",nvlink="gpu2 links 0,1"} 2\n' in text
+    assert 'opsctl_node_nvlink_inactive{gpu="3",nvlink="gpu3"} 0\n' in text
+    assert 'opsctl_node_nvlink_speed_ratio{gpu="1",nvlink="gpu1 link0"} 0.5\n' in text
+    assert 'opsctl_node_nvlink_speed_ratio{gpu="2",nvlink="gpu2 links 2,3"} 0.5\n' in text
+    assert 'opsctl_node_nvlink_speed_ratio{gpu="0",nvlink="gpu0"} 1\n' in text
+    assert text.count("opsctl_node_nvlink_inactive{") == text.count("opsctl_node_nvlink_speed_ratio{") == 4
+    assert nvlink_lines(NvlinkReport(speeds={0: {0: 26.562e9, 1: 0.0}, 1: {0: 13.281e9, 1: 26.562e9}})) == [
+        "nvlink: 2 of 4 links at 26.562 GB/s", "nvlink gpu0 link1: inactive", "nvlink gpu1 link0: 13.281 GB/s"]
     assert "nvlink" not in metrics_text([], 1.8e9, nvlinks=NvlinkReport(note="no driver"))
     assert nvlink_lines(NvlinkReport(note="no driver")) == ["nvlink not read: no driver"]
