@@ -9,7 +9,9 @@ and times the same PromQL queries sent directly, one after the other. One node i
 composite fault, and one node each carries a fault of the lab's list (lab/opsctl_lab/hardware.py
 FAULTS, FAULT_KINDS here: XIDs from DCGM and from the kernel log, a DBE, an SBE storm, row remaps,
 a missing GPU, heat, NVLink and PCIe errors, a port down, the subnet manager gone, a degraded port,
-InfiniBand error counters, an exporter down, failed node checks, validations and mounts, a NaN), so the
+InfiniBand error counters, an exporter down, failed node checks, validations and mounts, a NaN, a clock
+slowdown, a downtrained PCIe link, a stuck fabric, MIG on, ECC off, another VBIOS, an inactive NVLink, NVLink
+CRC errors, PCIe AER errors), so the
 verdict path does real work, and the resume candidates make opsctl ask for positive evidence. Both paths
 must decide the same for every node, or the bench stops.
 
