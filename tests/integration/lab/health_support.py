@@ -24,13 +24,24 @@ FAST = {"catalog": {"overrides": {
 
 def node_check(lab, node: str, env: dict | None = None) -> tuple[int, dict]:
     """`opsctl node check --json` of a lab node with its own config (its sysfs, mounts and emulated tools),
-    writing the textfile its node_exporter reads; `opsctl lab clear` removes that file."""
+    writing the textfile its node_exporter reads (forget_node_check removes it)."""
     node_dir = lab.lab_dir / "nodes" / node
     argv = [sys.executable, "-m", "opsctl", "node", "check", "--json", "--config", str(node_dir / "node-check.yaml"),
-            "--textfile", str(node_dir / "textfile" / "node-check.prom")]
+            "--textfile", str(node_check_textfile(lab, node))]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env or {**os.environ, **lab.env})
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
+
+
+def node_check_textfile(lab, node: str) -> Path:
+    return lab.lab_dir / "nodes" / node / "textfile" / "node-check.prom"
+
+
+def forget_node_check(lab, node: str) -> None:
+    """Remove what node_check wrote for the node: `opsctl lab clear` ends its faults, not the results a node
+    check wrote of them (only `lab reset` removes those), and with no timer here to write them again they
+    would fail the node (or warn node-check-stale) for every later module, and count toward its breaker."""
+    node_check_textfile(lab, node).unlink(missing_ok=True)
 
 
 class HealthLab:
@@ -139,6 +150,8 @@ class HealthLab:
 
     def cleanup(self) -> None:
         self._all_at_once([["lab", "clear", node] for node in sorted(self.touched)])
+        for node in self.touched:
+            forget_node_check(self.lab, node)
         nodes = self.slurm()
         out = [n for n in sorted(self.touched) if nodes[n].drained or nodes[n].state == "down"]  # or after a reboot
         if out:

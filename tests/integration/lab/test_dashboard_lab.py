@@ -14,7 +14,7 @@ import pytest
 
 from opsctl_lab import cluster
 from tests.conftest import REPO
-from tests.integration.lab.health_support import node_check
+from tests.integration.lab.health_support import forget_node_check, node_check
 
 pytestmark = pytest.mark.lab
 
@@ -113,6 +113,8 @@ def faults(lab):
     finally:
         for _, node, _, _ in FAULTS:
             cluster.clear(node)
+        for node in NODE_CHECKED:
+            forget_node_check(lab, node)
 
 
 def test_every_panel_query_of_every_dashboard_runs(lab):
