@@ -119,7 +119,7 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
     try:
         cluster.up(fresh=True, timeout=120)
         busy = subprocess.run([*sbatch, "-N4", "-w", "gpu[001-004]"], capture_output=True, text=True, check=True)
-        wait(lambda: squeue_nodes(cluster, busy.stdout.strip()), "the first job to run", cluster)
+        wait(lambda: running_or_released(cluster, busy.stdout.strip()), "the first job to run", cluster, timeout=120)
         job = subprocess.run([*sbatch, "-N32"], capture_output=True, text=True, check=True).stdout.strip()
         placed = wait(lambda: running_or_released(cluster, job), "the 32-node job to run", cluster, timeout=120)
     finally:
@@ -130,8 +130,8 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
 
 
 def running_or_released(cluster: ChrootCluster, job: str) -> list[str]:
-    """The job's nodes once it runs. On a machine busy with other streams, launching 32 nodes' steps can
-    outlast slurmd's message timeout: slurmctld then requeues the job held ("launch failed requeued held").
+    """The job's nodes once it runs. On a machine busy with other streams, launching a job's steps (32 nodes'
+    or even 4) can outlast slurmd's message timeout: slurmctld then requeues the job held ("launch failed requeued held").
     Where a job lands is what is tested, so such a job is released to be placed again (the same free block)."""
     placed = squeue_nodes(cluster, job)
     if placed:
