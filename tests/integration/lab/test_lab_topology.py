@@ -130,9 +130,10 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
 
 
 def running_or_released(cluster: ChrootCluster, job: str) -> list[str]:
-    """The job's nodes once it runs. On a machine busy with other streams, launching a job's steps (32 nodes'
-    or even 4) can outlast slurmd's message timeout: slurmctld then requeues the job held ("launch failed requeued held").
-    Where a job lands is what is tested, so such a job is released to be placed again (the same free block)."""
+    """The job's nodes once it runs. On a machine busy with other streams, launching a job's steps (32
+    nodes' or even 4) can outlast slurmd's message timeout: slurmctld then requeues the job held ("launch
+    failed requeued held"). Where a job lands is what is tested, so such a job is released to be placed
+    again (the same free block)."""
     placed = squeue_nodes(cluster, job)
     if placed:
         return placed
