@@ -68,8 +68,11 @@ class NvlinkReport:
     full: float = 26.562e9  # a link's full speed, bytes per second (hardware.nvlink_bytes_per_second)
 
     def gpus(self) -> list[GpuLinks]:
+        """Each GPU that listed its links: one that listed none (NVML's line) says nothing of them, not 0."""
         out = []
         for gpu, links in sorted(self.speeds.items()):
+            if not links:
+                continue
             active = {link: speed for link, speed in links.items() if speed > 0}
             slow = tuple(sorted(link for link, speed in active.items() if speed < self.full))
             share = min(1.0, min(active.values()) / self.full) if active else 1.0

@@ -27,6 +27,8 @@ def test_a_gpu_whose_links_nvml_cannot_read_has_no_link_and_a_stray_line_is_an_e
     text = ("GPU 0: NVIDIA H200 (UUID: GPU-1)\n"
             "\t NVML: Unable to retrieve NVLink information as all links are inActive\n")
     assert parse_nvlink_status(text) == {0: {}}
+    # not "0 inactive": nothing is known of its links
+    assert "opsctl_node_nvlink_inactive{" not in metrics_text([], 1.8e9, nvlinks=NvlinkReport(speeds={0: {}}))
     with pytest.raises(SourceUnavailable, match="a line it does not know: 'Link 0: fast'"):
         parse_nvlink_status("GPU 0: NVIDIA H200 (UUID: GPU-1)\n\t Link 0: fast\n")
 
