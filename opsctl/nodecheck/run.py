@@ -122,14 +122,14 @@ def nvlink_dict(nvlinks: NvlinkReport) -> dict[str, Any]:
 
 
 def nvlink_lines(nvlinks: NvlinkReport) -> list[str]:
-    """One line for the links at the fastest speed seen, one per link below it or inactive."""
-    if not nvlinks.speeds:
-        return [f"nvlink not read: {nvlinks.note}" if nvlinks.note else "nvlink: no GPU lists a link"]
+    """One line for the links at full speed (nvlinks.full, as the textfile's series judge them), one per link
+    below it or inactive."""
     links = [(gpu, link, speed) for gpu, per in sorted(nvlinks.speeds.items()) for link, speed in sorted(per.items())]
-    fastest = max(speed for _, _, speed in links)
+    if not links:
+        return [f"nvlink not read: {nvlinks.note}" if nvlinks.note else "nvlink: no GPU lists a link"]
     slower = [f"nvlink gpu{gpu} link{link}: {f'{speed / 1e9:.3f} GB/s' if speed else 'inactive'}"
-              for gpu, link, speed in links if speed < fastest]
-    return [f"nvlink: {len(links) - len(slower)} of {len(links)} links at {fastest / 1e9:.3f} GB/s"] + slower
+              for gpu, link, speed in links if speed < nvlinks.full]
+    return [f"nvlink: {len(links) - len(slower)} of {len(links)} links at {nvlinks.full / 1e9:.3f} GB/s"] + slower
 
 
 def kernel_log_dict(kernel: KernelLogReport) -> dict[str, Any]:

@@ -62,3 +62,4 @@ def test_the_textfile_has_two_series_per_gpu_naming_its_inactive_and_slow_links_
         "nvlink: 2 of 4 links at 26.562 GB/s", "nvlink gpu0 link1: inactive", "nvlink gpu1 link0: 13.281 GB/s"]
     assert "nvlink" not in metrics_text([], 1.8e9, nvlinks=NvlinkReport(note="no driver"))
     assert nvlink_lines(NvlinkReport(note="no driver")) == ["nvlink not read: no driver"]
+    assert nvlink_lines(NvlinkReport(speeds={0: {}})) == ["nvlink: no GPU lists a link"]
