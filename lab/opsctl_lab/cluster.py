@@ -166,8 +166,8 @@ def _not_ready(paths: lp.LabPaths, nodes: int, watch: bool = True) -> str | None
     if dead:
         return f"not running: {', '.join(dead[:5])}"
     states = slurm_lab.node_states(paths)
-    settled = ("idle", "drain", "alloc", "mix")
-    unsettled = [n for n, s in states.items() if not slurm_lab.base_state(s).startswith(settled) or s.endswith("*")]
+    unsettled = [n for n, s in states.items()
+                 if not slurm_lab.base_state(s).startswith(slurm_lab.SETTLED) or s.endswith("*")]
     if len(states) < nodes or unsettled:
         return f"{len(states) - len(unsettled)}/{nodes} nodes settled in sinfo"
     silent = {name for name in (lp.node_name(i) for i in range(nodes))
@@ -240,9 +240,9 @@ def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_u
 
 def reset() -> ExitCode:
     """Back to a clean lab: every fault cleared and the emulated hardware as new (counters that past
-    faults raised back at their base), every node back in service (drained or down, by whoever), the
-    lab's opsctl state and audit log emptied, and, when the hardware had a past, Prometheus' history of
-    it too (a rule over a window would still see it). Says what it cleared."""
+    faults raised back at their base), every node back in service (drained or down, by whoever) and
+    in no reservation, the lab's opsctl state and audit log emptied, and, when the hardware had a past,
+    Prometheus' history of it too (a rule over a window would still see it). Says what it cleared."""
     paths = _paths()
     state = _lab_state(paths)
     if not state:
@@ -280,6 +280,10 @@ def reset() -> ExitCode:
     if out:
         slurm_lab.resume(paths, sorted(out))
         lines.append("resumed " + ", ".join(f"{n} ({s})" for n, s in sorted(out.items())))
+    # A reservation outlives its maker when that stopped halfway (a preflight's holds its nodes for hours).
+    for name, nodes in sorted(slurm_lab.reservations(paths).items()):
+        slurm_lab.delete_reservation(paths, name)
+        lines.append(f"deleted reservation {name} ({nodes})")
     emptied = sorted(p.name for p in paths.opsctl_state.iterdir()) if paths.opsctl_state.is_dir() else []
     if emptied:
         shutil.rmtree(paths.opsctl_state)

@@ -25,6 +25,9 @@ _TEMPLATES = jinja2.Environment(
 # `~` powered off, ...), and the states of a node out of service, whoever took it out.
 STATE_FLAGS = "*~#!%$@^-"
 OUT_OF_SERVICE = ("drain", "drng", "down", "fail")
+# The states of a node that has registered and answers, whatever its capacity is kept for: a job, a drain,
+# or a reservation over it (maint, resv; plnd: a job planned on it).
+SETTLED = ("idle", "drain", "alloc", "mix", "maint", "resv", "plnd")
 
 
 def base_state(state: str) -> str:
@@ -109,12 +112,31 @@ def node_states(paths: lp.LabPaths) -> dict[str, str]:
     return {node: state for node, state in (line.split(None, 1) for line in out.stdout.splitlines() if " " in line)}
 
 
+def _scontrol(paths: lp.LabPaths, *args: str) -> str:
+    out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
+    if out.returncode != 0:
+        raise LabError(f"scontrol {' '.join(args[:3])}: {(out.stderr or out.stdout).strip()[:200]}")
+    return out.stdout
+
+
 def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
     """Return nodes to service (lifts DRAIN and DOWN), whoever took them out."""
-    out = subprocess.run(["scontrol", "update", f"nodename={','.join(nodes)}", "state=resume"], capture_output=True,
-                         text=True, timeout=30, env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
-    if out.returncode != 0:
-        raise LabError(f"scontrol update state=resume: {(out.stderr or out.stdout).strip()[:200]}")
+    _scontrol(paths, "update", f"nodename={','.join(nodes)}", "state=resume")
+
+
+def reservations(paths: lp.LabPaths) -> dict[str, str]:
+    """name -> nodes of every reservation slurmctld holds ("No reservations in the system" when none)."""
+    found = {}
+    for line in _scontrol(paths, "-o", "show", "reservation").splitlines():
+        fields = dict(field.split("=", 1) for field in line.split() if "=" in field)
+        if "ReservationName" in fields:
+            found[fields["ReservationName"]] = fields.get("Nodes", "")
+    return found
+
+
+def delete_reservation(paths: lp.LabPaths, name: str) -> None:
+    _scontrol(paths, "delete", f"ReservationName={name}")
 
 
 def wait_for(check: Callable[[], object], timeout: float, message: str) -> None:

@@ -52,9 +52,13 @@ def test_up_with_other_size_is_refused_while_running(lab):
 
 
 def test_down_leaves_no_process_then_up_reports_what_it_kept_and_reset_cleans(lab):
-    # A fault and a person's drain survive `down` and `up`: `up` says so; `reset` clears both.
+    # A fault, a person's drain and a maintenance reservation that its maker left (a preflight stopped
+    # halfway) survive `down` and `up`: `up` counts the reserved node as settled and says so; `reset`
+    # clears all three.
     opsctl("lab", "inject", "gpu012", "xid:79", "--gpu", "3", env=lab.env)
     lab.run("scontrol", "update", "nodename=gpu013", "state=drain", "reason=ticket-123 bad dimm")
+    lab.run("scontrol", "create", "reservation", "ReservationName=left-behind", "Nodes=gpu014", "StartTime=now",
+            "Duration=240", "Users=root", "Flags=MAINT")
     pids = _pids(lab.lab_dir)
     assert len(pids) >= 4 + 2 * lab.nodes
     opsctl("lab", "down", env=lab.env)
@@ -64,10 +68,11 @@ def test_down_leaves_no_process_then_up_reports_what_it_kept_and_reset_cleans(la
     status = opsctl("lab", "status", env=lab.env, check=False)
     assert status.returncode == 1 and "not running" in status.stdout
     up = opsctl("lab", "up", env=lab.env, timeout=300).stdout
-    assert f"lab ready: {lab.nodes} nodes ({lab.nodes - 1} idle, 1 drain)" in up, up
-    assert "  drain    gpu013" in up and "  faults gpu012: xid:79 gpu3" in up
+    assert f"lab ready: {lab.nodes} nodes ({lab.nodes - 2} idle, 1 drain, 1 maint)" in up, up
+    assert "  drain    gpu013" in up and "  maint    gpu014" in up and "  faults gpu012: xid:79 gpu3" in up
     reset = opsctl("lab", "reset", env=lab.env).stdout
     assert "cleared gpu012: xid:79 gpu3" in reset and "resumed gpu013 (drain)" in reset, reset
+    assert "deleted reservation left-behind (gpu014)" in reset, reset
     # A slurmd that a busy host kept from answering one ping shows `idle*` until the next one.
     lab.wait_until(lambda: set(lab.sinfo_states().values()) == {"idle"}, 60, "every node idle")
     assert opsctl("lab", "reset", env=lab.env).stdout == "the lab was clean\n"

@@ -16,17 +16,19 @@ from tests.integration.provision.support import (
     Machines,
     provision_with_a_machine_stopped,
     restart_keeping_a_fault_and_a_drain,
+    start_from_new_machines,
     timed_provision,
 )
 
 
 @pytest.fixture(scope="session")
 def provisioned():
-    """`make provision` (it brings the machines up when needed), then a restart of the machines with a
+    """`make provision` on new machines (it brings them up), then a restart of the machines with a
     fault and a drain kept, then `lab machines reset`, then `make provision` again with one GPU machine
     stopped: that run must change nothing on the others and name the stopped one. Wall times go to the
     test log."""
     times: dict[str, float] = {}
+    start_from_new_machines()
     first = timed_provision("first", times)
     machines = Machines()
     restart = restart_keeping_a_fault_and_a_drain(machines, times)

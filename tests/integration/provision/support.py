@@ -170,6 +170,18 @@ def lab_cli(*args):
     return out.stdout
 
 
+def start_from_new_machines() -> None:
+    """The first run provisions new machines: those an earlier session left (one stopped halfway leaves
+    its drains, faults and reservations; a whole one leaves the GPU machines on the rollout's newer
+    driver, below the inventory's pin) are removed first. The cached image stays: new machines cost
+    seconds."""
+    from opsctl_lab.machines.settings import Settings
+
+    state = Settings().state_dir
+    if state.is_dir() and any((machine / "upper").is_dir() for machine in state.iterdir()):
+        sys.stderr.write(lab_cli("down", "--purge"))
+
+
 def timed_provision(what: str, times: dict, exit_code: int = 0, make_vars: tuple[str, ...] = ()) -> str:
     start = time.monotonic()
     proc = make_provision(make_vars=make_vars)
