@@ -20,7 +20,8 @@ that needs it, so its exit code counts for nothing here.
 Each stream writes its own log, ending with its slowest tests (pytest --durations=15), into the log
 directory: --logs, else $OPSCTL_TEST_LOGS, else a new one under /tmp; its path is printed first. The
 third stream's output is shown as it comes, the other logs follow at the end, then a table of each
-stream's wall time, CPU time and exit code. The exit code is 0 only when every stream passed. A linter's
+stream's wall time, CPU time and exit code. The exit code is 0 only when every stream passed. A stream
+that runs past --stream-limit (an hour) is interrupted where it hung, and fails. A linter's
 failure stops every stream, as do Ctrl-C and SIGTERM (a second one kills them).
 
 With pytest arguments (`tests/run.py -- ARGS`, as `make test PYTEST_ARGS=...` does), it runs `make lint`
@@ -54,6 +55,11 @@ STREAM_PYTEST_OPTIONS = ["-p", "no:cacheprovider", "--durations=15"]
 # After a linter's failure, how long the streams may take to tear down (the lab's `down`) before they
 # are killed.
 STOP_GRACE_SECONDS = 180.0
+# A stream that runs this long has hung (each takes about half an hour on CI's 2 cores): it gets SIGINT, so
+# that pytest writes where it was (its KeyboardInterrupt line names the test's file and line) and tears
+# down, then SIGKILL after STOP_GRACE_SECONDS; the run fails. Without it a hung stream would run until
+# CI's own limit, whose kill writes nothing about where it hung. --stream-limit sets it.
+STREAM_LIMIT_SECONDS = 3600.0
 
 # CPU weighting. The provisioning stream is the longest, so every other process of the run yields the CPU
 # to it: they run in the cpu cgroup LOW_SHARE_GROUP, which weighs as much as one session, and at nice 5
@@ -155,6 +161,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help=f"the streams to run, comma-separated (default: all of {', '.join(STREAM_NAMES)})")
     parser.add_argument("--tests", action="append", default=[], metavar="NAME=ARGS",
                         help="run ARGS (pytest arguments) as stream NAME's selection instead of its tiers")
+    parser.add_argument("--stream-limit", type=float, default=STREAM_LIMIT_SECONDS, metavar="SECONDS",
+                        help=f"stop a stream that runs longer (default {STREAM_LIMIT_SECONDS:.0f})")
     parser.add_argument("--no-chroot-build", action="store_true",
                         help="do not build the Slurm chroots beside the streams (for selections that use none)")
     parser.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
@@ -213,6 +221,18 @@ class Running:
             except ProcessLookupError:
                 pass
 
+    def stop_after(self, limit: float) -> None:
+        """In a thread of its own: past `limit` seconds, SIGINT, then SIGKILL after STOP_GRACE_SECONDS."""
+        if self.done.wait(limit):
+            return
+        line = f"\n==== tests/run.py: {self.name} ran past its {limit:.0f} s: SIGINT, its log says where it was\n"
+        with self.log.open("ab") as out:
+            out.write(line.encode())
+        os.write(1, line.encode())  # os.write: the main thread may be inside a write to sys.stdout
+        self.signal(signal.SIGINT)
+        if not self.done.wait(STOP_GRACE_SECONDS):
+            self.signal(signal.SIGKILL)
+
     def result(self) -> StreamResult:
         wall = (self.ended or time.monotonic()) - self.started
         return StreamResult(self.name, wall, self.cpu_seconds, self.exit_code, self.log, self.counted)
@@ -222,8 +242,9 @@ class Run:
     """The processes of one run, each started in a process group of its own: a stop reaches all of a
     stream's processes, and Ctrl-C on the terminal reaches only this runner, which passes it on."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, limit: float = STREAM_LIMIT_SECONDS) -> None:
         self.logs = logs
+        self.limit = limit
         self.started = time.monotonic()
         self.running: list[Running] = []
         self.stopped_by: int | None = None
@@ -238,6 +259,7 @@ class Run:
         running = Running(name, proc, log, time.monotonic(), counted)
         self.running.append(running)
         threading.Thread(target=running.reap, daemon=True).start()
+        threading.Thread(target=running.stop_after, args=(self.limit,), daemon=True).start()
         return running
 
     def run_live(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
@@ -301,7 +323,7 @@ def log_dir(given: Path | None) -> Path:
 def run_streams(args: argparse.Namespace, selections: dict[str, list[str]]) -> int:
     specs = [s for s in STREAMS if s.name in args.streams]
     live = next((s for s in specs if s.lint_first), None)
-    run = Run(log_dir(args.logs))
+    run = Run(log_dir(args.logs), args.stream_limit)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, run.on_signal)
     say(f"==== tests/run.py: streams {', '.join(s.name for s in specs)}; their logs in {run.logs}")
