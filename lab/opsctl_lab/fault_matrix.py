@@ -6,9 +6,13 @@ compares them, and fails when a fault has nothing that sees it, names a check th
 catalog rule has no fault that exercises it (beyond the rules it lists as not yet exercised).
 """
 
+import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from opsctl.health.catalog import Rule
+from opsctl.config import Config, duration_seconds, parse_config
+from opsctl.health.catalog import Rule, load_catalog
 from opsctl_lab.hardware import FAULT_ARGUMENTS, FAULTS, TARGET_OPTIONS, FaultSpec
 
 # What sees an XID fault: the catalog rule of its code (xid-79), or the family that takes the code
@@ -22,6 +26,15 @@ DETECTORS = {
     "topology": "`opsctl ib topology`: the cabling drift against the fabric's design",
     "layout": "nothing to see: a naming of the HCAs, under which every check must still work",
 }
+# How often `opsctl node check` runs on a node: the node_check role's node_check_interval (1min;
+# tests/unit/test_fault_matrix.py holds the two alike). A rule that reads what it writes sees a fault at
+# the node's next check, not at the next scrape.
+NODE_CHECK_INTERVAL_S = 60
+# The series `opsctl node check` writes for the textfile collector; opsctl_node_validate is written when a
+# validation ends (`opsctl validate`), so its time to see counts from then.
+NODE_CHECK_SERIES = re.compile(r"\bopsctl_node_(?!validate)")
+# The fault whose XID only the node check reads, from the kernel log.
+KERNEL_LOG_FAULTS = ("xid-kernel",)
 MARK_BEGIN = "<!-- fault matrix: generated from the lab's faults and the catalog (opsctl_lab.fault_matrix) -->"
 MARK_END = "<!-- end of the fault matrix -->"
 
@@ -34,28 +47,49 @@ class Row:
     seen_by: str
     does: str  # the rule's severity and action, or what the detector does
     hold: str  # how long the rule's condition must last (the default config), or "-"
+    seen: str = "-"  # seen within, at most (seen_within), or "-" where no rule sees it
+
+
+def seen_within(hold_s: int, scrape_s: float, node_check: bool) -> int:
+    """The longest a fault takes to be seen: the node's next check where the rule reads what the check
+    writes, the next scrape (the fault's first sample), the hold, and the next evaluation of the recorded
+    results (one scrape interval by default). A rule that counts events in a window (`memory: window`: an
+    XID's, a DBE's) fails at the event: its hold is how long the event counts, and hold_s is 0."""
+    return (NODE_CHECK_INTERVAL_S if node_check else 0) + int(scrape_s) + hold_s + int(scrape_s)
+
+
+def _minutes(seconds: int) -> str:
+    """150 -> '2m30s', 120 -> '2m', 45 -> '45s'."""
+    minutes, rest = divmod(seconds, 60)
+    return (f"{minutes}m" if minutes else "") + (f"{rest}s" if rest or not minutes else "")
 
 
 def _tiers(spec: FaultSpec) -> str:
     return "lab machines" if spec.machines_only else "simulated lab" if spec.simulated_only else "both"
 
 
-def rows(rules: list[Rule]) -> list[Row]:
-    """One row per fault and what sees it, in the lab's order of faults."""
+def rows(rules: list[Rule], config: Config) -> list[Row]:
+    """One row per fault and what sees it, in the lab's order of faults, with config's scrape interval."""
     by_id = {rule.id: rule for rule in rules}
+    scrape_s = duration_seconds(config.prometheus.scrape_interval)
     out = []
     for spec in FAULTS.values():
         where = TARGET_OPTIONS.get(spec.target, spec.target)  # node, rail, fabric
         for seen in spec.seen_by:
             rule = by_id.get(seen)
+            within = "-"
             if seen == XID_RULES:
                 does, hold = "per NVIDIA's XID catalog: drain, or report", "-"
+                within = _minutes(seen_within(0, scrape_s, spec.name in KERNEL_LOG_FAULTS))
             elif rule is not None:
                 does, hold = f"{rule.severity} / {rule.action}", rule.hold
+                held = 0 if rule.memory == "window" else duration_seconds(rule.hold)
+                within = _minutes(seen_within(held, scrape_s, bool(NODE_CHECK_SERIES.search(rule.expr))))
             else:
                 does, hold = DETECTORS.get(seen, "unknown"), "-"
             shown = f"`{seen}`" if rule is not None or seen == XID_RULES else seen
-            out.append(Row(spec.name + FAULT_ARGUMENTS.get(spec.name, ""), where, _tiers(spec), shown, does, hold))
+            out.append(Row(spec.name + FAULT_ARGUMENTS.get(spec.name, ""), where, _tiers(spec), shown, does, hold,
+                           within))
     return out
 
 
@@ -74,6 +108,19 @@ def unexercised(rules: list[Rule]) -> list[str]:
 
 
 def markdown(table: list[Row]) -> str:
-    lines = [MARK_BEGIN, "| fault | on | lab tier | seen by | then | hold |", "|---|---|---|---|---|---|"]
-    lines += [f"| `{r.fault}` | {r.where} | {r.tiers} | {r.seen_by} | {r.does} | {r.hold} |" for r in table]
+    lines = [MARK_BEGIN, "| fault | on | lab tier | seen by | then | hold | seen within |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| `{r.fault}` | {r.where} | {r.tiers} | {r.seen_by} | {r.does} | {r.hold} | {r.seen} |" for r in table]
     return "\n".join(lines + [MARK_END])
+
+
+def regenerate(doc: Path) -> None:
+    """Writes the matrix of the shipped catalog in the default config between doc's markers."""
+    config = parse_config({}, str(doc), {})
+    text = doc.read_text()
+    begin, end = text.index(MARK_BEGIN), text.index(MARK_END) + len(MARK_END)
+    doc.write_text(text[:begin] + markdown(rows(load_catalog(config), config)) + text[end:])
+
+
+if __name__ == "__main__":  # python -m opsctl_lab.fault_matrix docs/health.md
+    regenerate(Path(sys.argv[1]))
