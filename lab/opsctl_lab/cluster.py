@@ -240,9 +240,9 @@ def ready_report(states: dict[str, str], faults: dict[str, list[str]], targets_u
 
 def reset() -> ExitCode:
     """Back to a clean lab: every fault cleared and the emulated hardware as new (counters that past
-    faults raised back at their base), every node back in service (drained or down, by whoever) and
-    in no reservation, the lab's opsctl state and audit log emptied, and, when the hardware had a past,
-    Prometheus' history of it too (a rule over a window would still see it). Says what it cleared."""
+    faults raised back at their base), every node back in service (drained or down, by whoever), no job
+    and no reservation left, the lab's opsctl state and audit log emptied, and, when the hardware had a
+    past, Prometheus' history of it too (a rule over a window would still see it). Says what it cleared."""
     paths = _paths()
     state = _lab_state(paths)
     if not state:
@@ -280,7 +280,12 @@ def reset() -> ExitCode:
     if out:
         slurm_lab.resume(paths, sorted(out))
         lines.append("resumed " + ", ".join(f"{n} ({s})" for n, s in sorted(out.items())))
-    # A reservation outlives its maker when that stopped halfway (a preflight's holds its nodes for hours).
+    # A job or a reservation outlives its maker when that stopped halfway (a preflight's reservation holds
+    # its nodes for hours; a held or pending job starts on the next idle nodes).
+    left = slurm_lab.jobs(paths)
+    if left:
+        slurm_lab.cancel(paths, left)
+        lines.append(f"cancelled {len(left)} job(s): {', '.join(left)}")
     for name, nodes in sorted(slurm_lab.reservations(paths).items()):
         slurm_lab.delete_reservation(paths, name)
         lines.append(f"deleted reservation {name} ({nodes})")

@@ -112,23 +112,24 @@ def node_states(paths: lp.LabPaths) -> dict[str, str]:
     return {node: state for node, state in (line.split(None, 1) for line in out.stdout.splitlines() if " " in line)}
 
 
-def _scontrol(paths: lp.LabPaths, *args: str) -> str:
-    out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30,
+def _slurm(paths: lp.LabPaths, *argv: str) -> str:
+    """A Slurm command's output; its failure a LabError naming it."""
+    out = subprocess.run(list(argv), capture_output=True, text=True, timeout=30,
                          env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
     if out.returncode != 0:
-        raise LabError(f"scontrol {' '.join(args[:3])}: {(out.stderr or out.stdout).strip()[:200]}")
+        raise LabError(f"{' '.join(argv[:2])} failed: {(out.stderr or out.stdout).strip()[:200]}")
     return out.stdout
 
 
 def resume(paths: lp.LabPaths, nodes: list[str]) -> None:
     """Return nodes to service (lifts DRAIN and DOWN), whoever took them out."""
-    _scontrol(paths, "update", f"nodename={','.join(nodes)}", "state=resume")
+    _slurm(paths, "scontrol", "update", f"nodename={','.join(nodes)}", "state=resume")
 
 
 def reservations(paths: lp.LabPaths) -> dict[str, str]:
     """name -> nodes of every reservation slurmctld holds ("No reservations in the system" when none)."""
     found = {}
-    for line in _scontrol(paths, "-o", "show", "reservation").splitlines():
+    for line in _slurm(paths, "scontrol", "-o", "show", "reservation").splitlines():
         fields = dict(field.split("=", 1) for field in line.split() if "=" in field)
         if "ReservationName" in fields:
             found[fields["ReservationName"]] = fields.get("Nodes", "")
@@ -136,7 +137,16 @@ def reservations(paths: lp.LabPaths) -> dict[str, str]:
 
 
 def delete_reservation(paths: lp.LabPaths, name: str) -> None:
-    _scontrol(paths, "delete", f"ReservationName={name}")
+    _slurm(paths, "scontrol", "delete", f"ReservationName={name}")
+
+
+def jobs(paths: lp.LabPaths) -> list[str]:
+    """The ids of every job slurmctld holds that has not ended (pending, held, running, completing)."""
+    return _slurm(paths, "squeue", "-h", "-o", "%i").split()
+
+
+def cancel(paths: lp.LabPaths, job_ids: list[str]) -> None:
+    _slurm(paths, "scancel", *job_ids)
 
 
 def wait_for(check: Callable[[], object], timeout: float, message: str) -> None:

@@ -88,10 +88,12 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     resumed, restarted = [], []
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "drain", "gpu002": "idle", "gpu003": "down*"})
     monkeypatch.setattr(slurm_lab, "resume", lambda p, nodes: resumed.append(nodes))
-    # A preflight that stopped halfway left its maintenance reservation.
-    reservations = {"opsctl-preflight": "gpu[002-003]"}
+    # A preflight that stopped halfway left its maintenance reservation, and a test its held job.
+    reservations, jobs = {"opsctl-preflight": "gpu[002-003]"}, ["17"]
     monkeypatch.setattr(slurm_lab, "reservations", lambda p: dict(reservations))
     monkeypatch.setattr(slurm_lab, "delete_reservation", lambda p, name: reservations.pop(name))
+    monkeypatch.setattr(slurm_lab, "jobs", lambda p: list(jobs))
+    monkeypatch.setattr(slurm_lab, "cancel", lambda p, ids: [jobs.remove(i) for i in ids])
     monkeypatch.setattr(prometheus_lab, "start_node_exporter", lambda p, index: restarted.append(index))
     # gpu003 had a fault that was cleared by hand: its counters keep what the fault added.
     worn = NodeHardware(node="gpu003")
@@ -110,11 +112,12 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "cleared gpu002: xid:79 gpu3", "removed the node check results of 1 node(s): gpu001",
-        "resumed gpu001 (drain), gpu003 (down*)", "deleted reservation opsctl-preflight (gpu[002-003])",
+        "resumed gpu001 (drain), gpu003 (down*)", "cancelled 1 job(s): 17",
+        "deleted reservation opsctl-preflight (gpu[002-003])",
         f"emptied the opsctl state and audit log in {paths.opsctl_state}: audit.jsonl",
         "emptied Prometheus' history of past faults on 3 node(s): gpu001, gpu002, gpu003"]
     assert list(paths.textfile("gpu001").iterdir()) == []
-    assert resumed == [["gpu001", "gpu003"]] and restarted == [1] and reservations == {}
+    assert resumed == [["gpu001", "gpu003"]] and restarted == [1] and reservations == {} and jobs == []
     # The new Prometheus scrapes every target, then opsctl's --watch starts again and is scraped too.
     assert forgotten == [paths] and waited == [(3, False), (3,)] and watching == [cluster.WATCH_INTERVAL_S]
     for node in ("gpu002", "gpu003"):

@@ -52,13 +52,14 @@ def test_up_with_other_size_is_refused_while_running(lab):
 
 
 def test_down_leaves_no_process_then_up_reports_what_it_kept_and_reset_cleans(lab):
-    # A fault, a person's drain and a maintenance reservation that its maker left (a preflight stopped
-    # halfway) survive `down` and `up`: `up` counts the reserved node as settled and says so; `reset`
-    # clears all three.
+    # A fault, a person's drain, a held job and a maintenance reservation that their makers left (a test,
+    # a preflight stopped halfway) survive `down` and `up`: `up` counts the reserved node as settled and
+    # says so; `reset` clears all four.
     opsctl("lab", "inject", "gpu012", "xid:79", "--gpu", "3", env=lab.env)
     lab.run("scontrol", "update", "nodename=gpu013", "state=drain", "reason=ticket-123 bad dimm")
     lab.run("scontrol", "create", "reservation", "ReservationName=left-behind", "Nodes=gpu014", "StartTime=now",
             "Duration=240", "Users=root", "Flags=MAINT")
+    held = lab.run("sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true").stdout.strip()
     pids = _pids(lab.lab_dir)
     assert len(pids) >= 4 + 2 * lab.nodes
     opsctl("lab", "down", env=lab.env)
@@ -72,7 +73,8 @@ def test_down_leaves_no_process_then_up_reports_what_it_kept_and_reset_cleans(la
     assert "  drain    gpu013" in up and "  maint    gpu014" in up and "  faults gpu012: xid:79 gpu3" in up
     reset = opsctl("lab", "reset", env=lab.env).stdout
     assert "cleared gpu012: xid:79 gpu3" in reset and "resumed gpu013 (drain)" in reset, reset
-    assert "deleted reservation left-behind (gpu014)" in reset, reset
+    assert "deleted reservation left-behind (gpu014)" in reset and f"cancelled 1 job(s): {held}" in reset, reset
+    assert lab.run("squeue", "-h", "-o", "%i").stdout == ""
     # A slurmd that a busy host kept from answering one ping shows `idle*` until the next one.
     lab.wait_until(lambda: set(lab.sinfo_states().values()) == {"idle"}, 60, "every node idle")
     assert opsctl("lab", "reset", env=lab.env).stdout == "the lab was clean\n"
