@@ -133,14 +133,19 @@ def running_or_released(cluster: ChrootCluster, job: str) -> list[str]:
     """The job's nodes once it runs. On a machine busy with other streams, launching a job's steps (32
     nodes' or even 4) can outlast slurmd's message timeout: slurmctld then requeues the job held ("launch
     failed requeued held"). Where a job lands is what is tested, so such a job is released to be placed
-    again (the same free block)."""
+    again (the same free block), and, as a requeued job becomes eligible only a while after its requeue
+    (pending "BeginTime"), made eligible at once."""
     placed = squeue_nodes(cluster, job)
     if placed:
         return placed
     reason = subprocess.run([str(cluster.bin / "squeue"), "-h", "-j", job, "-o", "%r"], capture_output=True,
-                            text=True, timeout=30).stdout
-    if "launch failed requeued held" in reason:
-        subprocess.run([str(cluster.bin / "scontrol"), "release", job], capture_output=True, text=True, timeout=30)
+                            text=True, timeout=30).stdout.strip()
+    scontrol = str(cluster.bin / "scontrol")
+    if reason == "launch failed requeued held":
+        subprocess.run([scontrol, "release", job], capture_output=True, text=True, timeout=30)
+    elif reason == "BeginTime":
+        subprocess.run([scontrol, "update", f"JobId={job}", "StartTime=now"], capture_output=True, text=True,
+                       timeout=30)
     return []
 
 
