@@ -171,7 +171,7 @@ def lab_cli(*args):
 
 
 def start_from_new_machines() -> None:
-    """The first run provisions new machines: those an earlier session left (one stopped halfway leaves
+    """The first run provisions new machines: those an earlier test session left (one stopped halfway leaves
     its drains, faults and reservations; a whole one leaves the GPU machines on the rollout's newer
     driver, below the inventory's pin) are removed first. The cached image stays: new machines cost
     seconds."""
