@@ -13,6 +13,7 @@ from pathlib import Path
 
 from opsctl.config import Config, duration_seconds, parse_config
 from opsctl.health.catalog import Rule, load_catalog
+from opsctl.health.units import age
 from opsctl_lab.hardware import FAULT_ARGUMENTS, FAULTS, TARGET_OPTIONS, FaultSpec
 
 # What sees an XID fault: the catalog rule of its code (xid-79), or the family that takes the code
@@ -58,12 +59,6 @@ def seen_within(hold_s: int, scrape_s: float, node_check: bool) -> int:
     return (NODE_CHECK_INTERVAL_S if node_check else 0) + int(scrape_s) + hold_s + int(scrape_s)
 
 
-def _minutes(seconds: int) -> str:
-    """150 -> '2m30s', 120 -> '2m', 45 -> '45s'."""
-    minutes, rest = divmod(seconds, 60)
-    return (f"{minutes}m" if minutes else "") + (f"{rest}s" if rest or not minutes else "")
-
-
 def _tiers(spec: FaultSpec) -> str:
     return "lab machines" if spec.machines_only else "simulated lab" if spec.simulated_only else "both"
 
@@ -80,11 +75,11 @@ def rows(rules: list[Rule], config: Config) -> list[Row]:
             within = "-"
             if seen == XID_RULES:
                 does, hold = "per NVIDIA's XID catalog: drain, or report", "-"
-                within = _minutes(seen_within(0, scrape_s, spec.name in KERNEL_LOG_FAULTS))
+                within = age(seen_within(0, scrape_s, spec.name in KERNEL_LOG_FAULTS))
             elif rule is not None:
                 does, hold = f"{rule.severity} / {rule.action}", rule.hold
                 held = 0 if rule.memory == "window" else duration_seconds(rule.hold)
-                within = _minutes(seen_within(held, scrape_s, bool(NODE_CHECK_SERIES.search(rule.expr))))
+                within = age(seen_within(held, scrape_s, bool(NODE_CHECK_SERIES.search(rule.expr))))
             else:
                 does, hold = DETECTORS.get(seen, "unknown"), "-"
             shown = f"`{seen}`" if rule is not None or seen == XID_RULES else seen
