@@ -194,7 +194,7 @@ def test_the_lab_machines_take_the_storage_faults(tmp_path):
 def test_inject_and_clear_all_reach_every_gpu_machine_and_no_other(monkeypatch):
     """`opsctl lab machines inject all lustre-ost-down`: a storage outage on every GPU machine at once."""
     calls = []
-    monkeypatch.setattr(lifecycle, "_known", lambda settings: ["head", "stor1", "gpu1", "gpu2", "gpu3"])
+    monkeypatch.setattr(lifecycle, "known", lambda settings: ["head", "stor1", "gpu1", "gpu2", "gpu3"])
     monkeypatch.setattr(lifecycle, "_ssh_admin", lambda settings, machine, args: calls.append((machine, args)) or "")
     settings = Settings(net=7, state_dir=Path("/nonexistent"), inventory_dir=Path("/nonexistent"),
                         apt_cache_dir=Path("/nonexistent"))
@@ -252,7 +252,7 @@ def test_gpu_machines_get_the_hosts_fuse_device_and_no_other_machine_does(tmp_pa
                          (lifecycle.inventory, "write")):
         monkeypatch.setattr(module, name, lambda *args: None)
     monkeypatch.setattr(lifecycle.keys, "ensure_client_key", lambda settings: "ssh-ed25519 AAAA lab")
-    monkeypatch.setattr(lifecycle, "_known", lambda settings: [])
+    monkeypatch.setattr(lifecycle, "known", lambda settings: [])
     settings = Settings(net=7, state_dir=tmp_path, inventory_dir=tmp_path, apt_cache_dir=tmp_path)
     assert lifecycle._start_machines(settings, ["head", "stor1", "gpu1", "gpu2"]) == ["head", "stor1", "gpu1", "gpu2"]
     assert started == {"head": [], "stor1": ["--bind=/dev/loop7:/dev/vdb"], "gpu1": ["--bind=/dev/fuse"],

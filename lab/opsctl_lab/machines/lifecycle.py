@@ -61,7 +61,7 @@ def _locked(settings: Settings) -> Iterator[None]:
         yield
 
 
-def _known(settings: Settings) -> list[str]:
+def known(settings: Settings) -> list[str]:
     """Machines this tier has a directory for, head first."""
     if not settings.state_dir.is_dir():
         return []
@@ -75,7 +75,7 @@ def _all_ready(settings: Settings, names: list[str], run: readiness.Runner = sub
     machine that answers root while its boot still refuses other logins is not)."""
     if not (settings.inventory_dir / "hosts.yml").exists() or not settings.known_hosts.exists():
         return False
-    running = {n for n in _known(settings) if nspawn.running_pid(settings, n)}
+    running = {n for n in known(settings) if nspawn.running_pid(settings, n)}
     if running != set(names) or aptcache.running_pid(settings) is None or vendor_serve.running_pid(settings) is None:
         return False
     return all(readiness.ready(settings, n, run) for n in names)
@@ -134,7 +134,7 @@ def _phases(echo: Echo) -> Callable[[str], AbstractContextManager[Callable[[str]
 
 
 def _start_machines(settings: Settings, names: list[str], kernel_key: str = "") -> list[str]:
-    for extra in [n for n in _known(settings) if n not in names and nspawn.running_pid(settings, n)]:
+    for extra in [n for n in known(settings) if n not in names and nspawn.running_pid(settings, n)]:
         nspawn.stop(settings, extra)
         net.remove_machine_netns(settings, extra)
     pubkey = keys.ensure_client_key(settings)
@@ -170,7 +170,7 @@ def down(echo: Echo = lambda _line: None, purge: bool = False, settings: Setting
     settings = settings or Settings()
     start = time.monotonic()
     with _locked(settings):
-        names = _known(settings)
+        names = known(settings)
         for name in names:
             nspawn.stop(settings, name)
         stop_pids(nspawn.stray_pids(settings), grace=20)
@@ -192,7 +192,7 @@ def status(echo: Echo = lambda _line: None, settings: Settings | None = None) ->
     """Exit 0 when everything the tier runs is running (every machine and the apt cache), else 1, as
     `opsctl lab status` does for the simulated cluster."""
     settings = settings or Settings()
-    names = _known(settings)
+    names = known(settings)
     if not names:
         echo("no lab machines: `opsctl lab machines up`")
         return ExitCode.FAILING
@@ -212,7 +212,7 @@ def reset(echo: Echo = lambda _line: None, settings: Settings | None = None) -> 
     _preflight()
     settings = settings or Settings()
     with _locked(settings):
-        running = [n for n in _known(settings) if nspawn.running_pid(settings, n)]
+        running = [n for n in known(settings) if nspawn.running_pid(settings, n)]
         if "head" not in running:
             raise LabError("the lab machines are not running; start them with `opsctl lab machines up`")
         for line in labstate.reset(settings, running):
@@ -221,8 +221,8 @@ def reset(echo: Echo = lambda _line: None, settings: Settings | None = None) -> 
 
 
 def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
-    if machine not in _known(settings) or not is_gpu_machine(machine):
-        gpus = [n for n in _known(settings) if is_gpu_machine(n)]
+    if machine not in known(settings) or not is_gpu_machine(machine):
+        gpus = [n for n in known(settings) if is_gpu_machine(n)]
         raise LabError(f"unknown GPU machine {machine!r}; lab GPU machines: {', '.join(gpus) or 'none'}")
     if nspawn.running_pid(settings, machine) is None:
         raise LabError(f"machine {machine} is not running: `opsctl lab machines up`")
@@ -236,7 +236,7 @@ def _ssh_admin(settings: Settings, machine: str, args: list[str]) -> str:
 
 def _targets(settings: Settings, machine: str) -> list[str]:
     """MACHINE, or every GPU machine for `all` (a shared service that fails: a storage outage)."""
-    return [n for n in _known(settings) if is_gpu_machine(n)] if machine == "all" else [machine]
+    return [n for n in known(settings) if is_gpu_machine(n)] if machine == "all" else [machine]
 
 
 def inject(machine: str, fault: str, gpu: int | None = None, hca: str | None = None,

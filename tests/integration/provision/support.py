@@ -175,10 +175,10 @@ def start_from_new_machines() -> None:
     its drains, faults and reservations; a whole one leaves the GPU machines on the rollout's newer
     driver, below the inventory's pin) are removed first. The cached image stays: new machines cost
     seconds."""
+    from opsctl_lab.machines.lifecycle import known
     from opsctl_lab.machines.settings import Settings
 
-    state = Settings().state_dir
-    if state.is_dir() and any((machine / "upper").is_dir() for machine in state.iterdir()):
+    if known(Settings()):
         sys.stderr.write(lab_cli("down", "--purge"))
 
 
