@@ -108,6 +108,10 @@ class GpuView:
     def vbios(self) -> str:
         return hwm.VBIOS_DRIFT_VERSION if self.has("vbios-drift") else hwm.VBIOS_VERSION
 
+    def compute_mode(self) -> int:
+        """DCGM's compute mode of the GPU (hwm.COMPUTE_MODES)."""
+        return hwm.COMPUTE_MODE_EXCLUSIVE_PROCESS if self.has("compute-exclusive") else 0
+
     def pcie_width(self) -> int:
         return hwm.PCIE_GPU_DOWNTRAINED_WIDTH if self.has("pcie-downtrain") else hwm.PCIE_GPU_WIDTH
 
@@ -171,6 +175,8 @@ FIELDS = [
           lambda g: int(not g.has("ecc-off"))),
     Field("DCGM_FI_DEV_MIG_MODE", "gauge", "MIG mode of the GPU (1 enabled, 0 disabled).",
           lambda g: int(g.has("mig-on"))),
+    Field("DCGM_FI_DEV_COMPUTE_MODE", "gauge",
+          "Compute mode of the GPU (0 Default, 1 Prohibited, 2 Exclusive_Process).", lambda g: g.compute_mode()),
     Field("DCGM_FI_DEV_PERSISTENCE_MODE", "gauge", "Persistence mode of the GPU (1 enabled, 0 disabled).",
           lambda g: int(g.hw.persistence_mode(g.gpu))),
     Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",

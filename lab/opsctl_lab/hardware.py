@@ -31,6 +31,11 @@ DRIVER_VERSION = "570.133.20"
 VBIOS_VERSION = "96.00.A5.00.03"
 VBIOS_DRIFT_VERSION = "96.00.89.00.01"
 INFOROM_IMAGE_VERSION = "G520.0280.02.02"
+# Compute modes: DCGM's DCGM_FI_DEV_COMPUTE_MODE (field 65) values (dcgm_structs.h DCGM_CONFIG_COMPUTEMODE_*)
+# and nvidia-smi's words for them (-q "Compute Mode", --query-gpu=compute_mode). `compute-exclusive` is what
+# `nvidia-smi -c EXCLUSIVE_PROCESS` leaves: one process at a time may hold a CUDA context on the GPU.
+COMPUTE_MODES = {0: "Default", 1: "Prohibited", 2: "Exclusive_Process"}
+COMPUTE_MODE_EXCLUSIVE_PROCESS = 2
 FB_TOTAL_MIB = 143771
 FB_RESERVED_MIB = 614
 POWER_LIMIT_W = 700.0
@@ -188,6 +193,8 @@ FAULTS = {
                   "stays In Progress", seen_by=("fabric-manager-down",)),
         FaultSpec("mig-on", "gpu", "MIG mode is enabled on the GPU (nvidia-smi -mig 1 and a reset)",
                   seen_by=("mig-enabled",)),
+        FaultSpec("compute-exclusive", "gpu", "the GPU's compute mode is Exclusive_Process (nvidia-smi -c "
+                  "EXCLUSIVE_PROCESS): a second process of a job cannot open the GPU", seen_by=("compute-mode",)),
         FaultSpec("ecc-off", "gpu", "ECC is disabled on the GPU (nvidia-smi -e 0 and a reboot)",
                   seen_by=("ecc-disabled",)),
         FaultSpec("nvlink-errors", "gpu", "NVLink CRC and replay errors rising",

@@ -31,6 +31,8 @@ DEFAULT_AUDIT_LOG = Path("/var/log/opsctl/audit.jsonl")
 DEFAULTS_SOURCE = "built-in defaults"
 IB_PROFILES = ("h200-ndr",)  # opsctl.ib.check.PROFILES; named here so that config needs no fabric import
 FIRMWARE_COMPONENTS = ("vbios", "inforom")  # opsctl.health.firmware.COMPONENTS, named here for the same reason
+# hardware.compute_mode's names, in the order of DCGM's values (DCGM_CONFIG_COMPUTEMODE_*: 0, 1, 2).
+COMPUTE_MODES = ("default", "prohibited", "exclusive-process")
 # A firmware version as dcgm-exporter shows it (96.00.A5.00.03, G520.0280.02.02): it goes into PromQL verbatim.
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LABEL = re.compile(r"^[A-Za-z_]\w*$")
@@ -193,6 +195,10 @@ class HardwareConfig:
     nvlink_bytes_per_second: float = key(26.562e9, check=_positive, hint="must be > 0")
     # component -> the version every GPU must run (firmware-drift then drains); unpinned: the fleet's majority
     firmware: dict[str, str] = key(factory=dict, parse=_firmware)
+    # the compute mode every GPU must be in (compute-mode drains the others): default lets a job's processes
+    # share a GPU; a site that runs one process per GPU on purpose says exclusive-process
+    compute_mode: str = key("default", check=lambda v: v in COMPUTE_MODES,
+                            hint=f"must be one of {', '.join(COMPUTE_MODES)}")
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,11 @@ def build(site: Site) -> db.Dashboard:
     dash = dash.with_row(db.Row("NVSwitch fabric"))
     dash = dash.with_panel(rule_graph(site, "fabric-not-ready", "GPU fabric status held short of Success", gpus))
     dash = dash.with_panel(rule_graph(site, "fabric-manager-down", "GPUs whose fabric nothing trains", nodes))
-    dash = dash.with_row(db.Row("Settings: ECC, MIG and persistence modes, firmware"))
+    dash = dash.with_row(db.Row("Settings: ECC, MIG, compute and persistence modes, firmware"))
     for rule_id, title in (("ecc-disabled", "ECC mode (1 enabled)"), ("mig-enabled", "MIG mode (1 enabled)"),
+                           ("compute-mode", "compute mode (0 Default, 1 Prohibited, 2 Exclusive_Process)"),
                            ("persistence-off", "persistence mode (1 enabled)")):
-        dash = dash.with_panel(rule_graph(site, rule_id, title, gpus, width=8))
+        dash = dash.with_panel(rule_graph(site, rule_id, title, gpus, width=6))
     dash = dash.with_panel(rule_graph(site, "firmware-drift", "GPU firmware against the fleet's or the pinned "
                                       "version (1 differs)", nodes, width=24, by_device=False))
     dash = dash.with_row(db.Row("NVLink and PCIe"))

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from opsctl.config.schema import Config, duration_seconds
+from opsctl.config.schema import COMPUTE_MODES, Config, duration_seconds
 from opsctl.errors import ConfigError
 from opsctl.health import firmware
 from opsctl.health.units import FORMATS, fill, unknown_formats
@@ -169,6 +169,7 @@ def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
         "ib_devices": config.ib.rails_regex,
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
+        "compute_mode": str(COMPUTE_MODES.index(config.hardware.compute_mode)),
         "firmware_versions": firmware.versions(config.prometheus.jobs["dcgm"], ", ".join(config.node_mapping.by),
                                                config.hardware.firmware),
     }

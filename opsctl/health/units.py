@@ -8,6 +8,7 @@ An evidence template names a value and, after a colon, how to show it: `${value:
   clock_events  DCGM clock event reason mask -> flag names and the mask: 72 -> HW_SLOWDOWN,HW_THERMAL (0x48)
   clock_slowdown  the slowdown bits of that mask -> their short names: 136 -> hw-slowdown,power-brake
   fabric_status DCGM's Fabric Manager status of a GPU (dcgmFabricManagerStatus_t) -> its name: 2 -> In Progress
+  compute_mode  DCGM's compute mode of a GPU (DCGM_CONFIG_COMPUTEMODE_*) -> nvidia-smi's word: 2 -> Exclusive_Process
   celsius       degrees -> with the unit: 92 -> 92°C
   percent       a fraction -> a percentage: 0.5 -> 50%
   age           seconds -> minutes and seconds: 312 -> 5m12s, 300 -> 5m, 42.5 -> 42s
@@ -29,6 +30,10 @@ CLOCK_SLOWDOWNS = {0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal", 0
 # dcgm_structs.h dcgmFabricManagerStatus_t, in the words of nvidia-smi -q's Fabric section where it has them.
 FABRIC_STATUSES = {0: "Not Supported", 1: "Not Started", 2: "In Progress", 3: "Success", 4: "Failure",
                    5: "Unrecognized", 6: "NVML too old"}
+
+# dcgm_structs.h DCGM_CONFIG_COMPUTEMODE_*, in the words of nvidia-smi -q's "Compute Mode"; the same order as
+# opsctl.config.schema.COMPUTE_MODES, the names hardware.compute_mode takes.
+COMPUTE_MODES = {0: "Default", 1: "Prohibited", 2: "Exclusive_Process"}
 
 
 def plain(value: float) -> str:
@@ -72,6 +77,10 @@ def fabric_status(value: float) -> str:
     return FABRIC_STATUSES.get(int(value), f"status {plain(value)}") if math.isfinite(value) else str(value)
 
 
+def compute_mode(value: float) -> str:
+    return COMPUTE_MODES.get(int(value), plain(value)) if math.isfinite(value) else str(value)
+
+
 def celsius(value: float) -> str:
     return f"{plain(value)}°C"
 
@@ -92,7 +101,8 @@ def age(value: float) -> str:
 
 FORMATS: dict[str, Callable[[float], str]] = {"ib_state": ib_state, "gbps": gbps, "clock_events": clock_events,
                                               "clock_slowdown": clock_slowdown, "fabric_status": fabric_status,
-                                              "celsius": celsius, "percent": percent, "age": age}
+                                              "compute_mode": compute_mode, "celsius": celsius, "percent": percent,
+                                              "age": age}
 PLACEHOLDER = re.compile(r"\$\{(value|threshold)(?::([a-z_]+))?\}")
 
 

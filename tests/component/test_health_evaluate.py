@@ -229,6 +229,26 @@ def test_a_clock_slowdown_and_a_downtrained_link_fail_their_gpu_alone_on_both_en
     assert slowed.evidence == "gpu6 hw-slowdown,power-brake"
 
 
+def test_a_gpu_in_exclusive_process_mode_fails_compute_mode_alone_on_both_engines(clean):
+    """compute-exclusive on gpu002's GPU 2 (DCGM_FI_DEV_COMPUTE_MODE 2): compute-mode fails that GPU alone,
+    naming both modes; a site whose GPUs run Exclusive_Process on purpose sees it the other way round."""
+    clean.dcgm["gpu002"].hw.inject("compute-exclusive", gpu=2)
+    report = run_until_failing(clean, {"gpu002": ("compute-mode", "gpu2")})
+    failing = {(n, c.device, c.evidence) for n, v in report.nodes.items() for c in v.checks
+               if c.id == "compute-mode" and c.status == "fail"}
+    assert failing == {("gpu002", "gpu2", "gpu2 compute mode Exclusive_Process, not Default")}
+    exclusive = config_for(clean, hardware={"compute_mode": "exclusive-process"})
+    found = {}
+
+    def all_but_one() -> bool:
+        found["report"], _, _ = run(clean, exclusive)
+        found["seen"] = {(n, c.device) for n, v in found["report"].nodes.items() for c in v.checks
+                         if c.id == "compute-mode" and c.status == "fail"}
+        return len(found["seen"]) == 4 * 8 - 1
+    wait(all_but_one, 30, "every GPU but gpu002's GPU 2 failing compute-mode in an exclusive-process site")
+    assert ("gpu002", "gpu2") not in found["seen"]
+
+
 def test_a_gpu_with_another_vbios_warns_naming_both_versions_and_a_pin_makes_it_drain(clean):
     """vbios-drift on gpu003's GPU 4, while every other GPU runs 96.00.A5.00.03: firmware-drift warns on that
     GPU alone, its series naming both versions, on both engines. With hardware.firmware pinning 96.00.A5.00.03

@@ -36,10 +36,28 @@ def rules(raw=None):
     ("fabric-manager-down", "", 8, "fabric untrained on all 8 GPUs"),
     ("mig-enabled", "gpu4", 1, "gpu4 MIG mode enabled"),
     ("ecc-disabled", "gpu1", 0, "gpu1 ECC mode disabled"),
+    ("compute-mode", "gpu2", 2, "gpu2 compute mode Exclusive_Process, not Default"),
+    ("compute-mode", "gpu2", 1, "gpu2 compute mode Prohibited, not Default"),
+    ("compute-mode", "gpu2", 7, "gpu2 compute mode 7, not Default"),
     ("gpu-temp-high", "gpu3", 91.25, "gpu3 91.2°C (threshold 87°C)"),
 ])
 def test_evidence_is_written_for_people(rule, device, value, evidence):
     assert rules()[rule].format_evidence(device, value) == evidence
+
+
+def test_a_site_that_runs_exclusive_process_expects_it_and_a_default_gpu_breaches():
+    rule = rules({"hardware": {"compute_mode": "exclusive-process"}})["compute-mode"]
+    assert (rule.threshold, rule.healthy) == (2, 2)
+    assert not rule.breaches(2) and rule.breaches(0)
+    assert rule.format_evidence("gpu2", 0) == "gpu2 compute mode Default, not Exclusive_Process"
+    assert rules()["compute-mode"].breaches(2) and not rules()["compute-mode"].breaches(0)
+
+
+def test_an_unknown_compute_mode_is_a_one_line_config_error():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"hardware": {"compute_mode": "exclusive"}}, "t", {})
+    assert str(err.value).startswith("config key hardware.compute_mode: must be one of default, prohibited, "
+                                     "exclusive-process") and "\n" not in str(err.value)
 
 
 def test_clock_event_masks_name_every_flag_and_keep_unknown_bits():

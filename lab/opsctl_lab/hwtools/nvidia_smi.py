@@ -37,6 +37,8 @@ RC_INVALID = 2
 RC_FELL_OFF_BUS = 15
 CUDA_VERSION = "12.8"  # the CUDA version driver 570 reports
 HANG_SECONDS = 3600
+# The default table's "Compute M." column abbreviates the -q words to fit its ten characters.
+TABLE_COMPUTE_MODES = {"Default": "Default", "Prohibited": "Prohibited", "Exclusive_Process": "E. Process"}
 KEY_WIDTH = 55  # column of the ':' in -q output
 PERSISTENCE_VALUES = {"1": True, "ENABLED": True, "0": False, "DISABLED": False}  # nvidia-smi -pm's values
 
@@ -97,6 +99,7 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "sm_clock": view.sm_clock(), "pcie_width": view.pcie_width(),
         "clock_events": events,
         "mig_mode": "Enabled" if view.has("mig-on") else "Disabled",
+        "compute_mode": hwm.COMPUTE_MODES[view.compute_mode()],
         "ecc_mode": "Disabled" if view.has("ecc-off") else "Enabled",
         # NVML's fabric status is read only once the state is Completed; before that nvidia-smi prints N/A.
         **({"fabric_state": "Completed", "fabric_status": "Success"} if view.fabric_status() == hwm.FABRIC_SUCCESS
@@ -139,7 +142,7 @@ def render_table(hw: NodeHardware, now: float, gpus: list[int]) -> str:
         persistence = "On" if v["persistence_mode"] == "Enabled" else "Off"
         out += [f"| {gpu:>3}  {hwm.GPU_MODEL:<31}{persistence:<4}|   {v['bus_id']} Off | {v['dbe_vol']:>20} |",
                 f"| N/A  {v['temp']:>3}C    {v['pstate']}  {watts:>13}W / {int(hwm.POWER_LIMIT_W):>4}W |"
-                f" {used:>22} | {v['gpu_util']:>6}%      Default |",
+                f" {used:>22} | {v['gpu_util']:>6}%  {TABLE_COMPUTE_MODES[v['compute_mode']]:>10} |",
                 "|                                         |                        |             Disabled |",
                 SEP]
         procs += [(gpu, p) for p in processes(hw, gpu)]
@@ -183,6 +186,7 @@ def render_q(hw: NodeHardware, now: float, gpus: list[int]) -> str:
         # The template's line is the real capture's (Enabled); a GPU with persistence mode off says Disabled.
         block = _Q_TEMPLATE.format_map(v).replace(_kv(4, "Persistence Mode", "Enabled"),
                                                   _kv(4, "Persistence Mode", v["persistence_mode"]))
+        block = block.replace(_kv(4, "Compute Mode", "Default"), _kv(4, "Compute Mode", v["compute_mode"]))
         out.append(block.rstrip("\n"))
     return "\n".join(out) + "\n\n"
 
@@ -222,7 +226,7 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
         "clocks.current.graphics": f"{v['sm_clock']} MHz", "clocks.current.sm": f"{v['sm_clock']} MHz",
         "platform.module_id": str(gpu + 1),
         "fabric.state": v["fabric_state"], "fabric.status": v["fabric_status"],
-        "mig.mode.current": v["mig_mode"], "mig.mode.pending": v["mig_mode"],
+        "mig.mode.current": v["mig_mode"], "mig.mode.pending": v["mig_mode"], "compute_mode": v["compute_mode"],
         "ecc.mode.current": v["ecc_mode"], "ecc.mode.pending": v["ecc_mode"],
     })
     return row

@@ -42,6 +42,7 @@ FAULTS = [
     # The health tests' nodes: this module runs first and clears them.
     ("mig-on", "gpu057", ["--gpu", "4"], [("opsctl-gpu", "mig-enabled")]),
     ("ecc-off", "gpu059", ["--gpu", "1"], [("opsctl-gpu", "ecc-disabled")]),
+    ("compute-exclusive", "gpu056", ["--gpu", "2"], [("opsctl-gpu", "compute-mode")]),
     ("persistence-off", "gpu060", ["--gpu", "6"], [("opsctl-gpu", "persistence-off")]),
     ("clock-slowdown:hw-thermal", "gpu058", ["--gpu", "3"], [("opsctl-gpu", "clock-slowdown")]),
     ("pcie-downtrain", "gpu061", ["--gpu", "5"], [("opsctl-gpu", "pcie-downtrained")]),
