@@ -142,7 +142,7 @@ def render_table(hw: NodeHardware, now: float, gpus: list[int]) -> str:
         persistence = "On" if v["persistence_mode"] == "Enabled" else "Off"
         out += [f"| {gpu:>3}  {hwm.GPU_MODEL:<31}{persistence:<4}|   {v['bus_id']} Off | {v['dbe_vol']:>20} |",
                 f"| N/A  {v['temp']:>3}C    {v['pstate']}  {watts:>13}W / {int(hwm.POWER_LIMIT_W):>4}W |"
-                f" {used:>22} | {v['gpu_util']:>6}%  {TABLE_COMPUTE_MODES[v['compute_mode']]:>10} |",
+                f" {used:>22} | {v['gpu_util']:>6}%{TABLE_COMPUTE_MODES[v['compute_mode']]:>13} |",
                 "|                                         |                        |             Disabled |",
                 SEP]
         procs += [(gpu, p) for p in processes(hw, gpu)]
