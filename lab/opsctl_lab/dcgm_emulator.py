@@ -236,7 +236,7 @@ def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True) -
     """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT."""
     now = time.time() if now is None else now
     views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
-    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.driver_version, view.vbios())
+    labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.loaded_driver(), view.vbios())
               for view in views}
     out = []
     for fld in FIELDS:

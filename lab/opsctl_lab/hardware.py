@@ -24,6 +24,9 @@ from opsctl_lab.hca_layout import layout as hca_layout
 GPUS_PER_NODE = 8
 GPU_MODEL = "NVIDIA H200"
 DRIVER_VERSION = "570.133.20"
+# What `driver-drift` shows: the same branch's next release (the lab's repository has both), as a node that a
+# rollout upgraded and nothing rolled back would run.
+DRIVER_DRIFT_VERSION = "570.172.08"
 # nvidia-smi -q on a real H200 (tests/fixtures/gpu/nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt):
 # Total 143771 MiB, Reserved 614 MiB; power limit 700 W.
 # VBIOS Version and Inforom Image Version: 96.00.A5.00.03 and G520.0280.02.02. `vbios-drift` flashes a GPU to
@@ -187,6 +190,9 @@ FAULTS = {
                   seen_by=("pcie-downtrained",)),
         FaultSpec("vbios-drift", "gpu", f"the GPU runs VBIOS {VBIOS_DRIFT_VERSION}, every other one {VBIOS_VERSION} "
                   "(a board swapped in from another system, or flashed apart)", seen_by=("firmware-drift",)),
+        FaultSpec("driver-drift", "node", f"the node runs driver {DRIVER_DRIFT_VERSION}, every other one "
+                  f"{DRIVER_VERSION} (a rollout stopped half way): DCGM's driver label, nvidia-smi and dcgmi show it",
+                  seen_by=("version-drift",)),
         FaultSpec("fabric-stuck", "gpu", "Fabric Manager never finishes training the GPU: its fabric state stays "
                   "In Progress", seen_by=("fabric-not-ready",)),
         FaultSpec("fabricmanager-down", "node", "nvidia-fabricmanager is not running: every GPU's fabric state "
@@ -227,7 +233,8 @@ FAULTS = {
         FaultSpec("exporter-down", "node", "the node's exporters stop answering", seen_by=("data",)),
         FaultSpec("ib-slow", "hca", "the fabric model halves this rail's bandwidth: ib_write_bw and a "
                   "multi-node all_reduce_perf over it", seen_by=("validate",)),
-        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}", seen_by=("node-check",)),
+        FaultSpec("ib-fw-mismatch", "hca", f"the HCA runs firmware {HCA_FW_MISMATCH}",
+                  seen_by=("node-check", "version-drift")),
         FaultSpec("pcie-x8", "hca", "the HCA's PCIe link trained at x8 (half its bandwidth)", seen_by=("node-check",)),
         FaultSpec("dgx-naming", "node", "the HCAs are named as on a DGX H100/H200: rails mlx5_0,3,4,5,6,9,10,11, "
                   "in-band/storage ports mlx5_1,2 (InfiniBand, Ethernet) and mlx5_7,8 between them",
@@ -513,6 +520,10 @@ class NodeHardware:
 
     def has(self, name: str, gpu: int | None = None, hca: str | None = None) -> bool:
         return bool(self.faults_on(name, gpu, hca))
+
+    def loaded_driver(self) -> str:
+        """The driver version the emulated tools show: the installed one, unless `driver-drift` says otherwise."""
+        return DRIVER_DRIFT_VERSION if self.node_fault("driver-drift") else self.driver_version
 
     def node_fault(self, name: str) -> bool:
         return any(f.fault == name for f in self.active)

@@ -22,7 +22,14 @@ from opsctl.health.plan import BreakerCount, plan_drains
 from opsctl.prom import PromClientImpl
 from opsctl.slurm import SlurmNode
 from opsctl_lab.dcgm_emulator import send_body
-from opsctl_lab.hardware import VBIOS_DRIFT_VERSION, VBIOS_VERSION
+from opsctl_lab.hardware import (
+    DRIVER_DRIFT_VERSION,
+    DRIVER_VERSION,
+    HCA_FW,
+    HCA_FW_MISMATCH,
+    VBIOS_DRIFT_VERSION,
+    VBIOS_VERSION,
+)
 from tests.component.promlab import (
     HAVE_NODE_EXPORTER,
     HAVE_PROMETHEUS,
@@ -45,7 +52,7 @@ NODES = ["gpu001", "gpu002", "gpu003", "gpu004"]
 FAST_HOLDS = {rid: {"hold": "3s"} for rid in ("ib-down", "ib-degraded", "gpu-temp-high", "nvlink-errors-rising",
                                                "pcie-replays", "sbe-storm", "ib-errors", "fabric-manager-down",
                                                "fabric-not-ready", "clock-slowdown", "pcie-downtrained",
-                                               "firmware-drift")}
+                                               "firmware-drift", "version-drift")}
 FAST_HOLDS["ecc-dbe-new"] = {"hold": "8s"}  # the counter must exist at the window's start: not 10m here
 # Every rule holds two scrape intervals (2 s here), for series that existed before the hold: an XID count
 # series is born with the XID, so its check shows after one to two holds.
@@ -276,6 +283,31 @@ def test_a_gpu_with_another_vbios_warns_naming_both_versions_and_a_pin_makes_it_
     other = config_for(clean, hardware={"firmware": {"vbios": VBIOS_DRIFT_VERSION}})
     wait(lambda: drifts(other, "fail", set(NODES)), 30, "every node failing firmware-drift against the other pin")
     assert len(found["seen"]) == 4 * 8 - 1 and ("gpu003", drifted) not in found["seen"]
+
+
+def test_an_hca_on_other_firmware_and_a_node_on_another_driver_warn_and_a_gpu_pin_drains_neither(clean):
+    """ib-fw-mismatch on gpu002's mlx5_3 (node_exporter's node_infiniband_info) and driver-drift on gpu004
+    (dcgm-exporter's driver label): version-drift warns on each, naming the HCA or the driver and both
+    versions, on both engines; the storage ports (another HCA type, another firmware) are their own group.
+    A VBIOS pin, which makes firmware-drift drain, leaves both warnings."""
+    clean.dcgm["gpu002"].hw.inject("ib-fw-mismatch", hca=3)
+    clean.nodeexp["gpu002"].rewrite()
+    clean.dcgm["gpu004"].hw.inject("driver-drift")
+    expected = {("gpu002", f"mlx5_3 hca {HCA_FW_MISMATCH} (most run {HCA_FW})"),
+                ("gpu004", f"driver {DRIVER_DRIFT_VERSION} (most run {DRIVER_VERSION})")}
+    found: dict = {}
+    for config in (None, config_for(clean, hardware={"firmware": {"vbios": VBIOS_VERSION}})):
+        found.clear()
+
+        def warned(config=config) -> bool:
+            found["report"], _, found["rules"] = run(clean, config)
+            found["seen"] = {(n, c.device) for n, v in found["report"].nodes.items() for c in v.checks
+                             if c.id == "version-drift" and c.status == "warn"}
+            return found["seen"] == expected
+        wait(warned, 30, "version-drift warnings on gpu002's mlx5_3 and gpu004's driver")
+        assert {n: v.status for n, v in found["report"].nodes.items()} == {
+            "gpu001": "ok", "gpu002": "warn", "gpu003": "ok", "gpu004": "warn"}
+        assert "would-drain" not in drain_decisions(found["report"], found["rules"], NODES).values()
 
 
 def _gpu_count_once_judged(stack, node: str):

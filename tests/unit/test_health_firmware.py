@@ -18,6 +18,28 @@ def test_the_config_knows_the_components_the_rule_compares():
     assert set(FIRMWARE_COMPONENTS) == set(firmware.COMPONENTS)
 
 
+def fleet_rule(raw: dict):
+    return next(r for r in load_catalog(parse_config(raw, "t", {})) if r.id == "version-drift")
+
+
+def test_hca_firmware_and_the_driver_are_read_where_their_exporters_show_them():
+    """Each HCA's firmware from node_exporter's node_infiniband_info, against its type; the driver from
+    dcgm-exporter's label, folded into one series per node and compared across the fleet."""
+    expr = fleet_rule({}).expr
+    assert 'node_infiniband_info{job="node", firmware_version!=""}' in expr
+    assert "count by (hca_type, firmware_version)" in expr and "on(hca_type) group_left" in expr
+    assert 'max by (node, job, instance, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job="dcgm", ' in expr
+    assert "topk (1, count by (DCGM_FI_DRIVER_VERSION) (max by" in expr and "on() group_left" in expr
+
+
+def test_a_gpu_pin_never_makes_a_rollout_minority_drain():
+    """A half-done HCA firmware or driver rollout is a minority by design: version-drift warns whatever
+    hardware.firmware pins, and reads no pin."""
+    rule = fleet_rule({"hardware": {"firmware": {"vbios": "96.00.A5.00.03"}}})
+    assert (rule.severity, rule.action) == ("warn", "report")
+    assert '"basis", "pinned"' not in rule.expr and "VBIOS" not in rule.expr
+
+
 def test_without_a_pin_it_warns_against_the_fleets_majority():
     rule = drift_rule({})
     assert (rule.severity, rule.action, rule.device_label) == ("warn", "report", "firmware")
@@ -40,12 +62,13 @@ def test_a_sites_override_wins_over_what_a_pin_sets():
 
 def test_the_rule_holds_by_itself_and_stays_short_enough_for_victoria_metrics():
     """VictoriaMetrics refuses a query over 16 KiB (-search.maxQueryLen): the judged query, pinned, with long
-    job names, stays well under it."""
+    job names, stays well under it; version-drift too."""
     raw = {"hardware": {"firmware": {"vbios": "96.00.A5.00.03", "inforom": "G520.0280.02.02"}},
            "prometheus": {"jobs": {"dcgm": "kubernetes-dcgm-exporter-pods", "node": "kubernetes-node-exporter"}}}
     rule = drift_rule(raw)
     assert not rule.plot_expr and f"offset {rule.hold})" in rule.expr
     assert len(rule.judged_expr()) < 8192
+    assert len(fleet_rule(raw).judged_expr()) < 8192
 
 
 @pytest.mark.parametrize("pins,message", [

@@ -68,7 +68,7 @@ def diag_document(hw: NodeHardware, runs: list[TestRun], gpus: list[int]) -> dic
         "DCGM Diagnostic": {"test_categories": [{"category": c, "tests": t} for c, t in categories.items()]},
         "entity_groups": [{**GPU_GROUP, "entities": [{"device_id": DEVICE_ID, "entity_id": gpu,
                                                       "serial_num": gpu_serial(hw.node, gpu)} for gpu in gpus]}],
-        "metadata": {"Driver Version Detected": hw.driver_version, "version": DCGM_VERSION},
+        "metadata": {"Driver Version Detected": hw.loaded_driver(), "version": DCGM_VERSION},
     }
 
 
@@ -159,7 +159,7 @@ def diag_table(hw: NodeHardware, runs: list[TestRun], gpus: list[int]) -> str:
     out = ["Successfully ran diagnostic for group.", LINE, _row("Diagnostic", "Result"),
            LINE.replace("-", "="),
            "|-----  Metadata  ----------+------------------------------------------------|",
-           _row("DCGM Version", DCGM_VERSION), _row("Driver Version Detected", hw.driver_version),
+           _row("DCGM Version", DCGM_VERSION), _row("Driver Version Detected", hw.loaded_driver()),
            _row("GPU Device IDs Detected", ", ".join([DEVICE_ID] * len(gpus)))]
     for category, header in CATEGORY_LINES.items():  # HelperDisplayAsCli's order, whatever the run's
         tests = [run for run in runs if run.category == category]

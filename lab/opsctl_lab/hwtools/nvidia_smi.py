@@ -125,7 +125,7 @@ WIDE = "+-----------------------------------------------------------------------
 def render_table(hw: NodeHardware, now: float, gpus: list[int]) -> str:
     out = [time.asctime(time.localtime(now)) + "       ",
            WIDE,
-           f"| NVIDIA-SMI {hw.driver_version:<22} Driver Version: {hw.driver_version:<14} "
+           f"| NVIDIA-SMI {hw.loaded_driver():<22} Driver Version: {hw.loaded_driver():<14} "
            f"CUDA Version: {CUDA_VERSION:<9}|",
            SEP,
            "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
@@ -169,7 +169,7 @@ def render_q(hw: NodeHardware, now: float, gpus: list[int]) -> str:
     stamp = time.asctime(time.localtime(now))
     present = [g for g in gpus if hw.gpu_present(g)]
     out = ["", "==============NVSMI LOG==============", "", _kv(0, "Timestamp", stamp),
-           _kv(0, "Driver Version", hw.driver_version), _kv(0, "CUDA Version", CUDA_VERSION), "",
+           _kv(0, "Driver Version", hw.loaded_driver()), _kv(0, "CUDA Version", CUDA_VERSION), "",
            _kv(0, "Attached GPUs", sum(hw.gpu_present(g) for g in range(hwm.GPUS_PER_NODE)))]
     for gpu in present:
         v = values(hw, gpu, now)
@@ -199,7 +199,7 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
     events = v["clock_events"]
     row.update({
         "timestamp": time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}",
-        "driver_version": hw.driver_version, "count": str(sum(hw.gpu_present(g) for g in range(8))),
+        "driver_version": hw.loaded_driver(), "count": str(sum(hw.gpu_present(g) for g in range(8))),
         "name": hwm.GPU_MODEL, "serial": v["serial"], "uuid": v["uuid"], "pci.bus_id": v["bus_id"],
         "vbios_version": v["vbios"],
         "pci.bus": f"0x{v['bus']}", "index": str(gpu), "persistence_mode": v["persistence_mode"],

@@ -47,6 +47,7 @@ FAULTS = [
     ("clock-slowdown:hw-thermal", "gpu058", ["--gpu", "3"], [("opsctl-gpu", "clock-slowdown")]),
     ("pcie-downtrain", "gpu061", ["--gpu", "5"], [("opsctl-gpu", "pcie-downtrained")]),
     ("vbios-drift", "gpu062", ["--gpu", "2"], [("opsctl-gpu", "firmware-drift")]),
+    ("driver-drift", "gpu053", [], [("opsctl-gpu", "version-drift")]),
     ("nvlink-down:2", "gpu063", ["--gpu", "4"], [("opsctl-gpu", "nvlink-down")]),
     ("nvlink-degraded:9", "gpu064", ["--gpu", "0"], [("opsctl-gpu", "nvlink-degraded")]),
 ]
