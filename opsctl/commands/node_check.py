@@ -21,6 +21,8 @@ from opsctl.nodecheck.run import (
     kernel_log_lines,
     nvlink_dict,
     nvlink_lines,
+    ofed_dict,
+    ofed_lines,
     storage_dict,
 )
 from opsctl.nodecheck.run import node_check as run_node_check
@@ -37,10 +39,11 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
         click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(result.report),
                                "checks": [r.__dict__ for r in result.found], "storage": storage_dict(result.storage),
                                "kernel_log": kernel_log_dict(result.kernel), "nvlink": nvlink_dict(result.nvlinks),
-                               "pcie_aer": result.aer, "action": action, **acted}, indent=1))
+                               "pcie_aer": result.aer, "ofed": ofed_dict(result.ofed), "action": action, **acted},
+                              indent=1))
     else:
         for line in (check_lines(result) + kernel_log_lines(result.kernel) + nvlink_lines(result.nvlinks)
-                     + aer_lines(result.aer)):
+                     + aer_lines(result.aer) + ofed_lines(result.ofed)):
             click.echo(line)
         if action:
             click.echo(action)

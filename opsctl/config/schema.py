@@ -272,6 +272,8 @@ class IbConfig:
     max_fail_fraction: float = key(0.25, check=lambda v: 0 < v <= 1, hint="must be above 0 and at most 1")
     # `opsctl ib topology` runs `<ibnetdiscover> -C <rail> -P 1` once per rail (the lab points it at its emulation)
     ibnetdiscover: str = key("ibnetdiscover", check=bool, hint="must not be empty")
+    # `opsctl node check` reads the node's MLNX_OFED or DOCA-OFED version with `<ofed_info> -s` (version-drift)
+    ofed_info: str = key("ofed_info", check=bool, hint="must not be empty")
     # Whether the file lists ib.rails (or hardware.ib_devices): set by parse_config, not a key.
     rails_pinned: bool = field(default=False, metadata={"internal": True})
 

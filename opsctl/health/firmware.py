@@ -10,6 +10,8 @@ Where the versions are read, all from series the exporters already export:
   driver is the node's, so its GPUs' series are folded into one per node.
 - node_exporter's infiniband collector shows each HCA's firmware as node_infiniband_info{firmware_version,
   hca_type} (/sys/class/infiniband/<hca>/fw_ver and hca_type).
+- `opsctl node check` writes the node's MLNX_OFED or DOCA-OFED release (`ofed_info -s`) into node_exporter's
+  textfile: opsctl_node_ofed_info{distribution, version}.
 The CUDA version that nvidia-smi and DCGM report (DCGM_FI_CUDA_DRIVER_VERSION) is the driver's own, so the
 driver stands for it.
 
@@ -54,6 +56,7 @@ FLEET_COMPONENTS = {
     "hca": Component("firmware_version", "hca_type", 'node_infiniband_info{{job="{node}", {label}!=""}}',
                      ("device", "$1")),
     "driver": Component("DCGM_FI_DRIVER_VERSION", "", _GPU_SERIES, per_node=True),
+    "ofed": Component("version", "", 'opsctl_node_ofed_info{{job="{node}", {label}!=""}}'),
 }
 
 

@@ -18,6 +18,7 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_nvlink_inactive{gpu="1",nvlink="gpu1 link3"} 1    per GPU: its inactive NVLinks, named
     opsctl_node_nvlink_speed_ratio{gpu="5",nvlink="gpu5 link7"} 0.5   its slowest active link over full speed
     opsctl_node_pcie_aer_errors_total{pcie="gpu3",severity="correctable"} 12   per GPU or HCA (sysfs AER)
+    opsctl_node_ofed_info{distribution="MLNX_OFED_LINUX",version="24.10-1.1.4.0"} 1   ofed_info -s, when it answers
     opsctl_node_check_timestamp_seconds 1.8e+09                   when the checks last ran
 
 A check that could not be made (see `opsctl ib check`, "not checked") has no series: the catalog
@@ -34,6 +35,7 @@ from opsctl.fileio import write_atomic
 from opsctl.gpu.kmsg import IGNORED_REASONS
 from opsctl.gpu.nvlink import NvlinkReport
 from opsctl.ib.check import CHECKS, Report
+from opsctl.ib.ofed import OfedVersion
 from opsctl.nodecheck.kernel_log import XID_WINDOW_S, KernelLogReport
 from opsctl.slurm import OWNED_PREFIX
 from opsctl.storage.check import StorageReport
@@ -73,7 +75,7 @@ def _label(value: str) -> str:
 
 def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | None = None,
                  kernel: KernelLogReport | None = None, nvlinks: NvlinkReport | None = None,
-                 aer: dict[str, dict[str, int]] | None = None) -> str:
+                 aer: dict[str, dict[str, int]] | None = None, ofed: OfedVersion | None = None) -> str:
     lines = ["# HELP opsctl_node_check Whether a node-local check failed (1) or passed (0), per check and device.",
              "# TYPE opsctl_node_check gauge"]
     lines += [f'opsctl_node_check{{check="{r.check}",device="{_label(r.device)}"}} {int(r.failed)}' for r in found]
@@ -103,6 +105,11 @@ def metrics_text(found: list[CheckResult], now: float, storage: StorageReport | 
                   "# TYPE opsctl_node_pcie_aer_errors_total counter"]
         lines += [f'opsctl_node_pcie_aer_errors_total{{pcie="{_label(device)}",severity="{severity}"}} {count}'
                   for device, counts in sorted(aer.items()) for severity, count in sorted(counts.items())]
+    if ofed and ofed.version:
+        lines += ["# HELP opsctl_node_ofed_info The node's MLNX_OFED or DOCA-OFED release (ofed_info -s), always 1.",
+                  "# TYPE opsctl_node_ofed_info gauge",
+                  f'opsctl_node_ofed_info{{distribution="{_label(ofed.distribution)}",'
+                  f'version="{_label(ofed.version)}"}} 1']
     lines += ["# HELP opsctl_node_check_timestamp_seconds When the node checks last ran.",
               "# TYPE opsctl_node_check_timestamp_seconds gauge",
               f"opsctl_node_check_timestamp_seconds {now:.3f}"]

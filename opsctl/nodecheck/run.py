@@ -20,6 +20,7 @@ from opsctl.gpu.nvlink import NvlinkReport, read_nvlinks
 from opsctl.hw.aer import read_aer
 from opsctl.hw.pcie_tree import read_pci_tree
 from opsctl.ib.check import Report
+from opsctl.ib.ofed import OfedVersion, read_ofed
 from opsctl.ib.report import check_report
 from opsctl.ladder.node_step import take_step
 from opsctl.nodecheck.drain_self import drain_self
@@ -36,6 +37,7 @@ class NodeCheck:
     found: list[CheckResult]  # every check's result, InfiniBand then storage
     nvlinks: NvlinkReport = field(default_factory=NvlinkReport)  # each NVLink's speed (the health rules judge them)
     aer: dict[str, dict[str, int]] = field(default_factory=dict)  # GPU or HCA -> AER severity -> errors so far
+    ofed: OfedVersion = field(default_factory=OfedVersion)  # the RDMA stack's version (version-drift compares it)
     action: ActionResult = field(default_factory=ActionResult)  # what --drain-self and --remediate-self did
     exit_code: ExitCode = ExitCode.OK
 
@@ -53,11 +55,12 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
     nvlinks = read_nvlinks(clients.config().gpu.nvidia_smi, clients.config().hardware.nvlink_bytes_per_second,
                            clients.tools())
     aer = aer_counts(sysfs_root or clients.config().ib.sysfs_root, kernel)
+    ofed = read_ofed(clients.config().ib.ofed_info, clients.tools())
     found = results(report) + storage_results(storage)
     if textfile:
-        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks, aer))
+        write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks, aer, ofed))
     result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found, nvlinks=nvlinks, aer=aer,
-                       exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
+                       ofed=ofed, exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
     # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
     name = node or socket.gethostname().split(".")[0]
     if drain:
@@ -91,6 +94,14 @@ def aer_lines(aer: dict[str, dict[str, int]]) -> list[str]:
                                                 if count)
              for device, counts in sorted(aer.items()) if any(counts.values())]
     return lines or [f"pcie aer: no errors on {len(aer)} devices"]
+
+
+def ofed_dict(ofed: OfedVersion) -> dict[str, Any]:
+    return {"distribution": ofed.distribution or None, "version": ofed.version or None, "note": ofed.note or None}
+
+
+def ofed_lines(ofed: OfedVersion) -> list[str]:
+    return [f"ofed: {ofed.distribution} {ofed.version}" if ofed.version else f"ofed not read: {ofed.note}"]
 
 
 def storage_dict(storage: StorageReport) -> dict[str, Any]:

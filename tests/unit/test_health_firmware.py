@@ -24,12 +24,14 @@ def fleet_rule(raw: dict):
 
 def test_hca_firmware_and_the_driver_are_read_where_their_exporters_show_them():
     """Each HCA's firmware from node_exporter's node_infiniband_info, against its type; the driver from
-    dcgm-exporter's label, folded into one series per node and compared across the fleet."""
+    dcgm-exporter's label, folded into one series per node, and the OFED release from the node check's
+    textfile, each compared across the fleet."""
     expr = fleet_rule({}).expr
     assert 'node_infiniband_info{job="node", firmware_version!=""}' in expr
     assert "count by (hca_type, firmware_version)" in expr and "on(hca_type) group_left" in expr
     assert 'max by (node, job, instance, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job="dcgm", ' in expr
     assert "topk (1, count by (DCGM_FI_DRIVER_VERSION) (max by" in expr and "on() group_left" in expr
+    assert 'topk (1, count by (version) (opsctl_node_ofed_info{job="node", version!=""}))' in expr
 
 
 def test_a_gpu_pin_never_makes_a_rollout_minority_drain():

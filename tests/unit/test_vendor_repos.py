@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from opsctl.ib.ofed import OfedVersion, parse_ofed_info
 from opsctl_lab.hardware import NodeHardware
 from opsctl_lab.machines import boot
 from opsctl_lab.vendor_repos import behaviours, kmod, spec
@@ -171,5 +172,13 @@ def test_the_lustre_packages_install_their_modules_where_lustre_release_puts_the
     # configure's choice (lustre-lnet.m4): MLNX_OFED's tree when ofed_info is there; the install never fails.
     assert "command -v ofed_info" in dkms and "/usr/src/ofa_kernel/default" in dkms
     assert '"ib_core=$ib_core" > "/lib/modules/$release/updates/kernel/net/lustre/ko2iblnd.ko"' in dkms
-    assert list(behaviours.contents("ofed-info", "24.10.OFED.24.10.1.1.4-1", "24.10.OFED.24.10.1.1.4").files) == \
-        ["/usr/bin/ofed_info"]
+    files = behaviours.contents("ofed-info", "24.10.OFED.24.10.1.1.4-1", "24.10.OFED.24.10.1.1.4").files
+    assert list(files) == ["/usr/bin/ofed_info"]
+
+
+def test_the_emulated_ofed_info_names_mlnx_ofeds_release_as_the_real_one_does():
+    """`ofed_info -s`: MLNX_OFED_LINUX-<year.month>-<build>.0:, which `opsctl node check` reads."""
+    _, script = behaviours.contents("ofed-info", "24.10.OFED.24.10.3.2.5-1", "24.10.OFED.24.10.3.2.5").files[
+        "/usr/bin/ofed_info"]
+    assert 'if [ "$1" = -s ]; then echo "MLNX_OFED_LINUX-24.10-3.2.5.0:"; exit 0; fi' in script
+    assert parse_ofed_info("MLNX_OFED_LINUX-24.10-3.2.5.0:\n") == OfedVersion("MLNX_OFED_LINUX", "24.10-3.2.5.0")

@@ -162,9 +162,21 @@ rm -rf /lib/modules/*/updates/kernel/net/lustre /lib/modules/*/updates/kernel/fs
     return Contents(scripts={"postinst": _script(body), "prerm": _script(prerm)})
 
 
+def ofed_release(upstream: str) -> str:
+    """MLNX_OFED's release from its packages' upstream version: 24.10.OFED.24.10.1.1.4 -> 24.10-1.1.4.0 (the
+    release that doca.yml names for DOCA 2.9: year.month, a dash, the build with a trailing .0)."""
+    if ".OFED." not in upstream:
+        return upstream
+    year, month, *build = upstream.split(".OFED.", 1)[1].split(".")
+    return f"{year}.{month}-{'.'.join([*build, '0'])}"
+
+
 def ofed_info(version: str, upstream: str) -> Contents:
-    """ofed-scripts' /usr/bin/ofed_info: the installed MLNX_OFED's version (`-s`: the short form)."""
-    text = f'#!/bin/sh\necho "MLNX_OFED_LINUX-{upstream} (OFED-{upstream}):"\n'
+    """ofed-scripts' /usr/bin/ofed_info: the installed MLNX_OFED's release (`-s`: the short form, one line), in
+    its own spelling (24.10-1.1.4.0), not the package's (24.10.OFED.24.10.1.1.4)."""
+    release = ofed_release(upstream)
+    text = (f'#!/bin/sh\nif [ "$1" = -s ]; then echo "MLNX_OFED_LINUX-{release}:"; exit 0; fi\n'
+            f'echo "MLNX_OFED_LINUX-{release} (OFED-{release}):"\n')
     return Contents(files={"/usr/bin/ofed_info": (0o755, text)})
 
 
