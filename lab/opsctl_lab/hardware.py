@@ -116,6 +116,11 @@ XID_WINDOW_MS = 300000
 # The faults that take an XID code (`xid:79`): `xid` shows in DCGM (the lab writes no kernel log line for
 # it), `xid-kernel` in the node's kernel log only.
 XID_FAULTS = ("xid", "xid-kernel")
+# The NVSwitch driver's SXid line each SXid fault writes to the node's kernel log (priority 3, KERN_ERR, as the
+# XIDs'): one fatal, one non-fatal, as gpud's SXid tests have them (tests/fixtures/kmsg/gpud_sxid_kmsg_test_lines.txt).
+SXID_LINES = {"sxid-fatal": "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+              "sxid-nonfatal": "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress "
+                               "non-posted PRIV error (First)"}
 # The faults that take a rail (`recable-leaf:3`): a cable of the node's rail-3 HCA moved (opsctl_lab.fabric).
 RAIL_FAULTS = ("recable-leaf", "recable-rail")
 RAILS = 8
@@ -190,6 +195,10 @@ FAULTS = {
                   seen_by=("pcie-downtrained",)),
         FaultSpec("vbios-drift", "gpu", f"the GPU runs VBIOS {VBIOS_DRIFT_VERSION}, every other one {VBIOS_VERSION} "
                   "(a board swapped in from another system, or flashed apart)", seen_by=("firmware-drift",)),
+        FaultSpec("sxid-fatal", "node", "the node's kernel log gets a fatal NVSwitch SXid: "
+                  f"`{SXID_LINES['sxid-fatal']}`", survives_reboot=False, seen_by=("nvswitch-fatal",)),
+        FaultSpec("sxid-nonfatal", "node", "the node's kernel log gets a non-fatal NVSwitch SXid: "
+                  f"`{SXID_LINES['sxid-nonfatal']}`", survives_reboot=False, seen_by=("nvswitch-errors",)),
         FaultSpec("driver-drift", "node", f"the node runs driver {DRIVER_DRIFT_VERSION}, every other one "
                   f"{DRIVER_VERSION} (a rollout stopped half way): DCGM's driver label, nvidia-smi and dcgmi show it",
                   seen_by=("version-drift",)),
@@ -463,6 +472,8 @@ class NodeHardware:
         elif spec.name == "xid-kernel":
             assert fault.gpu is not None and xid is not None  # a GPU fault, and parse_fault requires its code
             self._log_xid(fault.gpu, xid, now)
+        elif spec.name in SXID_LINES:
+            self.log_kernel(3, SXID_LINES[spec.name], now)
         same = (fault.fault, fault.gpu, fault.hca, fault.xid, fault.rail, fault.variant)
         self.active = [f for f in self.active if (f.fault, f.gpu, f.hca, f.xid, f.rail, f.variant) != same]
         self.active.append(fault)

@@ -1,8 +1,8 @@
 """Text for people (a table) and for programs (JSON) from one health run. Returns strings; the CLI echoes.
 
 JSON contract (docs/health.md): {"nodes": [{"node", "status", "checks": [{"id", "severity", "status",
-"gpu"|"hca"|"mount"|"target"|"nid"|"firmware"|"nvlink"|"pcie", "value", "threshold", "evidence"}], "action"}],
-"summary": {...}}.
+"gpu"|"hca"|"mount"|"target"|"nid"|"firmware"|"nvlink"|"pcie"|"nvswitch", "value", "threshold", "evidence"}],
+"action"}], "summary": {...}}.
 """
 
 import json

@@ -53,6 +53,10 @@ def build(site: Site) -> db.Dashboard:
     dash = dash.with_row(db.Row("NVSwitch fabric"))
     dash = dash.with_panel(rule_graph(site, "fabric-not-ready", "GPU fabric status held short of Success", gpus))
     dash = dash.with_panel(rule_graph(site, "fabric-manager-down", "GPUs whose fabric nothing trains", nodes))
+    dash = dash.with_panel(rule_graph(site, "nvswitch-fatal", "Fatal NVSwitch SXids in their window", nodes,
+                                      by_device=False))
+    dash = dash.with_panel(rule_graph(site, "nvswitch-errors", "Non-fatal NVSwitch SXids in their window", nodes,
+                                      by_device=False))
     dash = dash.with_row(db.Row("Settings: ECC, MIG, compute and persistence modes, firmware"))
     for rule_id, title in (("ecc-disabled", "ECC mode (1 enabled)"), ("mig-enabled", "MIG mode (1 enabled)"),
                            ("compute-mode", "compute mode (0 Default, 1 Prohibited, 2 Exclusive_Process)"),

@@ -33,7 +33,7 @@ from opsctl.prom.client import PromQuery, Sample
 DEFAULT_XID_WINDOW_S = 300.0
 STATUS_ORDER = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 # The device labels a check names its device by (its JSON key); any other (a node check's `finding`) is "hca".
-KINDS = ("gpu", "mount", "target", "nid", "firmware", "nvlink", "pcie")
+KINDS = ("gpu", "mount", "target", "nid", "firmware", "nvlink", "pcie", "nvswitch")
 
 
 @dataclass
@@ -46,7 +46,8 @@ class Check:
     device: str = ""  # "gpu3", "mlx5_0", or "" for a node-wide check
     kind: str = ""  # "gpu", "hca", "mount" (a storage mount point), "target" (a Lustre OST or MDT), "nid" (LNet),
     # "firmware" (a GPU's component and versions: gpu3 vbios 96.00.89.00.01 (most run 96.00.A5.00.03)), "nvlink"
-    # (a GPU's link: gpu1 link3), "pcie" (a GPU or HCA on the PCIe bus: gpu3, mlx5_2) or ""
+    # (a GPU's link: gpu1 link3), "pcie" (a GPU or HCA on the PCIe bus: gpu3, mlx5_2), "nvswitch" (an NVSwitch
+    # and its SXid: 00000000:C7:00.0 sxid 20034) or ""
     value: float | None = None
     threshold: float | None = None
     op: str = ""
@@ -261,6 +262,8 @@ def check_for(rule: Rule, sample: Sample) -> Check:
         kind = rule.device_label if rule.device_label in KINDS else "hca"
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
+    if rule.xid is None and not rule.xid_series and sample.labels.get("window_size_in_ms", "").isdigit():
+        window_s = int(sample.labels["window_size_in_ms"]) / 1000.0  # a windowed count (SXids): events count as long
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \
         f"{device} value={sample.value}".strip()
     xid = rule.xid

@@ -39,8 +39,9 @@ BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 # A record with its context is at most 8 KiB (CONSOLE_EXT_LOG_MAX); a read() into less fails EINVAL.
 READ_SIZE = 16384
 # opsctl_node_kernel_xid_count counts the XIDs node check first saw within this window, as dcgm-exporter's
-# DCGM_EXP_XID_ERRORS_COUNT does for DCGM's: the health rules read both alike. The run's time, not the
-# kernel's: a node check that was stopped for a while still reports what it then reads as new.
+# DCGM_EXP_XID_ERRORS_COUNT does for DCGM's: the health rules read both alike (and opsctl_node_kernel_sxid_count,
+# the SXids'). The run's time, not the kernel's: a node check that was stopped for a while still reports what it
+# then reads as new.
 # 15 minutes outlast the timer (1 minute), a scrape and the rules' hold many times over.
 XID_WINDOW_S = 900
 
@@ -59,7 +60,7 @@ class KernelLogState:
     boot_id: str = ""
     seq: int = -1  # the newest record read; -1: none yet
     xids: dict[tuple[str, int], XidTally] = field(default_factory=dict)  # (GPU PCI, XID) ->
-    sxids: dict[tuple[str, int, bool], int] = field(default_factory=dict)  # (NVSwitch PCI, SXid, fatal) -> count
+    sxids: dict[tuple[str, int, bool], XidTally] = field(default_factory=dict)  # (NVSwitch PCI, SXid, fatal) ->
     recovery: dict[str, str] = field(default_factory=dict)  # GPU PCI -> its latest XID 154 action, this boot
     gpus: dict[str, int] = field(default_factory=dict)  # GPU PCI -> nvidia-smi index, this boot
     # Records with the driver's words that are not its lines, by why (opsctl.gpu.kmsg.ignored_because) -> count
@@ -70,8 +71,9 @@ class KernelLogState:
                 "xids": [{"pci_bus_id": pci, "xid": xid, "count": t.count, "last_seen": t.last_seen,
                           "recent": t.recent}
                          for (pci, xid), t in sorted(self.xids.items())],
-                "sxids": [{"nvswitch_pci": pci, "sxid": sxid, "fatal": fatal, "count": count}
-                          for (pci, sxid, fatal), count in sorted(self.sxids.items())],
+                "sxids": [{"nvswitch_pci": pci, "sxid": sxid, "fatal": fatal, "count": t.count,
+                           "last_seen": t.last_seen, "recent": t.recent}
+                          for (pci, sxid, fatal), t in sorted(self.sxids.items())],
                 "recovery_actions": dict(sorted(self.recovery.items())), "gpus": dict(sorted(self.gpus.items())),
                 "ignored_records": dict(sorted(self.ignored.items()))}
 
@@ -82,7 +84,10 @@ class KernelLogState:
                    xids={(str(x["pci_bus_id"]), int(x["xid"])): XidTally(int(x["count"]), float(x["last_seen"]),
                                                                          [float(t) for t in x.get("recent", [])])
                          for x in data["xids"]},
-                   sxids={(str(s["nvswitch_pci"]), int(s["sxid"]), bool(s["fatal"])): int(s["count"])
+                   # last_seen and recent: absent from the files of releases that only counted SXids
+                   sxids={(str(s["nvswitch_pci"]), int(s["sxid"]), bool(s["fatal"])):
+                          XidTally(int(s["count"]), float(s.get("last_seen", 0.0)),
+                                   [float(t) for t in s.get("recent", [])])
                           for s in data["sxids"]},
                    recovery={str(k): str(v) for k, v in data["recovery_actions"].items()},
                    gpus={str(k): int(v) for k, v in data["gpus"].items()},
@@ -145,7 +150,7 @@ def advance(state: KernelLogState, boot_id: str, records: list[Record], now: flo
             when = now if boot_time is None else min(now, boot_time + record.usec / 1e6)
             seen.append(Seen(record.seq, when, event))
             _count(new, event, when, now)
-    for tally in new.xids.values():
+    for tally in [*new.xids.values(), *new.sxids.values()]:
         tally.recent = [t for t in tally.recent if t > now - XID_WINDOW_S]
     if records:
         new.seq = max(new.seq, *(r.seq for r in records))
@@ -153,15 +158,12 @@ def advance(state: KernelLogState, boot_id: str, records: list[Record], now: flo
 
 
 def _count(state: KernelLogState, event: Xid | SXid, when: float, now: float) -> None:
-    if isinstance(event, SXid):
-        key = (event.pci, event.code, event.fatal)
-        state.sxids[key] = state.sxids.get(key, 0) + 1
-        return
-    tally = state.xids.setdefault((event.pci, event.code), XidTally())
+    tally = (state.sxids.setdefault((event.pci, event.code, event.fatal), XidTally()) if isinstance(event, SXid)
+             else state.xids.setdefault((event.pci, event.code), XidTally()))
     tally.count += 1
     tally.last_seen = max(tally.last_seen, when)
     tally.recent.append(now)
-    if event.recovery_action is not None:  # records come oldest first: the last one is the GPU's latest
+    if isinstance(event, Xid) and event.recovery_action is not None:  # oldest first: the last is the GPU's latest
         state.recovery[event.pci] = event.recovery_action
 
 

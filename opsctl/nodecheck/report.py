@@ -14,6 +14,7 @@ Metrics (one file, written atomically; node_exporter reads only *.prom):
     opsctl_node_kernel_xid_last_timestamp_seconds{gpu="0",pci_bus_id="00000000:18:00.0",xid="79"} 1.8e+09
     opsctl_node_kernel_xid_count{gpu="0",pci_bus_id="00000000:18:00.0",xid="79",window_size_in_ms="900000"} 1
     opsctl_node_kernel_sxid_total{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"} 2
+    opsctl_node_kernel_sxid_count{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false",window_size_in_ms=...} 1
     opsctl_node_gpu_recovery_action{gpu="3",pci_bus_id="00000000:8A:00.0",action="reset"} 1   latest XID 154
     opsctl_node_nvlink_inactive{gpu="1",nvlink="gpu1 link3"} 1    per GPU: its inactive NVLinks, named
     opsctl_node_nvlink_speed_ratio{gpu="5",nvlink="gpu5 link7"} 0.5   its slowest active link over full speed
@@ -149,12 +150,17 @@ def kernel_log_metrics(kernel: KernelLogReport) -> list[str]:
                   "# TYPE opsctl_node_kernel_xid_count gauge"]
         lines += [f"opsctl_node_kernel_xid_count{{{labels},{window}}} {len(tally.recent)}" for labels, tally in xids]
     if state.sxids:
+        sxids = [(f'nvswitch_pci="{_label(pci)}",sxid="{sxid}",fatal="{str(fatal).lower()}"', tally)
+                 for (pci, sxid, fatal), tally in sorted(state.sxids.items())]
         lines += ["# HELP opsctl_node_kernel_sxid_total NVSwitch SXids the driver wrote to the kernel log, counted "
                   "by node check across its runs.",
                   "# TYPE opsctl_node_kernel_sxid_total counter"]
-        lines += [f'opsctl_node_kernel_sxid_total{{nvswitch_pci="{_label(pci)}",sxid="{sxid}",'
-                  f'fatal="{str(fatal).lower()}"}} {count}'
-                  for (pci, sxid, fatal), count in sorted(state.sxids.items())]
+        lines += [f"opsctl_node_kernel_sxid_total{{{labels}}} {tally.count}" for labels, tally in sxids]
+        window = f'window_size_in_ms="{XID_WINDOW_S * 1000}"'
+        lines += ["# HELP opsctl_node_kernel_sxid_count NVSwitch SXids node check first saw in the kernel log within "
+                  "the window (label window_size_in_ms), as opsctl_node_kernel_xid_count counts XIDs.",
+                  "# TYPE opsctl_node_kernel_sxid_count gauge"]
+        lines += [f"opsctl_node_kernel_sxid_count{{{labels},{window}}} {len(tally.recent)}" for labels, tally in sxids]
     if state.recovery:
         lines += ["# HELP opsctl_node_gpu_recovery_action The recovery action of a GPU's latest XID 154 this boot "
                   "(1 on that action's series only).",

@@ -678,6 +678,32 @@ def test_an_xid_only_the_kernel_log_saw_drains_by_its_catalog_action(texts):
     assert report.nodes["gpu001"].status == "ok"
 
 
+def test_a_fatal_sxid_drains_naming_the_switch_and_a_non_fatal_one_is_reported_for_its_window(texts):
+    """The node check's windowed SXid counts: a fatal SXid fails nvswitch-fatal (drain) and a non-fatal one
+    warns nvswitch-errors, each naming the NVSwitch and the SXid, on both engines; each counts as handled for
+    its series' window (window_size_in_ms), not the rule's hold; out of the window, the node is ok."""
+    config = text_config(texts, "nvswitch-fatal", "nvswitch-errors")
+    texts.dcgm["gpu001"].body = TEMP.format(gpu=0)
+    count = 'opsctl_node_kernel_sxid_count{{nvswitch_pci="{pci}",sxid="{sxid}",fatal="{fatal}",' \
+            'window_size_in_ms="900000"}} {n}\n'
+    texts.node.body = (count.format(pci="00000000:06:00.0", sxid=20034, fatal="true", n=1)
+                       + count.format(pci="00000000:05:00.0", sxid=12028, fatal="false", n=3))
+    time.sleep(5)  # held for two scrape intervals, for a series that existed before the hold
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    found = {(c.id, c.kind, c.device, c.status, c.action, c.memory, c.window_s, c.evidence)
+             for c in report.nodes["gpu001"].checks}
+    assert found == {
+        ("nvswitch-fatal", "nvswitch", "00000000:06:00.0 sxid 20034", "fail", "drain", "window", 900.0,
+         "00000000:06:00.0 sxid 20034 fatal, 1 in its window"),
+        ("nvswitch-errors", "nvswitch", "00000000:05:00.0 sxid 12028", "warn", "report", "window", 900.0,
+         "00000000:05:00.0 sxid 12028 non-fatal, 3 in its window")}
+    texts.node.body = (count.format(pci="00000000:06:00.0", sxid=20034, fatal="true", n=0)
+                       + count.format(pci="00000000:05:00.0", sxid=12028, fatal="false", n=0))
+    time.sleep(3)
+    report, _, _ = evaluate_everywhere(texts.tsdbs, config, ["gpu001"])
+    assert report.nodes["gpu001"].status == "ok"
+
+
 # ---- The recording stages: a condition recorded every round, held over its own history ----------------
 CHECK = 'opsctl_node_check{{check="ib-port-state",device="{device}"}} {value}\n'
 

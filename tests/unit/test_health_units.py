@@ -37,6 +37,7 @@ def rules(raw=None):
     ("mig-enabled", "gpu4", 1, "gpu4 MIG mode enabled"),
     ("ecc-disabled", "gpu1", 0, "gpu1 ECC mode disabled"),
     ("compute-mode", "gpu2", 2, "gpu2 compute mode Exclusive_Process, not Default"),
+    ("nvswitch-fatal", "00000000:06:00.0 sxid 20034", 1, "00000000:06:00.0 sxid 20034 fatal, 1 in its window"),
     ("compute-mode", "gpu2", 1, "gpu2 compute mode Prohibited, not Default"),
     ("compute-mode", "gpu2", 7, "gpu2 compute mode 7, not Default"),
     ("gpu-temp-high", "gpu3", 91.25, "gpu3 91.2°C (threshold 87°C)"),

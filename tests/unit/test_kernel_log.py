@@ -47,7 +47,7 @@ def test_the_first_read_counts_every_record_and_the_next_only_new_ones():
     state, seen = advance(KernelLogState(), BOOT, RECORDS, T0)
     assert counts(state) == FIRST and state.seq == 1211 and state.boot_id == BOOT
     assert [s.seq for s in seen] == [1202, 1204, 1207, 1208, 1209, 1210, 1211]  # not the Severity line (1205)
-    assert state.sxids == {("00000000:06:00.0", 20034, True): 1}
+    assert state.sxids == {("00000000:06:00.0", 20034, True): XidTally(1, T0, [T0])}
     assert state.recovery == {GPU_55: "drain_and_reset", GPU_97: "reset"}
     again, seen = advance(state, BOOT, RECORDS, T0 + 60)
     assert seen == [] and again == state
@@ -96,7 +96,7 @@ def test_defect_1_records_that_quote_the_drivers_text_count_nothing_and_are_coun
     message and a program's writes to /dev/kmsg (real records, kmsg_quoted_driver_text.txt) are no XID 142 on the
     GPU at 8a: only the driver's own lines count, and these are counted apart, by why they were ignored."""
     state, seen = advance(KernelLogState(), BOOT, RECORDS + QUOTED, T0)
-    assert counts(state) == FIRST and state.sxids == {("00000000:06:00.0", 20034, True): 1}
+    assert counts(state) == FIRST and state.sxids == {("00000000:06:00.0", 20034, True): XidTally(1, T0, [T0])}
     assert [s.seq for s in seen] == [1202, 1204, 1207, 1208, 1209, 1210, 1211] and state.seq == 1294
     assert state.ignored == {"quoted": 3, "userspace": 2}
     again, _ = advance(state, BOOT, RECORDS + QUOTED, T0 + 60)  # read once: the cursor passed them
@@ -213,7 +213,8 @@ def test_logs_sharing_a_state_directory_keep_a_cursor_each(node, tmp_path):
 def test_the_metrics_text_names_and_labels():
     state = KernelLogState(boot_id=BOOT, seq=9,
                            xids={(GPU_55, 48): XidTally(2, T0), (GPU_91, 79): XidTally(1, T0 + 1.5, [T0 + 30])},
-                           sxids={("00000000:C7:00.0", 12028, False): 3}, recovery={GPU_55: "drain_and_reset"},
+                           sxids={("00000000:C7:00.0", 12028, False): XidTally(3, T0 + 2, [T0 + 40])},
+                           recovery={GPU_55: "drain_and_reset"},
                            gpus={GPU_55: 1}, ignored={"userspace": 2})
     text = metrics_text([], T0 + 60, kernel=KernelLogReport(source="/dev/kmsg", state=state))
     assert text == f"""\
@@ -247,6 +248,10 @@ opsctl_node_kernel_xid_count{{gpu="",pci_bus_id="{GPU_91}",xid="79",window_size_
 across its runs.
 # TYPE opsctl_node_kernel_sxid_total counter
 opsctl_node_kernel_sxid_total{{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false"}} 3
+# HELP opsctl_node_kernel_sxid_count NVSwitch SXids node check first saw in the kernel log within the window \
+(label window_size_in_ms), as opsctl_node_kernel_xid_count counts XIDs.
+# TYPE opsctl_node_kernel_sxid_count gauge
+opsctl_node_kernel_sxid_count{{nvswitch_pci="00000000:C7:00.0",sxid="12028",fatal="false",window_size_in_ms="900000"}} 1
 # HELP opsctl_node_gpu_recovery_action The recovery action of a GPU's latest XID 154 this boot (1 on that \
 action's series only).
 # TYPE opsctl_node_gpu_recovery_action gauge
@@ -255,6 +260,17 @@ opsctl_node_gpu_recovery_action{{gpu="1",pci_bus_id="{GPU_55}",action="drain_and
 # TYPE opsctl_node_check_timestamp_seconds gauge
 opsctl_node_check_timestamp_seconds {T0 + 60:.3f}
 """
+
+
+def test_an_sxid_counts_in_the_window_from_the_run_that_first_saw_it_and_an_older_state_file_still_loads():
+    state, _ = advance(KernelLogState(), BOOT, RECORDS, T0)
+    key = ("00000000:06:00.0", 20034, True)
+    later, _ = advance(state, BOOT, RECORDS, T0 + XID_WINDOW_S + 1)
+    assert (later.sxids[key].count, later.sxids[key].recent) == (1, [])
+    saved = state.to_json()
+    for sxid in saved["sxids"]:  # what a release that only counted SXids wrote
+        del sxid["last_seen"], sxid["recent"]
+    assert KernelLogState.from_json(saved).sxids == {key: XidTally(1)}
 
 
 def test_without_xids_only_the_read_status_and_the_ignored_records_are_written():

@@ -34,8 +34,9 @@ def gpu_faults(hw, gpu):
 
 def test_the_volatile_faults_are_what_a_reset_and_a_reboot_end():
     assert {name for name, spec in FAULTS.items() if not spec.survives_reset} == VOLATILE
+    # the SXid faults are the node's kernel log, which a reboot starts again and a GPU reset keeps
     assert {name for name, spec in FAULTS.items() if not spec.survives_reboot} == VOLATILE | {
-        "gpu-leftover-memory", "gpu-hang"}
+        "gpu-leftover-memory", "gpu-hang", "sxid-fatal", "sxid-nonfatal"}
 
 
 def test_a_reset_ends_the_gpus_volatile_faults_and_keeps_the_sticky_ones():

@@ -48,11 +48,14 @@ FAULTS = [
     ("pcie-downtrain", "gpu061", ["--gpu", "5"], [("opsctl-gpu", "pcie-downtrained")]),
     ("vbios-drift", "gpu062", ["--gpu", "2"], [("opsctl-gpu", "firmware-drift")]),
     ("driver-drift", "gpu053", [], [("opsctl-gpu", "version-drift")]),
+    ("sxid-fatal", "gpu054", [], [("opsctl-gpu", "nvswitch-fatal")]),
+    ("sxid-nonfatal", "gpu055", [], [("opsctl-gpu", "nvswitch-errors")]),
     ("nvlink-down:2", "gpu063", ["--gpu", "4"], [("opsctl-gpu", "nvlink-down")]),
     ("nvlink-degraded:9", "gpu064", ["--gpu", "0"], [("opsctl-gpu", "nvlink-degraded")]),
 ]
-# Read by `opsctl node check` (nvidia-smi nvlink -s): the fixture runs it on these nodes, as their timer would.
-NODE_CHECKED = ("gpu063", "gpu064")
+# Read by `opsctl node check` (nvidia-smi nvlink -s, the kernel log): the fixture runs it on these nodes, as their
+# timer would.
+NODE_CHECKED = ("gpu063", "gpu064", "gpu054", "gpu055")  # and the kernel log's SXids
 # Panels that plot a health signal: each must be shown by one of the faults above, except traffic, the
 # last-XID table (the XID panel shows the fault), counters that no lab fault raises, the fabric test's
 # results (`opsctl ib fabric-test` runs against the lab machines, not this simulated cluster), and the
