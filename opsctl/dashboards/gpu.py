@@ -64,8 +64,8 @@ def build(site: Site) -> db.Dashboard:
         dash = dash.with_panel(rule_graph(site, rule_id, title, gpus, width=6))
     dash = dash.with_panel(rule_graph(site, "firmware-drift", "GPU firmware against the fleet's or the pinned "
                                       "version (1 differs)", nodes, width=12, by_device=False))
-    dash = dash.with_panel(rule_graph(site, "version-drift", "HCA firmware and driver against the fleet's "
-                                      "(1 differs)", nodes, width=12, by_device=False))
+    dash = dash.with_panel(rule_graph(site, "version-drift", "HCA firmware, driver and OFED against the "
+                                      "fleet's (1 differs)", nodes, width=12, by_device=False))
     dash = dash.with_row(db.Row("NVLink and PCIe"))
     dash = dash.with_panel(rule_graph(site, "nvlink-down", "NVLinks inactive (1)", nodes, by_device=False))
     dash = dash.with_panel(rule_graph(site, "nvlink-degraded", "NVLink speed, share of its full speed",

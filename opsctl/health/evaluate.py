@@ -263,7 +263,8 @@ def check_for(rule: Rule, sample: Sample) -> Check:
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
     if rule.xid is None and not rule.xid_series and sample.labels.get("window_size_in_ms", "").isdigit():
-        window_s = int(sample.labels["window_size_in_ms"]) / 1000.0  # a windowed count (SXids): events count as long
+        # a windowed count of events (the SXids'): an event acted on counts as handled for the count's window
+        window_s = int(sample.labels["window_size_in_ms"]) / 1000.0
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \
         f"{device} value={sample.value}".strip()
     xid = rule.xid

@@ -1,5 +1,5 @@
 """The PromQL of firmware-drift (each GPU's firmware) and version-drift (each HCA's firmware, each node's
-driver): each version against what the rest of the fleet runs.
+driver and OFED): each version against what the rest of the fleet runs.
 
 Where the versions are read, all from series the exporters already export:
 - dcgm-exporter shows a GPU's versions as labels of every metric it exports for that GPU, when its counters
@@ -49,9 +49,9 @@ COMPONENTS = {
     "vbios": Component("DCGM_FI_DEV_VBIOS_VERSION", "modelName", _GPU_SERIES, ("gpu", "gpu$1")),
     "inforom": Component("DCGM_FI_DEV_INFOROM_IMAGE_VER", "modelName", _GPU_SERIES, ("gpu", "gpu$1")),
 }
-# version-drift's: what a rollout changes a batch at a time (HCA firmware with mlxfwmanager, the driver with
-# `opsctl rollout`), so that a minority is the normal state of a rollout: never pinned here, never drained
-# (ib.firmware pins the HCAs' for the node check, the rollout the driver's).
+# version-drift's: what a rollout changes a batch at a time (HCA firmware with mlxfwmanager, the driver and
+# DOCA-OFED with `opsctl rollout`), so that a minority is the normal state of a rollout: never pinned here, never
+# drained (ib.firmware pins the HCAs' for the node check, the rollout the driver's).
 FLEET_COMPONENTS = {
     "hca": Component("firmware_version", "hca_type", 'node_infiniband_info{{job="{node}", {label}!=""}}',
                      ("device", "$1")),
