@@ -11,7 +11,8 @@ FAULTS, FAULT_KINDS here: XIDs from DCGM and from the kernel log, a DBE, an SBE 
 a missing GPU, heat, NVLink and PCIe errors, a port down, the subnet manager gone, a degraded port,
 InfiniBand error counters, an exporter down, failed node checks, validations and mounts, a NaN, a clock
 slowdown, a downtrained PCIe link, a stuck fabric, MIG on, ECC off, another VBIOS, an inactive NVLink, NVLink
-CRC errors, PCIe AER errors), so the
+CRC errors, PCIe AER errors, an exclusive compute mode, another driver, an HCA on other firmware, fatal and
+non-fatal NVSwitch SXids), so the
 verdict path does real work, and the resume candidates make opsctl ask for positive evidence. Both paths
 must decide the same for every node, or the bench stops.
 
@@ -86,7 +87,7 @@ GPU_METRICS = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM
                "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_PCIE_LINK_GEN",
                "DCGM_FI_DEV_PCIE_MAX_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH", "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
                "DCGM_FI_DEV_FABRIC_MANAGER_STATUS", "DCGM_FI_DEV_ECC_CURRENT", "DCGM_FI_DEV_MIG_MODE",
-               "DCGM_FI_DEV_PERSISTENCE_MODE"]
+               "DCGM_FI_DEV_PERSISTENCE_MODE", "DCGM_FI_DEV_COMPUTE_MODE"]
 # What a healthy H200 reads where it is not 0 (Gen5 x16, fabric Success, ECC and persistence on).
 HEALTHY = {"DCGM_FI_DEV_PCIE_LINK_GEN": 5.0, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": 5.0, "DCGM_FI_DEV_PCIE_LINK_WIDTH": 16.0,
            "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": 16.0, "DCGM_FI_DEV_FABRIC_MANAGER_STATUS": 3.0,
@@ -95,8 +96,14 @@ HEALTHY = {"DCGM_FI_DEV_PCIE_LINK_GEN": 5.0, "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": 5.
 GPU_STATE_FAULTS = {"clock-slowdown": {"DCGM_FI_DEV_GPU_UTIL": 100.0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 136.0},
                     "pcie-downtrain": {"DCGM_FI_DEV_PCIE_LINK_WIDTH": 8.0},
                     "fabric-stuck": {"DCGM_FI_DEV_FABRIC_MANAGER_STATUS": 2.0},
-                    "mig-on": {"DCGM_FI_DEV_MIG_MODE": 1.0}, "ecc-off": {"DCGM_FI_DEV_ECC_CURRENT": 0.0}}
+                    "mig-on": {"DCGM_FI_DEV_MIG_MODE": 1.0}, "ecc-off": {"DCGM_FI_DEV_ECC_CURRENT": 0.0},
+                    "compute-exclusive": {"DCGM_FI_DEV_COMPUTE_MODE": 2.0}}
 VBIOS, OTHER_VBIOS, INFOROM = "96.00.A5.00.03", "96.00.89.00.01", "G520.0280.02.02"
+DRIVER, OTHER_DRIVER, OFED = "570.133.20", "570.172.08", "24.10-1.1.4.0"
+# node_infiniband_info's labels: board_id, hca_type and firmware_version, per HCA (the lab's, ib_sysfs.py)
+HCA_INFO = {"compute": ("MT_0000000838", "MT4129", "28.41.1000"), "storage": ("MT_0000000884", "MT41692", "32.41.1000")}
+OTHER_HCA_FW = "28.39.1002"
+SXIDS = {"sxid-fatal": ("00000000:06:00.0", 20034, "true"), "sxid-nonfatal": ("00000000:05:00.0", 12028, "false")}
 IB_METRICS = ["node_infiniband_state_id", "node_infiniband_rate_bytes_per_second",
               "node_infiniband_link_error_recovery_total", "node_infiniband_link_downed_total",
               "node_infiniband_port_errors_received_total"]
@@ -134,7 +141,7 @@ FAULT_KINDS = ("xid", "xid-kernel", "dbe", "sbe-storm", "row-remap-failure", "ro
                "gpu-missing", "thermal", "nvlink-errors", "pcie-replays", "ib-down", "sm-down", "ib-degraded",
                "ib-counters", "exporter-down", "node-check", "validate", "storage", "nan", "clock-slowdown",
                "pcie-downtrain", "fabric-stuck", "mig-on", "ecc-off", "vbios-drift", "nvlink-down", "nvlink-crc",
-               "pcie-aer")
+               "pcie-aer", "compute-exclusive", "driver-drift", "ib-fw-mismatch", "sxid-fatal", "sxid-nonfatal")
 FIRST_FAULT_NODE = 10  # after the resume candidates; the kinds take one node each from here
 
 
@@ -213,8 +220,9 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
 
         def versions(n: str, g: int) -> str:  # the label fields of the role's counters file
             vbios = OTHER_VBIOS if fault.get(n) == "vbios-drift" and g == 4 else VBIOS
+            driver = OTHER_DRIVER if fault.get(n) == "driver-drift" else DRIVER
             return (f',modelName="NVIDIA H200",DCGM_FI_DEV_INFOROM_IMAGE_VER="{INFOROM}",'
-                    f'DCGM_FI_DEV_VBIOS_VERSION="{vbios}"')
+                    f'DCGM_FI_DEV_VBIOS_VERSION="{vbios}",DCGM_FI_DRIVER_VERSION="{driver}"')
 
         for metric in GPU_METRICS:
             family(metric, [(dcgm.format(n=n) + f',gpu="{g}"' + versions(n, g),
@@ -229,7 +237,22 @@ def write_openmetrics(path: Path, nodes: list[str], end: int) -> int:
         for metric in IB_METRICS:
             family(metric, [(f'job="node",instance="{n}:9100",node="{n}",device="{h}",port="1"',
                              ib_value(metric, fault.get(n, ""), h)) for n in nodes for h in HCAS])
+        def hca_info(n: str, h: str) -> str:
+            board, kind, firmware = HCA_INFO["storage" if h == "mlx5_bond_0" else "compute"]
+            firmware = OTHER_HCA_FW if fault.get(n) == "ib-fw-mismatch" and h == "mlx5_2" else firmware
+            return f'board_id="{board}",hca_type="{kind}",firmware_version="{firmware}"'
+
+        family("node_infiniband_info", [(f'job="node",instance="{n}:9100",node="{n}",device="{h}",' + hca_info(n, h), 1)
+                                        for n in nodes for h in HCAS])
         node = 'job="node",instance="{n}:9100",node="{n}"'
+        family("opsctl_node_ofed_info", [(node.format(n=n) + f',distribution="MLNX_OFED_LINUX",version="{OFED}"', 1)
+                                         for n in nodes])
+        def sxid(kind: str) -> str:
+            pci, code, fatal = SXIDS[kind]
+            return f',nvswitch_pci="{pci}",sxid="{code}",fatal="{fatal}",window_size_in_ms="900000"'
+
+        family("opsctl_node_kernel_sxid_count", [(node.format(n=n) + sxid(kind), 1)
+                                                 for n, kind in fault.items() if kind in SXIDS])
         kernel = [n for n, kind in fault.items() if kind == "xid-kernel"]
         family("opsctl_node_kernel_xid_count", [(node.format(n=n) + ',gpu="3",xid="62",window_size_in_ms="900000"', 1)
                                                 for n in kernel])
