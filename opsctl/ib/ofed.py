@@ -3,9 +3,10 @@ version-drift compares across the fleet.
 
     MLNX_OFED_LINUX-24.10-1.1.4.0:
 
-One line: the distribution, a dash, its version, a colon (MLNX_OFED's documentation, "Installation":
-`ofed_info -s`). DOCA-OFED ships the same ofed_info from ofed-scripts; without -s its first line says the same
-and more (`MLNX_OFED_LINUX-24.10-1.1.4.0 (OFED-24.10-1.1.4):`), so the first word of the first line is read.
+One line: the distribution, a dash, its release, a colon (MLNX_OFED's documentation, "Installation":
+`ofed_info -s`). DOCA-OFED installs an ofed_info too (ofed-scripts), whose distribution word may differ
+(`OFED-internal-...`): any `<name>-<release>:` is read. Without -s the first line says the same and more
+(`MLNX_OFED_LINUX-24.10-1.1.4.0 (OFED-24.10-1.1.4):`), so the first word of the first line is what counts.
 A node without the stack (the kernel's own RDMA drivers) has no ofed_info: no version, and nothing compared.
 """
 
