@@ -161,6 +161,7 @@ def _number(value: float) -> str:
 
 
 def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
+    jobs, by = config.prometheus.jobs, ", ".join(config.node_mapping.by)
     return {
         **_xid_placeholders(config, own_rule_xids),
         "dcgm": config.prometheus.jobs["dcgm"],
@@ -170,10 +171,8 @@ def _placeholders(config: Config, own_rule_xids: set[int]) -> dict[str, str]:
         "gpus_per_node": str(config.hardware.gpus_per_node),
         "ib_rate": _number(config.hardware.ib_rate_bytes_per_second),
         "compute_mode": str(COMPUTE_MODES.index(config.hardware.compute_mode)),
-        "firmware_versions": firmware.versions(config.prometheus.jobs["dcgm"], config.prometheus.jobs.get("node", ""),
-                                               ", ".join(config.node_mapping.by), config.hardware.firmware),
-        "fleet_versions": firmware.versions(config.prometheus.jobs["dcgm"], config.prometheus.jobs.get("node", ""),
-                                            ", ".join(config.node_mapping.by), {}, firmware.FLEET_COMPONENTS),
+        "firmware_versions": firmware.versions(jobs["dcgm"], jobs.get("node", ""), by, config.hardware.firmware),
+        "fleet_versions": firmware.versions(jobs["dcgm"], jobs.get("node", ""), by, {}, firmware.FLEET_COMPONENTS),
     }
 
 

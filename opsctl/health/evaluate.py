@@ -262,20 +262,19 @@ def check_for(rule: Rule, sample: Sample) -> Check:
         kind = rule.device_label if rule.device_label in KINDS else "hca"
         device = f"gpu{raw}" if kind == "gpu" else raw
     memory, window_s = rule.memory, float(duration_seconds(rule.hold))
-    if rule.xid is None and not rule.xid_series and sample.labels.get("window_size_in_ms", "").isdigit():
-        # a windowed count of events (the SXids'): an event acted on counts as handled for the count's window
-        window_s = int(sample.labels["window_size_in_ms"]) / 1000.0
+    # A windowed count of events (XIDs, SXids): an event acted on counts as handled for the count's window.
+    window = sample.labels.get("window_size_in_ms", "")
+    if window.isdigit():
+        window_s = int(window) / 1000.0
     evidence = rule.format_evidence(device, sample.value) if math.isfinite(sample.value) else \
         f"{device} value={sample.value}".strip()
     xid = rule.xid
     if rule.xid is not None or rule.xid_series:
-        window = sample.labels.get("window_size_in_ms", "")
         if rule.xid_series:
             xid = _series_xid(sample, windowed=window.isdigit())
             if xid is not None and window.isdigit():
                 evidence = f"{device} xid={xid} {rule.format_evidence('', sample.value)}".strip()
         if window.isdigit():
-            window_s = int(window) / 1000.0
             if sample.labels.get("xid_source") == "kernel":  # opsctl node check's count, not DCGM's
                 evidence = f"{evidence} (kernel log)"
         else:
