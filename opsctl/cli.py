@@ -184,18 +184,21 @@ def hold_cmd(clients, hostlist, why, release, config_path):
 @main.command("history")
 @click.argument("node_arg", metavar="[NODE]", required=False)
 @click.option("--node", default=None, help="Only this node (the same as NODE).")
+@click.option("--job", default=None, metavar="JOB", help="Only this Slurm job's records: `why` and requeues.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Last N entries.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSONL records.")
 @config_option
 @click.pass_obj
 @one_line_errors
-def history_cmd(clients, node_arg, node, limit, as_json, config_path):
+def history_cmd(clients, node_arg, node, job, limit, as_json, config_path):
     """Show the audit log, or one node's events in time order: every drain, resume, reboot and refusal."""
     from opsctl.commands.history import history
 
     if node_arg and node and node_arg != node:
         raise click.UsageError(f"NODE {node_arg!r} and --node {node!r} differ: give one")
-    return history(clients.use(config_path), node_arg or node, limit, as_json)
+    if job is not None and not job.isdigit():
+        raise click.UsageError(f"--job must be a Slurm job id, not {job!r}")
+    return history(clients.use(config_path), node_arg or node, limit, as_json, job)
 
 
 @main.group("ib")
@@ -493,7 +496,8 @@ def validate_cmd(clients, idle, wanted, reservation, users, spares, scope, dry_r
 @click.argument("job_id", metavar="JOB", required=False)
 @click.option("--spool", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Record every job that the controller's EpilogSlurmctld left in DIR (one empty file per job "
-                   "id), then remove it: the opsctl-why service's way.")
+                   "id), then remove it, and requeue each job that opted in without its culprit "
+                   "(docs/recover.md): the opsctl-why service's way.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer and every event as JSON.")
 @click.option("--record", is_flag=True,
               help="Write the answer to the audit log, one record per node of the job (its history); only for "
@@ -507,8 +511,10 @@ def why_cmd(clients, job_id, spool, as_json, record, wait_s, config_path):
     """Say which node most likely ended a failed job, and why: what opsctl knows about the job's nodes
     over its time (docs/why.md).
 
-    Exit codes: 0 answered (a likely culprit, or no evidence), 2 usage/config error or a job that has not
-    ended, 3 Slurm's accounting or Prometheus unreadable.
+    A job that still runs gets the node that hangs or slows it instead (docs/job-health.md).
+
+    Exit codes: 0 answered (a likely culprit, no evidence, or a running job's verdict), 2 usage/config error or
+    --record of a job that has not ended, 3 Slurm's accounting or Prometheus unreadable.
     """
     from opsctl.commands.why import why
 
@@ -530,6 +536,26 @@ def suspects_cmd(clients, queue, as_json, config_path):
     from opsctl.commands.why import suspects
 
     return suspects(clients.use(config_path), queue, as_json)
+
+
+@main.command("job-health")
+@click.option("--queue", is_flag=True,
+              help="Queue each node named hung or slow for `opsctl validate`, audit the verdicts and write their "
+                   "metrics (the opsctl-job-health timer's way); never drains.")
+@click.option("--json", "as_json", is_flag=True, help="Print every running multi-node job's verdict as JSON.")
+@config_option
+@click.pass_obj
+@one_line_errors
+def job_health_cmd(clients, queue, as_json, config_path):
+    """Name the node that hangs or slows each running job of two nodes or more: its nodes' GPU, NVLink and
+    InfiniBand signals against each other over job_health.window (docs/job-health.md).
+
+    Exit codes: 0 answered (verdicts or none), 2 usage/config error, 3 Slurm (squeue) or Prometheus unreadable,
+    or the audit log or state unwritable.
+    """
+    from opsctl.commands.job_health import job_health
+
+    return job_health(clients.use(config_path), queue, as_json)
 
 
 @main.group("rules")

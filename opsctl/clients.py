@@ -13,18 +13,20 @@ from opsctl.gpu.tools import Run
 from opsctl.prom.client import PromClientImpl, PromQuery, PromRangeQuery
 from opsctl.slurm import Slurm, SlurmCliImpl, make_slurm
 from opsctl.slurm.base import SlurmAccounting, SlurmReservations
+from opsctl.slurm.requeue import SlurmRequeue
 
 
 class Clients:
     def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
                  jobs: SlurmReservations | None = None, accounting: SlurmAccounting | None = None,
-                 tools: Run | None = None):
+                 tools: Run | None = None, requeues: SlurmRequeue | None = None):
         self._config = config
         self._tools = tools
         self._prom = prom
         self._slurm = slurm
         self._jobs = jobs
         self._accounting = accounting
+        self._requeues = requeues
         self._loaded_here = False
         self.config_path: str | None = None
         self.prometheus_url: str | None = None
@@ -70,6 +72,12 @@ class Clients:
         if self._accounting is None:
             self._accounting = self._slurm_commands()
         return self._accounting
+
+    def requeues(self) -> SlurmRequeue:
+        """Users' jobs are read and requeued through squeue and scontrol, whichever backend reads the nodes."""
+        if self._requeues is None:
+            self._requeues = self._slurm_commands()
+        return self._requeues
 
     def _slurm_commands(self) -> SlurmCliImpl:
         slurm = self.slurm()

@@ -130,14 +130,19 @@ class Lab:
         return dict(line.split() for line in out.splitlines())
 
     def wait_until(self, check, timeout: float, what: str, interval: float = 0.5):
-        deadline = time.monotonic() + timeout
-        while True:
-            result = check()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(interval)
+        return wait_until(check, timeout, what, interval)
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.5):
+    """check()'s first true answer, asked every `interval` seconds; AssertionError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
 
 
 def _lab_available() -> str | None:

@@ -52,7 +52,8 @@ def _lab_state(paths: lp.LabPaths) -> dict[str, int] | None:
 
 
 def _expected_daemons(nodes: int, paths: lp.LabPaths) -> list[str]:
-    names = ["munged", "mariadb", "slurmdbd", "slurmctld", "dcgm-emulator", "prometheus", "opsctl-watch"]
+    names = ["munged", "mariadb", "slurmdbd", "slurmctld", "dcgm-emulator", "prometheus", "opsctl-watch",
+             "opsctl-why"]
     for index in range(nodes):
         name = lp.node_name(index)
         names.append(f"slurmd.{name}")
@@ -99,6 +100,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     phase("node_exporters", _start_node_exporters, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
     _write_opsctl_config(paths, scrape_interval)
+    prometheus_lab.start_why_spool(paths)
     # opsctl refuses a Prometheus without targets of its jobs (a config error, exit 2): its --watch
     # starts once every exporter is scraped.
     phase("targets", wait_ready, paths, nodes, READY_TIMEOUT_S, False)
@@ -142,6 +144,9 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
                            "srun_mpi": "none"},
               # The head's ibnetdiscover of each rail: the lab fabric's (opsctl_lab.fabric_lab).
               "ib": {"ibnetdiscover": str(fabric_lab.write_ibnetdiscover(paths))},
+              # A job requeued once without its culprit is left ended when it fails again: the cap shows
+              # within one requeue (the default, 2, would take a third failure).
+              "recover": {"max_requeues": 1},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)

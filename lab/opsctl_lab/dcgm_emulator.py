@@ -22,7 +22,9 @@ loopback address; a lab machine runs one instance as its dcgm-exporter service):
                                                                   #   storage_root, mount_base}]
 
 It also keeps each node's sysfs InfiniBand tree current (rising counters), and stops answering for
-a node while that node has the `exporter-down` fault.
+a node while that node has the `exporter-down` fault. A node whose training rank (opsctl_lab.hwtools.train)
+publishes its load next to the state file shows that load: busy GPUs, their power and activity, and the
+all-reduce traffic of its steps in the NVLink and InfiniBand counters (opsctl_lab.training_load).
 """
 
 import argparse
@@ -39,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from opsctl_lab import hardware as hwm
+from opsctl_lab import training_load as tl
 from opsctl_lab.hardware import NodeHardware, stable_int
 from opsctl_lab.ib_sysfs import GPU_COUNTERS, write_tree
 from opsctl_lab.storage_view import write_storage
+from opsctl_lab.training_load import RankLoad, read_load
 
 # A fixed origin for time-driven counters, so that a restarted emulator does not reset them.
 COUNTER_EPOCH = 1_750_000_000.0
@@ -60,15 +64,18 @@ class Field:
 
 @dataclass
 class GpuView:
-    """What DCGM would read from one GPU at `now`."""
+    """What DCGM would read from one GPU at `now`; `load`: the node's training rank's, if one published it."""
 
     hw: NodeHardware
     gpu: int
     now: float
+    load: RankLoad | None = None
     fb_used: int = field(init=False)
+    train: tl.GpuLoad = field(init=False)
 
     def __post_init__(self) -> None:
         self.fb_used = 81920 + self.jitter("fbleft", 2048) if self.has("gpu-leftover-memory") else self.jitter("fb", 2)
+        self.train = tl.gpu_load(self.load, self.gpu, self.now, slow=self.has("slow-gpu"))
 
     def has(self, fault: str) -> bool:
         return self.hw.has(fault, gpu=self.gpu)
@@ -80,23 +87,27 @@ class GpuView:
         return self.hw.counter(self.gpu, name, base, self.now)
 
     def power(self) -> float:
+        if self.train.busy:
+            return tl.power(self.hw.node, self.gpu, self.train)
         return 72.0 + self.jitter("power", 40) + (0.0 if not self.has("thermal") else 210.0)
 
     def temp(self) -> int:
         return 94 + self.jitter("hot", 4) if self.has("thermal") else 29 + self.jitter("temp", 10)
 
     def clock_events(self) -> int:
-        """DCGM's clock event reasons (hwm.CLOCK_EVENT_*): GPU_IDLE on an idle GPU; a slowdown's bits."""
+        """DCGM's clock event reasons (hwm.CLOCK_EVENT_*): GPU_IDLE on an idle GPU; a slowdown's bits; a
+        slow GPU's power cap."""
         if self.has("thermal"):
             return hwm.CLOCK_EVENT_HW_SLOWDOWN | hwm.CLOCK_EVENT_SW_THERMAL | hwm.CLOCK_EVENT_HW_THERMAL
-        mask = 0
+        mask = hwm.CLOCK_EVENT_SW_POWER_CAP if self.has("slow-gpu") else 0
         for fault in self.hw.faults_on("clock-slowdown", gpu=self.gpu):
             mask |= hwm.CLOCK_SLOWDOWNS.get(fault.variant or "", 0)
-        return mask or hwm.CLOCK_EVENT_GPU_IDLE
+        return mask if self.busy() else mask | hwm.CLOCK_EVENT_GPU_IDLE
 
     def busy(self) -> bool:
-        """Whether a kernel runs on the GPU: only while a clock slowdown shows (it shows under load)."""
-        return self.has("clock-slowdown")
+        """Whether a kernel runs on the GPU: a training rank's (computing, or spinning in NCCL while it waits),
+        or a clock slowdown's (it shows under load)."""
+        return self.train.busy or self.has("clock-slowdown")
 
     def nvlink_speeds(self) -> dict[int, float]:
         """link -> GB/s as `nvidia-smi nvlink -s` prints it, 0 for an inactive link."""
@@ -116,8 +127,9 @@ class GpuView:
         return hwm.PCIE_GPU_DOWNTRAINED_WIDTH if self.has("pcie-downtrain") else hwm.PCIE_GPU_WIDTH
 
     def sm_clock(self) -> int:
-        slowed = self.has("thermal") or self.busy()
-        return hwm.SLOWED_SM_CLOCK_MHZ if slowed else hwm.SM_CLOCK_MHZ
+        if self.has("thermal") or self.has("clock-slowdown"):
+            return hwm.SLOWED_SM_CLOCK_MHZ
+        return hwm.SLOW_GPU_SM_CLOCK_MHZ if self.has("slow-gpu") else hwm.SM_CLOCK_MHZ
 
     def fabric_status(self) -> int:
         """DCGM's Fabric Manager status of the GPU (hwm.FABRIC_*)."""
@@ -188,15 +200,16 @@ FIELDS = [
     Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
           lambda g: int(g.counter("nvlink_recovery"))),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
-          "Total number of NVLink bandwidth counters for all lanes.", lambda g: 0),
+          "Total number of NVLink bandwidth counters for all lanes.",
+          lambda g: tl.nvlink_bytes(g.hw.node, g.gpu, g.load)),
     Field("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status", lambda g: 0),
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-          lambda g: 0.0, "float"),
+          lambda g: tl.gr_engine_active(g.hw.node, g.gpu, g.train), "float"),
     Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-          lambda g: 0.0, "float"),
+          lambda g: tl.tensor_active(g.hw.node, g.gpu, g.train), "float"),
     Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge",
           "Ratio of cycles the device memory interface is active sending or receiving data.",
-          lambda g: 0.0, "float"),
+          lambda g: tl.dram_active(g.hw.node, g.gpu, g.train), "float"),
     Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including "
           "both protocol headers and data payloads - in bytes per second.", lambda g: 1024 + g.jitter("tx", 4096)),
     Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including "
@@ -232,10 +245,11 @@ def base_labels(node: str, gpu: int, minor: int | None = None, driver: str = hwm
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
-def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True) -> str:
-    """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT."""
+def render(hw: NodeHardware, now: float | None = None, xid_count: bool = True, load: RankLoad | None = None) -> str:
+    """The /metrics body of one node; xid_count=False is an exporter without DCGM_EXP_XID_ERRORS_COUNT;
+    `load`: the node's training rank's."""
     now = time.time() if now is None else now
-    views = [GpuView(hw, gpu, now) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
+    views = [GpuView(hw, gpu, now, load) for gpu in range(hwm.GPUS_PER_NODE) if hw.gpu_present(gpu)]
     labels = {view.gpu: base_labels(hw.node, view.gpu, hw.minor(view.gpu), hw.loaded_driver(), view.vbios())
               for view in views}
     out = []
@@ -275,6 +289,8 @@ class EmulatedNode:
     hw: NodeHardware | None = None
     version: tuple[int, ...] = ()  # (inode, mtime_ns) of the state file last read; os.replace makes a new inode
     sysfs_version: tuple[int, ...] | None = None  # the version the sysfs tree was last written for
+    load: RankLoad | None = None  # the node's training rank's, as last read
+    sysfs_steps: int = 0  # the training steps the sysfs tree's traffic counters were last written for
     server: ThreadingHTTPServer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -291,6 +307,8 @@ class EmulatedNode:
             if version != self.version or self.hw is None:
                 self.hw = NodeHardware.load(self.state, self.node)
                 self.version = version
+            # A rank rewrites its small file a few times a second: read at every look, it is never behind.
+            self.load = read_load(self.state)
             return self.hw
 
 
@@ -326,7 +344,8 @@ def _handler_for(node: EmulatedNode) -> type[BaseHTTPRequestHandler]:
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
-            send_body(self, 200, render(node.refresh()).encode(), METRICS_CONTENT_TYPE)
+            hw = node.refresh()
+            send_body(self, 200, render(hw, load=node.load).encode(), METRICS_CONTENT_TYPE)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server API)
             pass
@@ -361,11 +380,12 @@ def tick(node: EmulatedNode, now: float) -> None:
     # A counter that sysfs shows rises: an HCA's, or a GPU's AER count (ib_sysfs.GPU_COUNTERS).
     rising = any((f.hca is not None and hwm.FAULTS[f.fault].rates) or GPU_COUNTERS & hwm.FAULTS[f.fault].rates.keys()
                  for f in hw.active)
-    if node.sysfs_root is not None and (node.sysfs_version != node.version or rising):
-        write_tree(node.sysfs_root, hw, now)
+    steps = tl.total_steps(node.load)
+    if node.sysfs_root is not None and (node.sysfs_version != node.version or rising or steps != node.sysfs_steps):
+        write_tree(node.sysfs_root, hw, now, node.load)
         if node.storage_root is not None and node.mount_base is not None:
             write_storage(node.storage_root, node.mount_base, hw)
-        node.sysfs_version = node.version
+        node.sysfs_version, node.sysfs_steps = node.version, steps
 
 
 def run(nodes: list[EmulatedNode], tick_s: float = 0.5) -> None:

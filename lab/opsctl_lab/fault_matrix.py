@@ -26,6 +26,8 @@ DETECTORS = {
     "driver-verify": "the nvidia role's verification in `make provision`: the run fails naming the GPUs",
     "topology": "`opsctl ib topology`: the cabling drift against the fabric's design",
     "layout": "nothing to see: a naming of the HCAs, under which every check must still work",
+    "job-health": "the job-health evaluation: a training job's ranks that wait for a slow or hung peer; no node "
+                  "health rule fails",
 }
 # How often `opsctl node check` runs on a node: the node_check role's node_check_interval (1min;
 # tests/unit/test_fault_matrix.py holds the two alike). A rule that reads what it writes sees a fault at

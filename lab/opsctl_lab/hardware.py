@@ -58,6 +58,7 @@ STORAGE_RATE = "200 Gb/sec (4X HDR)"
 
 # DCGM clock event reason bits (dcgm_fields.h DCGM_CLOCKS_EVENT_REASON_*).
 CLOCK_EVENT_GPU_IDLE = 0x1
+CLOCK_EVENT_SW_POWER_CAP = 0x4
 CLOCK_EVENT_HW_SLOWDOWN = 0x8
 CLOCK_EVENT_SW_THERMAL = 0x20
 CLOCK_EVENT_HW_THERMAL = 0x40
@@ -74,6 +75,10 @@ PCIE_GPU_WIDTH = 16
 PCIE_GPU_DOWNTRAINED_WIDTH = 8
 SM_CLOCK_MHZ = 1980
 SLOWED_SM_CLOCK_MHZ = 1155
+# What `slow-gpu` holds the GPU's SM clock at: a power cap (SW_POWER_CAP), a reason the health catalog leaves
+# alone (a site may set one), so only the job it slows shows it: its step takes SLOW_GPU_STEP_FACTOR as long.
+SLOW_GPU_SM_CLOCK_MHZ = 1200
+SLOW_GPU_STEP_FACTOR = 1.6
 # NVLink 4 on an HGX H200: 18 links a GPU, each at 26.562 GB/s as `nvidia-smi nvlink -s` prints it; a link that
 # trained at half its speed (`nvlink-degraded`) prints 13.281 GB/s.
 NVLINKS_PER_GPU = 18
@@ -271,6 +276,14 @@ FAULTS = {
                   "other scalable unit (a free down port, else the leaf's last up-link port)", seen_by=("topology",)),
         FaultSpec("recable-rail", "rail", "recable-rail:<rail>: the rail's HCA is cabled to the next rail's leaf "
                   "(rail r to rail (r+1) % 8) of its own scalable unit", seen_by=("topology",)),
+        # For the job-health evaluation, not the node health catalog: the rank of a training job on the node
+        # (opsctl_lab.hwtools.train) steps slower, or not at all, and its peers wait for it (opsctl_lab.sync_job).
+        FaultSpec("slow-gpu", "gpu", f"the GPU's SM clock is held at {SLOW_GPU_SM_CLOCK_MHZ} MHz under a power cap "
+                  f"(clock event SW_POWER_CAP 0x4): a training rank on the node computes each step "
+                  f"{SLOW_GPU_STEP_FACTOR}x as long and its peers wait for it", seen_by=("job-health",)),
+        FaultSpec("hang", "node", "the training rank on the node stops stepping but stays alive, its GPUs idle; "
+                  "the job's other ranks wait for it at the all-reduce, for ever", simulated_only=True,
+                  seen_by=("job-health",)),
         FaultSpec("uplink-down", "fabric", "uplink-down:<leaf>: the leaf's last up-link (port 64, to spine 2) is "
                   "down; inject it on `fabric` (`opsctl lab inject fabric uplink-down:rail3-su1-leaf`)",
                   seen_by=("topology",)),

@@ -12,7 +12,8 @@ sys-class-infiniband-h100 fixture, see tests/fixtures/SOURCES.md), e.g.
     mlx5_0/ports/1/link_layer: InfiniBand
 
 Counters in sysfs are cumulative since boot; the emulated ones are a stable per-port base plus
-whatever faults added (NodeHardware.counter), so they only go up.
+whatever faults added (NodeHardware.counter) and, on the compute rails, the all-reduce traffic of the training
+steps the node completed (opsctl_lab.training_load), so they only go up.
 """
 
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from opsctl_lab.hardware import STORAGE_HCA, NodeHardware, stable_int
 from opsctl_lab.hca_layout import PciDevice
+from opsctl_lab.training_load import RankLoad, ib_traffic
 
 # Counter files of a real mlx5 port (ports/1/counters/) and a plausible base magnitude each.
 PORT_COUNTERS = {
@@ -68,8 +70,9 @@ def port_lid(hw: NodeHardware, hca: str, port: dict[str, str]) -> int:
     return stable_int(hw.node, hca, "lid", modulo=0xBFFF) + 1 if configured else 0
 
 
-def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
-    """Relative path -> content for one device, exactly one line each as in sysfs."""
+def device_files(hw: NodeHardware, hca: str, now: float, load: RankLoad | None = None) -> dict[str, str]:
+    """Relative path -> content for one device, exactly one line each as in sysfs; `load`: the node's
+    training rank's, whose steps moved data over the compute rails."""
     port = hw.hca_port(hca)
     compute = hca in hw.hca_layout().rails
     bluefield = hca == STORAGE_HCA  # the HGX storage port; a DGX's are ConnectX-7 ports
@@ -90,8 +93,9 @@ def device_files(hw: NodeHardware, hca: str, now: float) -> dict[str, str]:
         "ports/1/sm_lid": "0x1" if configured else "0x0",
         "ports/1/cap_mask": "0xa651e848" if compute else "0x00010000",
     }
+    traffic = ib_traffic(hw.node, hca, load) if compute else {}
     for counter, magnitude in PORT_COUNTERS.items():
-        value = hw.counter(hca, counter, _base(hw.node, hca, counter, magnitude), now)
+        value = hw.counter(hca, counter, _base(hw.node, hca, counter, magnitude) + traffic.get(counter, 0), now)
         files[f"ports/1/counters/{counter}"] = str(int(value))
     for counter in HW_COUNTERS:
         files[f"ports/1/hw_counters/{counter}"] = str(int(hw.counter(hca, counter, 0, now)))
@@ -122,10 +126,11 @@ def aer_files(correctable: int) -> dict[str, str]:
     return files
 
 
-def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
+def write_tree(root: Path, hw: NodeHardware, now: float | None = None, load: RankLoad | None = None) -> None:
     """Write (or refresh) <root>/class/infiniband for hw, the PCI devices behind it and the GPUs beside
     them (opsctl_lab.hca_layout), and the module list. Only files whose content changed are rewritten;
-    HCAs of another naming (before or after `dgx-naming`) are removed."""
+    HCAs of another naming (before or after `dgx-naming`) are removed. `load`: the node's training rank's
+    (the dcgm-exporter emulator, which keeps the tree current, passes it)."""
     now = time.time() if now is None else now
     root = Path(root)
     base = root / "class" / "infiniband"
@@ -133,7 +138,7 @@ def write_tree(root: Path, hw: NodeHardware, now: float | None = None) -> None:
     for index, gpu in enumerate(layout.gpus):
         _write_pci_device(root, gpu, aer_files(int(hw.counter(index, "pcie_aer_correctable", 0.0, now))))
     for hca, device in layout.hcas.items():
-        for rel, content in device_files(hw, hca, now).items():
+        for rel, content in device_files(hw, hca, now, load).items():
             _write_if_changed(base / hca / rel, content)
         # As in sysfs: class/infiniband/<hca>/device leads to the HCA's PCI device, whose path under
         # devices/ names the bridges above it (how `opsctl ib check` tells a rail from a storage port).

@@ -125,6 +125,11 @@ class LabPaths:
         return self.root / "state"
 
     @property
+    def why_spool(self) -> Path:
+        """EpilogSlurmctld's spool: an empty file per job that did not end cleanly (docs/why.md)."""
+        return self.root / "why-spool"
+
+    @property
     def fabric(self) -> Path:
         """The InfiniBand fabric's state: its nodes and its own faults (opsctl_lab.fabric_lab)."""
         return self.root / "fabric.json"

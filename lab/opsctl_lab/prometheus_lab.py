@@ -151,6 +151,15 @@ def start_opsctl_watch(paths: lp.LabPaths, interval: int) -> None:
                     paths.run, paths.logs, env=env)
 
 
+def start_why_spool(paths: lp.LabPaths) -> None:
+    """The head's opsctl-why.path and .service, as the opsctl role installs them: `opsctl why --spool` for the
+    jobs that EpilogSlurmctld leaves (opsctl_lab.why_spool)."""
+    env = {**python_env(), "OPSCTL_CONFIG": str(paths.opsctl_config), "SLURM_CONF": str(paths.slurm_conf),
+           "OPSCTL_STATE_DIR": str(paths.opsctl_state)}
+    processes.start("opsctl-why", [sys.executable, "-m", "opsctl_lab.why_spool", "--spool", str(paths.why_spool)],
+                    paths.run, paths.logs, env=env)
+
+
 def start_prometheus(paths: lp.LabPaths) -> None:
     processes.start("prometheus", [
         "prometheus", f"--config.file={paths.prometheus / 'prometheus.yml'}",

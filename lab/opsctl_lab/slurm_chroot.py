@@ -271,7 +271,7 @@ class ChrootCluster:
         # which this v1/v2 hybrid host does not offer it (cgroup.conf(5), CgroupPlugin=disabled).
         (self.state / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         (self.state / "cluster.json").write_text(json.dumps({"nodes": self.nodes, "suite": self.chroot.suite}))
-        for tool in ("sinfo", "scontrol", "squeue", "srun"):
+        for tool in ("sinfo", "scontrol", "squeue", "srun", "sbatch"):
             wrapper = self.bin / tool
             wrapper.write_text("#!/bin/sh\n# This chroot's Slurm client with its cluster's slurm.conf.\n"
                                f"exec {' '.join(_quote(a) for a in self._env_argv([f'/usr/bin/{tool}']))} \"$@\"\n")

@@ -16,6 +16,8 @@ from opsctl_lab import processes, slurm_reboot
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import GPUS_PER_NODE
 
+EPILOG_TEMPLATE = (Path(__file__).resolve().parents[2] / "playbooks" / "roles" / "slurm_controller" / "templates"
+                   / "opsctl-epilog-slurmctld.sh.j2")
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("opsctl_lab", "templates"), undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True)
@@ -49,6 +51,7 @@ def render_configs(paths: lp.LabPaths, nodes: int) -> None:
         "ports_expr": ",".join(hostlist_expression(range(lp.slurmd_first_port(), lp.slurmd_first_port() + nodes))),
         "dev_dir": paths.dev,
         "reboot_program": reboot_program(paths),
+        "epilog_slurmctld": epilog_slurmctld(paths),
     }
     for sub in ("state", "spool"):
         (paths.slurm / sub).mkdir(parents=True, exist_ok=True)
@@ -58,6 +61,24 @@ def render_configs(paths: lp.LabPaths, nodes: int) -> None:
                                log_dir=paths.logs, slurm_conf=paths.slurm_conf,
                                hardware=slurm_reboot.hardware_command(paths))
     make_gpu_devices(paths.dev)
+    write_epilog_slurmctld(paths)
+
+
+def epilog_slurmctld(paths: lp.LabPaths) -> Path:
+    return paths.slurm / "epilog-slurmctld"
+
+
+def write_epilog_slurmctld(paths: lp.LabPaths) -> None:
+    """The slurm_controller role's own EpilogSlurmctld, rendered for the lab's spool (slurmctld runs it as
+    SlurmUser, root here)."""
+    paths.why_spool.mkdir(mode=0o700, exist_ok=True)
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    template.filters["comment"] = lambda text: "".join(f"# {line}\n" for line in str(text).splitlines())
+    script = template.from_string(EPILOG_TEMPLATE.read_text()).render(
+        ansible_managed="Rendered by `opsctl lab up` from the slurm_controller role's template.",
+        slurm_controller_why_spool=paths.why_spool)
+    epilog_slurmctld(paths).write_text(script)
+    epilog_slurmctld(paths).chmod(0o755)
 
 
 def reboot_program(paths: lp.LabPaths) -> Path:

@@ -101,6 +101,11 @@ def stamp(now: float) -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
 
 
-def read_history(config: Config, node: str | None, limit: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """`opsctl history`: the audit log's last `limit` records (of one node), and warnings about torn lines."""
-    return Ledger(config).audit_records(node=node, limit=limit)
+def read_history(config: Config, node: str | None, limit: int, job: str | None = None
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """`opsctl history`: the audit log's last `limit` records (of one node, of one job), and warnings about torn
+    lines. A job's records are those whose reason is `job N`: `why --record`'s and the requeues'."""
+    if job is None:
+        return Ledger(config).audit_records(node=node, limit=limit)
+    records, warnings = Ledger(config).audit_records(node=node)
+    return [r for r in records if r.get("reason") == f"job {job}"][-limit:], warnings

@@ -9,6 +9,7 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 from opsctl.errors import ConfigError, SafetyStop, StateUnwritable
@@ -41,10 +42,13 @@ def secure_dir(path: Path, create: bool) -> bool:
 
 
 class RunLock:
-    """A non-blocking flock on <state dir>/lock: a second acting run gets SafetyStop, never waits."""
+    """A non-blocking flock on <state dir>/lock: a second acting run gets SafetyStop, never waits. `name`
+    another lock of the directory, and `wait` seconds to wait for it (a requeue waits for another requeue:
+    each holds its lock for one job)."""
 
-    def __init__(self, state_dir: Path):
-        self.path = Path(state_dir) / "lock"
+    def __init__(self, state_dir: Path, name: str = "lock", wait: float = 0.0):
+        self.path = Path(state_dir) / name
+        self.wait = wait
         self.fd: int | None = None
 
     def __enter__(self) -> "RunLock":
@@ -54,13 +58,19 @@ class RunLock:
         except OSError as err:  # a symlink planted in its place is the config's problem; a full disk is not
             error = ConfigError if err.errno == errno.ELOOP else StateUnwritable
             raise error(f"lock {self.path}: {err.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise SafetyStop(f"another acting opsctl holds {self.path}; not acting") from None
-            raise
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                os.close(fd)
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise SafetyStop(f"another acting opsctl holds {self.path}; not acting") from None
+                raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

@@ -239,6 +239,34 @@ class FabricHistory:
         self.file.save({"format": self.FORMAT, "runs": runs})
 
 
+class Requeues:
+    """opsctl's requeues of jobs (opsctl/recover/): job id -> [{"at", "culprit"}], oldest first. The count per
+    job is its cap, the last hour's entries the budget and the breaker. A job's entries are kept a week after
+    its last requeue (a job requeued again after that starts its count anew)."""
+
+    KEEP = 7 * DAY
+
+    def __init__(self, directory: Path):
+        self.file = JsonFile(directory, "requeues.json")
+
+    def load(self) -> dict[str, list[dict[str, Any]]]:
+        data = self.file.load({})
+        if not isinstance(data, dict) or not all(
+                isinstance(v, list) and all(isinstance(e, dict) and isinstance(e.get("at"), int | float) for e in v)
+                for v in data.values()):
+            raise self.file.unreadable("not job id -> requeues")
+        return data
+
+    def recent(self, now: float) -> list[dict[str, Any]]:
+        """Every requeue of the last hour, of any job."""
+        return [e for entries in self.load().values() for e in entries if now - e["at"] < HOUR]
+
+    def record(self, job: str, culprit: str, now: float) -> None:
+        data = {j: v for j, v in self.load().items() if v and now - v[-1]["at"] < self.KEEP}
+        data[job] = data.get(job, []) + [{"at": now, "culprit": culprit}]
+        self.file.save(data)
+
+
 class State:
     """The stores of one state directory."""
 
@@ -255,3 +283,4 @@ class State:
         self.last_runs = LastRuns(self.path)
         self.fabric = AcceptedFabric(self.path)  # the accepted InfiniBand fabric
         self.fabric_history = FabricHistory(self.path)  # the fabric test's runs
+        self.requeues = Requeues(self.path)  # opsctl's requeues of failed jobs

@@ -10,8 +10,8 @@ from opsctl.commands.render import render_history
 from opsctl.errors import ExitCode
 
 
-def history(clients: Clients, node: str | None, limit: int, as_json: bool) -> ExitCode:
-    records, warnings = read_history(clients.config(), node, limit)
+def history(clients: Clients, node: str | None, limit: int, as_json: bool, job: str | None = None) -> ExitCode:
+    records, warnings = read_history(clients.config(), node, limit, job)
     for warning in warnings:
         click.echo(f"opsctl: warning: {warning}", err=True)
     if as_json:

@@ -2,8 +2,9 @@
 that keep turning up in failed jobs that nothing explains (docs/why.md). The work is opsctl.why.run's;
 this parses, checks the usage and renders.
 
-Exit codes: 0 answered (a likely culprit, or "no evidence"; --queue: suspects queued or none), 2 usage or
-config error (a job that accounting does not know, or that has not ended), 3 Slurm's accounting or
+Exit codes: 0 answered (a likely culprit, or "no evidence"; a running job: its verdict, docs/job-health.md;
+--queue: suspects queued or none), 2 usage or config error (a job that accounting does not know, or that has
+not ended with --record), 3 Slurm's accounting or
 Prometheus unreadable, or the audit log or state unwritable. With --spool, the worst of its jobs' codes.
 """
 
@@ -15,8 +16,10 @@ import click
 
 from opsctl.clients import Clients
 from opsctl.errors import ExitCode
+from opsctl.jobhealth import verdict as running
+from opsctl.recover.spool import why_spooled
 from opsctl.why import suspicion
-from opsctl.why.run import JobAnswer, find_suspects, why_job, why_spooled
+from opsctl.why.run import JobAnswer, find_suspects, why_job
 from opsctl.why.verdict import render, to_json
 
 
@@ -31,7 +34,13 @@ def why(clients: Clients, job_id: str | None, spool: Path | None, as_json: bool,
         raise click.UsageError(f"JOB must be a Slurm job id, not {job_id!r}")
 
     def show(result: JobAnswer) -> None:
-        if result.answer is None:
+        if result.running is not None:
+            if as_json:
+                click.echo(json.dumps(running.to_json(result.running), sort_keys=True))
+            else:
+                for line in running.render(result.running):
+                    click.echo(line)
+        elif result.answer is None:
             click.echo(f"job {result.job.id} {result.job.state}: nothing to explain")
         elif as_json:
             click.echo(json.dumps(to_json(result.answer), sort_keys=True))

@@ -33,6 +33,9 @@ IB_PROFILES = ("h200-ndr",)  # opsctl.ib.check.PROFILES; named here so that conf
 FIRMWARE_COMPONENTS = ("vbios", "inforom")  # opsctl.health.firmware.COMPONENTS, named here for the same reason
 # hardware.compute_mode's names, in the order of DCGM's values (DCGM_CONFIG_COMPUTEMODE_*: 0, 1, 2).
 COMPUTE_MODES = ("default", "prohibited", "exclusive-process")
+# The signals `opsctl job-health` may name a slow node by (opsctl.jobhealth.signals), named here so that config
+# needs no feature import.
+JOB_HEALTH_SIGNALS = ("sm-clock", "activity", "power", "ib", "clock-events")
 # A firmware version as dcgm-exporter shows it (96.00.A5.00.03, G520.0280.02.02): it goes into PromQL verbatim.
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _LABEL = re.compile(r"^[A-Za-z_]\w*$")
@@ -416,6 +419,60 @@ class WhyConfig:
 
 
 @dataclass(frozen=True)
+class JobHealthConfig:
+    """`opsctl job-health` and `opsctl why` of a running job (docs/job-health.md): each running multi-node job's
+    nodes against each other over the last `window`."""
+
+    # what each signal is averaged (or its counters' rate taken) over; a job younger than this gets no verdict
+    window: Duration = key(duration("1m"), check=_positive, hint="must be a duration above 0, such as 1m")
+    # a node is an outlier of its job on a signal at this robust score, |x - median| / (1.4826 * MAD), and above
+    min_score: float = key(3.5, check=_positive, hint="must be above 0")
+    # ... and only when it is at least this share of the job's median away from it
+    min_deviation: float = key(0.10, check=_between(0.0, 1.0), hint="must be between 0 and 1")
+    # the MAD is taken as at least this share of the median: identical healthy nodes have a MAD of ~0
+    mad_floor: float = key(0.02, check=_between(0.0, 1.0), hint="must be between 0 and 1")
+    # a node whose NVLink and InfiniBand counters together rise less than this per second moves nothing
+    traffic_floor: float = key(65536.0, check=_not_negative, hint="must be >= 0 (per second)")
+    # a node with a GPU at or below this utilisation is idle; its peers spin at or above busy_util
+    idle_util: float = key(5.0, check=_between(0.0, 100.0), hint="must be 0-100 (%)")
+    busy_util: float = key(50.0, check=_between(0.0, 100.0), hint="must be 0-100 (%)")
+    # the signals a node may be named slow by (a subset of the default); hung is judged by traffic and util
+    signals: tuple[str, ...] = key(JOB_HEALTH_SIGNALS, each=lambda v: v in JOB_HEALTH_SIGNALS,
+                                   each_hint=f"must be one of {', '.join(JOB_HEALTH_SIGNALS)}",
+                                   hint=f"must be a list of {', '.join(JOB_HEALTH_SIGNALS)}")
+    # where the verdicts are written for node_exporter's textfile collector (null: opsctl-job-health.prom
+    # beside metrics.textfile, not written when that is null too)
+    textfile: str | None = key(None, check=lambda v: v.startswith("/") and v.endswith(".prom"),
+                               hint="must be an absolute path ending in .prom")
+
+    def check_together(self, where: str) -> None:
+        if self.idle_util >= self.busy_util:
+            fail(f"{where}.idle_util", f"must be below {where}.busy_util ({self.busy_util:g})", self.idle_util)
+
+
+def _slurm_name(name: str) -> bool:
+    return bool(re.fullmatch(r"[^\s,]+", name))
+
+
+@dataclass(frozen=True)
+class RecoverConfig:
+    """Requeue a job that a node's fault ended, without that node (docs/recover.md). A job opts in by
+    Slurm's requeue flag plus either `--comment=opsctl:recover` or this policy."""
+
+    # false: no job is ever requeued, opted in or not
+    enabled: bool = key(True)
+    # every requeueable batch job opts in (as if each said --comment=opsctl:recover)
+    all_jobs: bool = key(False)
+    # ... or the jobs of these partitions, or of these QOS
+    partitions: tuple[str, ...] = key((), each=_slurm_name, each_hint="must be a Slurm name (no spaces or commas)")
+    qos: tuple[str, ...] = key((), each=_slurm_name, each_hint="must be a Slurm name (no spaces or commas)")
+    # times opsctl requeues one job; the next failure of that job is left ended
+    max_requeues: int = key(2, check=_not_negative, hint="must be >= 0")
+    # requeues per hour across the cluster (the budget, as safety.max_drains_per_hour is for drains)
+    max_requeues_per_hour: int = key(10, check=_not_negative, hint="must be >= 0")
+
+
+@dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = key(factory=PrometheusConfig)
     slurm: SlurmConfig = key(factory=SlurmConfig)
@@ -431,6 +488,8 @@ class Config:
     remediation: RemediationConfig = key(factory=RemediationConfig)
     validate: ValidateConfig = key(factory=ValidateConfig)
     why: WhyConfig = key(factory=WhyConfig)
+    recover: RecoverConfig = key(factory=RecoverConfig)
+    job_health: JobHealthConfig = key(factory=JobHealthConfig)
     state_dir: Path = key(DEFAULT_STATE_DIR)
     audit_log: Path = key(DEFAULT_AUDIT_LOG)
     # Where it came from, for messages: not a key of the file, and no part of what a config is.

@@ -63,6 +63,15 @@ def system_alerts(config: Config) -> dict[str, Any]:
                _as_node("max by (slurm_node, rule_id) (opsctl_node_needs_person) == 1"),
                "opsctl drained this node for a rule that never resumes on its own.",
                "Follow the rule's remediation (`opsctl rules list`), then `opsctl resume <node>`."),
+        # A running job's node that hangs or slows it (`opsctl job-health --queue`, docs/job-health.md): a reason
+        # to look, never a drain. Only while its runs go on: a textfile that a stopped timer left raises nothing.
+        _alert("OpsctlJobHealthVerdict", "opsctl-job-health", "warn",
+               _as_node("max by (slurm_job, slurm_node, verdict, signal) (opsctl_job_health_verdict) == 1")
+               + f" and on() (time() - max(opsctl_job_health_last_run_timestamp_seconds) < {missing})",
+               "A running multi-node job hangs or runs slow, and opsctl job-health names the node (or, for a "
+               "hung job, none stands out).",
+               "`opsctl why <slurm_job>` shows the signals; the node is queued for `opsctl validate`. Tell the "
+               "job's owner: requeueing the job without the node may save it."),
         _alert(NODE_DRAINED, "opsctl-node-drained", "info",
                _as_node("max by (slurm_node) (opsctl_node_drained) == 1"),
                "The node is drained in Slurm; its per-GPU and per-HCA alerts are inhibited.",

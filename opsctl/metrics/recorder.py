@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.registry import Collector
 
 from opsctl.config.schema import MetricsConfig
 from opsctl.errors import ConfigError, OpsctlError, SafetyStop
@@ -96,3 +97,14 @@ class RunRecorder:
             write_atomic(path, generate_latest(self.registry), 0o644)
         except OSError as err:
             self.warn(f"opsctl: warning: metrics.textfile {path}: {err.strerror or err}; metrics not written")
+
+
+def write_textfile(path: Path, collector: Collector, warn: Callable[[str], None]) -> None:
+    """Another run's metrics (opsctl job-health's) in a textfile of their own, replaced whole as the health run's
+    is; a file that cannot be written is a warning, never the run's failure."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        write_atomic(path, generate_latest(registry), 0o644)
+    except OSError as err:
+        warn(f"opsctl: warning: {path}: {err.strerror or err}; metrics not written")

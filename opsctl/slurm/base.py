@@ -237,6 +237,17 @@ class Job:
     reason: str = ""  # squeue's %r: why it pends (Resources, Priority, ...), or None
 
 
+@dataclass(frozen=True)
+class RunningJob:
+    """Any user's job that runs now, as squeue prints it (opsctl job-health)."""
+
+    id: str  # 4242, or an array task's 4242_7
+    name: str
+    user: str
+    nodes: tuple[str, ...]
+    start: float | None  # Unix seconds; None where squeue does not say
+
+
 class NodesBusy(SourceUnavailable):
     """A reservation asked for a node that runs a job ("Requested nodes are busy")."""
 
@@ -246,7 +257,7 @@ ENDED_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", 
 
 
 class SlurmJobs(Protocol):
-    """Submits, reads and cancels opsctl's own jobs. Errors: SourceUnavailable."""
+    """Submits, reads and cancels opsctl's own jobs, and lists everyone's running ones. Errors: SourceUnavailable."""
 
     def submit(self, spec: JobSpec) -> str: ...
 
@@ -255,6 +266,10 @@ class SlurmJobs(Protocol):
         ...
 
     def cancel(self, ids: list[str]) -> None: ...
+
+    def running_jobs(self) -> list[RunningJob]:
+        """Every user's running jobs, with their nodes (opsctl job-health): not only opsctl's own."""
+        ...
 
 
 class SlurmReservations(SlurmJobs, Protocol):

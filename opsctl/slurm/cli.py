@@ -28,11 +28,14 @@ names but that is missing or unreadable makes sinfo and scontrol retry for 60 s 
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 
 from opsctl.errors import SourceUnavailable
 from opsctl.slurm.accounting import FinishedJob, parse_sacct, sacct_time
-from opsctl.slurm.base import Job, JobSpec, NodesBusy, SlurmNode, StepSpec, load_slurm_json
+from opsctl.slurm.base import Job, JobSpec, NodesBusy, RunningJob, SlurmNode, StepSpec, load_slurm_json
+from opsctl.slurm.hostlist import expand_hostlist
+from opsctl.slurm.requeue import FLAGS_FORMAT, GONE, QUEUE_FORMAT, QueuedJob, parse_queued_job
 
 # The first release whose scontrol prints JSON (and whose sinfo --json aggregates nodes).
 SCONTROL_JSON_SINCE = (23, 2)
@@ -124,6 +127,38 @@ def parse_squeue(text: str) -> dict[str, Job]:
             continue
         jobs[parts[0]] = Job(parts[0], parts[1], "" if parts[2] == "None" else parts[2])
     return jobs
+
+
+# Everyone's running jobs, one line each: id, user, start, node host list, name. squeue's --json differs from
+# 22.05 to 26.05; these format codes print the same in each. The name may hold the delimiter, so it goes last;
+# no code has a width, so squeue cuts nothing (squeue(1), -o).
+RUNNING_FORMAT = "%i|%u|%S|%N|%j"
+
+
+def parse_running(text: str) -> list[RunningJob]:
+    """`squeue --noheader --states=RUNNING --format=RUNNING_FORMAT` -> the jobs, their host lists expanded."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.strip().split("|", 4)
+        if len(parts) != 5 or not parts[0] or " " in parts[0] or not parts[0][0].isdigit():
+            raise SourceUnavailable(f"Slurm: squeue printed {line.strip()[:80]!r}, not id|user|start|nodes|name")
+        job_id, user, start, hostlist, name = parts
+        try:
+            nodes = tuple(expand_hostlist(hostlist)) if hostlist not in ("", "(null)") else ()
+        except ValueError as err:
+            raise SourceUnavailable(f"Slurm: squeue: job {job_id}: {err}") from None
+        jobs.append(RunningJob(job_id, name, user, nodes, _local_time(start)))
+    return jobs
+
+
+def _local_time(text: str) -> float | None:
+    """squeue's %S, local time as 2026-12-04T14:02:11; None for N/A, Unknown or anything else."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _first_line(text: str | bytes | None) -> str:
@@ -249,6 +284,10 @@ class SlurmCliImpl:
         if ids:
             self._call([self._tool("scancel"), *ids])
 
+    def running_jobs(self) -> list[RunningJob]:
+        return parse_running(self._call([self._tool("squeue"), "--noheader", "--states=RUNNING",
+                                         f"--format={RUNNING_FORMAT}"]))
+
     # ---- reservations and steps: opsctl validate --preflight (SlurmReservations) ----------------------
     def reserve(self, name: str, nodes: list[str], minutes: int) -> None:
         # scontrol(1) "RESERVATIONS": MAINT lets it overlap other reservations; Users=root keeps users' jobs
@@ -294,3 +333,22 @@ class SlurmCliImpl:
         # Every user's allocations that ran at some point between the two times (sacct(1), -S and -E).
         return parse_sacct(self._call([self._tool("sacct"), "--json", "--allusers", "--allocations",
                                        f"--starttime={sacct_time(since)}", f"--endtime={sacct_time(until)}"]))
+
+    # ---- one job, and its requeue without some nodes (SlurmRequeue: opsctl/slurm/requeue.py) -----------
+    def queued_job(self, job_id: str) -> QueuedJob | None:
+        squeue = [self._tool("squeue"), "--noheader", "--states=all", f"--jobs={job_id}"]
+        try:
+            queue = self._call([*squeue, f"--format={QUEUE_FORMAT}"])
+            flags = self._call([*squeue, f"--Format={FLAGS_FORMAT}"])
+        except SourceUnavailable as err:
+            if GONE in str(err):  # it ended more than MinJobAge ago
+                return None
+            raise
+        return parse_queued_job(queue, flags, job_id)
+
+    def requeue_excluding(self, job_id: str, excluded: str, pending: bool) -> None:
+        self._call([self.scontrol, "hold" if pending else "requeuehold", job_id])
+        try:
+            self._call([self.scontrol, "update", f"JobId={job_id}", f"ExcNodeList={excluded}"])
+        finally:
+            self._call([self.scontrol, "release", job_id])

@@ -1,23 +1,24 @@
 """`opsctl why` and `opsctl suspects` (docs/why.md): a job once accounting shows it ended, its answer, the
-spool of jobs the controller's EpilogSlurmctld left, the `--record` audit records, and the suspects, with
-`--queue` writing them to the validate queue. The command (opsctl/commands/why.py) parses and renders.
+`--record` audit records (also of each job in EpilogSlurmctld's spool: opsctl/recover/spool.py), and the
+suspects, with `--queue` writing them to the validate queue. The command (opsctl/commands/why.py) parses and
+renders.
 
 The audit log and the validate queue are read and written through the Ledger (opsctl/actor/ledger.py): a
 `why --record` in the epilog never waits for, or stops, an acting run.
 """
 
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from opsctl.actor.ledger import Ledger
 from opsctl.clients import Clients
 from opsctl.config.schema import Config, duration_seconds
-from opsctl.errors import ConfigError, ExitCode, OpsctlError, worst
+from opsctl.errors import ConfigError
 from opsctl.health.catalog import Rule, load_catalog
+from opsctl.jobhealth.run import running_job
+from opsctl.jobhealth.verdict import JobHealth
 from opsctl.prom.client import PromRangeQuery
 from opsctl.slurm.accounting import FinishedJob
 from opsctl.slurm.base import SlurmAccounting
@@ -31,19 +32,12 @@ POLL_S = 2.0
 
 @dataclass(frozen=True)
 class JobAnswer:
-    """One job's answer; `answer` None: `--record` of a job that did not fail (nothing to explain)."""
+    """One job's answer; `answer` None: `--record` of a job that did not fail (nothing to explain), or a job that
+    still runs, whose answer is `running`: the node that hangs or slows it (opsctl/jobhealth/)."""
 
     job: FinishedJob
     answer: Answer | None
-
-
-@dataclass
-class Spooled:
-    """What a `--spool` run did: the jobs it explained and a line per entry it could not (`opsctl: ...`)."""
-
-    explained: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    exit_code: ExitCode = ExitCode.OK
+    running: JobHealth | None = None
 
 
 @dataclass
@@ -63,9 +57,10 @@ def explain(config: Config, prom: PromRangeQuery, job: FinishedJob, audit: list[
     return judge(job, found, prom.queries - before)
 
 
-def ended_job(accounting: SlurmAccounting, job_id: str, wait: float) -> FinishedJob:
+def ended_job(accounting: SlurmAccounting, job_id: str, wait: float, running_ok: bool = False) -> FinishedJob:
     """The job once accounting shows it ended, asking again for up to `wait` seconds (slurmctld sends a
-    job's end to slurmdbd a moment after the job ends, so the epilog may ask too early)."""
+    job's end to slurmdbd a moment after the job ends, so the epilog may ask too early); with `running_ok`, a
+    job that has not ended after the wait is returned as it is."""
     deadline = time.monotonic() + wait
     while True:
         job = accounting.finished_job(job_id)
@@ -75,6 +70,8 @@ def ended_job(accounting: SlurmAccounting, job_id: str, wait: float) -> Finished
     if job is None:
         raise ConfigError(f"job {job_id}: Slurm's accounting (sacct) has no such job")
     if not job.ended:
+        if running_ok:
+            return job
         raise ConfigError(f"job {job_id} has not ended ({job.state}): `opsctl why` explains ended jobs")
     if job.start is None:
         raise ConfigError(f"job {job_id} never started ({job.state}): it ran on no node")
@@ -87,7 +84,19 @@ def why_job(clients: Clients, job_id: str, record: bool, wait: float, rules: lis
     that an audit log that cannot be written still leaves the answer on the screen."""
     config = clients.config(acting=record)
     ledger = Ledger(config)
-    job = ended_job(clients.accounting(), job_id, wait)
+    # A running job is judged as `opsctl job-health` judges it, read-only; --record is for ended jobs alone.
+    job = ended_job(clients.accounting(), job_id, wait, running_ok=not record)
+    if not job.ended:
+        # squeue, not accounting, says what runs: slurmdbd learns of a job's start a moment after it (sacct says
+        # PENDING meanwhile), and its nodes and start are squeue's.
+        health = running_job(clients, job.id)
+        if health is None:
+            raise ConfigError(f"job {job_id} has not ended ({job.state}) and does not run: `opsctl why` explains "
+                              "ended jobs and running ones")
+        result = JobAnswer(job, None, health)
+        if show is not None:
+            show(result)
+        return result
     if record and not job.failed:
         result = JobAnswer(job, None)
     else:
@@ -101,45 +110,6 @@ def why_job(clients: Clients, job_id: str, record: bool, wait: float, rules: lis
         show(result)
     if record and result.answer is not None:
         write_record(ledger, result.answer)
-    return result
-
-
-def why_spooled(clients: Clients, spool: Path, wait: float, warn: Callable[[str], None]) -> Spooled:
-    """`--record` for every job that the controller's EpilogSlurmctld left in `spool`, an empty file named by
-    its id, oldest first; each entry is removed before its job is explained, so a job that cannot be
-    explained is said once and not retried forever (and the path unit that starts this run sees the
-    directory empty). Only names are read: root never opens a file that the Slurm user made. A job that
-    fails is one line, handed to `warn` as it happens and kept in the result; the others go on."""
-    clients.config(acting=True)
-    try:
-        entries = sorted((e.stat(follow_symlinks=False).st_mtime, e.name) for e in os.scandir(spool))
-    except OSError as err:
-        raise ConfigError(f"--spool {spool}: {err.strerror}") from None
-    result = Spooled()
-
-    def error(line: str) -> None:
-        result.errors.append(line)
-        warn(line)
-
-    rules = load_catalog(clients.config())  # once for every job of the run
-    for _, name in entries:
-        try:
-            os.unlink(spool / name)
-        except FileNotFoundError:
-            continue  # another run took it
-        except OSError as err:
-            error(f"opsctl: --spool {spool}: cannot remove {name!r}: {err.strerror}")
-            continue
-        if not name.isdigit():
-            error(f"opsctl: --spool {spool}: removed {name!r}, not a job id")
-            continue
-        try:
-            why_job(clients, name, True, wait, rules=rules)
-        except OpsctlError as err:
-            error(f"opsctl: job {name}: {err}")
-            result.exit_code = worst(result.exit_code, err.exit_code)
-            continue
-        result.explained.append(name)
     return result
 
 

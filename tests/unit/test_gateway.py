@@ -26,7 +26,7 @@ WRITES_ELSEWHERE = {
     "fabrictest/textfile.py": "the fabric test's figures, in node_exporter's textfile directory",
     "fabrictest/picture.py": "the fabric test's picture into the --html, --svg and --png files a person names",
     "storage/probe_child.py": "the probe file on each checked mount",
-    "why/run.py": "removes the entries of the controller's spool directory that it explains",
+    "recover/spool.py": "removes the entries of the controller's spool directory that it explains",
     "commands/dashboards.py": "the dashboards' JSON into the --out directory a person names",
     "topology/run.py": "topology.conf at the --output path a person (or the slurm role) names",
 }

@@ -120,3 +120,17 @@ def test_a_tree_written_before_the_pcie_bridges_is_laid_out_again(tmp_path):
     write_tree(tmp_path, NodeHardware(node="gpu001"), now=0.0)
     assert old.is_symlink() and (old / "current_link_width").read_text() == "16\n"
     assert (old / "class").read_text() == "0x020700\n"
+
+
+def test_slow_gpu_takes_a_gpu_and_hang_the_node_and_clear_ends_both():
+    from opsctl_lab.hardware import FAULTS, describe_faults
+
+    hw = NodeHardware(node="gpu040")
+    hw.inject("slow-gpu", gpu=2, now=100.0)
+    hw.inject("hang", now=100.0)
+    assert sorted(fault_label(f) for f in hw.active) == ["hang", "slow-gpu gpu2"]
+    assert hw.has("slow-gpu", gpu=2) and not hw.has("slow-gpu", gpu=1) and hw.node_fault("hang")
+    assert FAULTS["hang"].simulated_only and not FAULTS["slow-gpu"].simulated_only  # the machines run no train
+    assert "slow-gpu" in describe_faults() and "hang " in describe_faults()
+    hw.clear(now=101.0)
+    assert hw.active == []

@@ -12,11 +12,11 @@ PACKAGE = Path(opsctl.__file__).resolve().parent
 # errors and how a command ends (exit.py), the clients that the CLI builds (passed through to a feature, never
 # called), and its own rendering modules. Not prom, slurm, gpu, storage or fileio: a command that needs them
 # calls a feature.
-FEATURES = {"health", "ladder", "rollout", "why", "validate", "ib", "fabrictest", "hw", "nodecheck", "dashboards",
-            "metrics", "topology"}
+FEATURES = {"health", "ladder", "rollout", "why", "jobhealth", "validate", "ib", "fabrictest", "hw", "nodecheck",
+            "dashboards", "metrics", "topology", "recover"}
 COMMANDS_MAY_IMPORT = FEATURES | {"actor", "config", "errors", "exit", "clients", "commands"}
 # What the Clients build: a command passes the Clients to its feature and never calls these itself.
-CLIENT_EDGES = {"slurm", "prom", "prom_range", "fresh_prom", "jobs", "accounting"}
+CLIENT_EDGES = {"slurm", "prom", "prom_range", "fresh_prom", "jobs", "accounting", "requeues"}
 # opsctl's state and audit log, which a command never opens.
 STATE_NAMES = {"State", "Ledger", "AuditLog", "RunLock", "read_nofollow", "write_atomic"}
 # A feature's result is rendered in commands/: no feature imports the command layer or click's CLI.

@@ -208,7 +208,8 @@ def test_why_exit_codes(tmp_path):
     assert run(tmp_path, ["why", "17"], Accounting([job()])).exit_code == 0
     missing = run(tmp_path, ["why", "18"], Accounting([job()]))
     assert missing.exit_code == 2 and "has no such job" in missing.output
-    busy = run(tmp_path, ["why", "17"], Accounting([job(state="RUNNING", end=None)]))
+    # A running job is answered by job-health's verdict (tests/unit/test_job_health.py); --record refuses it.
+    busy = run(tmp_path, ["why", "17", "--record"], Accounting([job(state="RUNNING", end=None)]))
     assert busy.exit_code == 2 and "has not ended (RUNNING)" in busy.output
     down = run(tmp_path, ["why", "17"], Accounting(fail=SourceUnavailable("Slurm: sacct --json failed: Connection "
                                                                           "refused")))
@@ -265,6 +266,13 @@ def test_hostlists_expand_as_slurm_writes_them(text, names):
     assert sorted(expand_hostlist(",".join(hostlist_expression(names)))) == sorted(names)
 
 
+class Gone:
+    """slurmctld no longer holds any job (they ended more than MinJobAge ago)."""
+
+    def queued_job(self, job_id):
+        return None
+
+
 def test_spool_records_each_job_the_epilog_left_and_empties_the_directory(tmp_path):
     cfg = config(tmp_path)
     prom = RangeProm(cfg, ["gpu001", "gpu002", "gpu003", "gpu004"])
@@ -274,7 +282,9 @@ def test_spool_records_each_job_the_epilog_left_and_empties_the_directory(tmp_pa
     for name in ("17", "18", "19", "junk"):
         (spool / name).touch()
     accounting = Accounting([job(), job(state="COMPLETED", job_id="18")])  # 19: accounting never heard of it
-    result = invoke(["why", "--spool", str(spool)], config=cfg, prom=prom, accounting=accounting)
+    # Job 17 left slurmctld's memory: nothing to requeue (tests/unit/test_recover.py requeues).
+    result = CliRunner().invoke(main, ["why", "--spool", str(spool)], obj=Clients(
+        config=cfg, prom=prom, accounting=accounting, requeues=Gone()))
     assert result.exit_code == 2, result.output  # job 19's usage error, once; the others were done
     assert list(spool.iterdir()) == []
     assert "job 19: job 19: Slurm's accounting (sacct) has no such job" in result.output

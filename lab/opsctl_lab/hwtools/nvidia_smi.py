@@ -32,6 +32,7 @@ from opsctl_lab.hardware import NodeHardware, leftover_pid, stable_int
 from opsctl_lab.hwtools.common import load, main_guard, state_path
 from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
 from opsctl_lab.hwtools.nvidia_smi_topo import persistence_mode, render_topo
+from opsctl_lab.training_load import read_load
 
 RC_INVALID = 2
 RC_FELL_OFF_BUS = 15
@@ -68,8 +69,8 @@ def gpu_serial(node: str, gpu: int) -> str:
 
 
 def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
-    """Every dynamic value of one GPU, named as in the -q template."""
-    view = GpuView(hw, gpu, now)
+    """Every dynamic value of one GPU, named as in the -q template; a training rank's load as DCGM shows it."""
+    view = GpuView(hw, gpu, now, read_load(state_path()))
     events = view.clock_events()
     sbe, dbe = int(view.counter("ecc_sbe_vol")), int(view.counter("ecc_dbe_vol"))
     power = min(hwm.POWER_LIMIT_W, view.power() + view.jitter("mw", 1000) / 1000.0)
@@ -85,7 +86,8 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "pcie_replays": int(view.counter("pcie_replay")),
         "tx_kbs": 300 + view.jitter("tx", 100), "rx_kbs": 300 + view.jitter("rx", 100),
         "pstate": "P0",
-        "ev_idle": event(hwm.CLOCK_EVENT_GPU_IDLE), "ev_hw_slowdown": event(hwm.CLOCK_EVENT_HW_SLOWDOWN),
+        "ev_idle": event(hwm.CLOCK_EVENT_GPU_IDLE), "ev_sw_power_cap": event(hwm.CLOCK_EVENT_SW_POWER_CAP),
+        "ev_hw_slowdown": event(hwm.CLOCK_EVENT_HW_SLOWDOWN),
         "ev_hw_thermal": event(hwm.CLOCK_EVENT_HW_THERMAL), "ev_sw_thermal": event(hwm.CLOCK_EVENT_SW_THERMAL),
         "ev_hw_power_brake": event(hwm.CLOCK_EVENT_HW_POWER_BRAKE), "gpu_util": 100 if view.busy() else 0,
         "fb_used": view.fb_used, "fb_free": hwm.FB_TOTAL_MIB - hwm.FB_RESERVED_MIB - view.fb_used,
@@ -205,6 +207,7 @@ def csv_values(hw: NodeHardware, gpu: int, now: float) -> dict[str, str]:
         "pci.bus": f"0x{v['bus']}", "index": str(gpu), "persistence_mode": v["persistence_mode"],
         "clocks_event_reasons.active": f"0x{events:016X}",
         "clocks_event_reasons.gpu_idle": v["ev_idle"], "clocks_event_reasons.hw_slowdown": v["ev_hw_slowdown"],
+        "clocks_event_reasons.sw_power_cap": v["ev_sw_power_cap"],
         "clocks_event_reasons.hw_thermal_slowdown": v["ev_hw_thermal"],
         "clocks_event_reasons.sw_thermal_slowdown": v["ev_sw_thermal"],
         "clocks_event_reasons.hw_power_brake_slowdown": v["ev_hw_power_brake"],

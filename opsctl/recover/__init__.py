@@ -1,0 +1,1 @@
+"""Requeue a job that a node's fault ended, without that node (docs/recover.md)."""
