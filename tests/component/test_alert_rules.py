@@ -30,8 +30,13 @@ XID_SERIES = 'DCGM_EXP_XID_ERRORS_COUNT{{job="dcgm", node="gpu020", Hostname="gp
              'window_size_in_ms="300000"}}'
 
 
+# A bound on a hung promtool, not a timing: `test rules` evaluates every rule of the export at every step of
+# every case (about 60 s alone on two cores, and twice that beside the other test streams).
+PROMTOOL_TIMEOUT_S = 300
+
+
 def promtool(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
