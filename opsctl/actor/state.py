@@ -257,9 +257,10 @@ class Requeues:
             raise self.file.unreadable("not job id -> requeues")
         return data
 
-    def recent(self, now: float) -> list[dict[str, Any]]:
-        """Every requeue of the last hour, of any job."""
-        return [e for entries in self.load().values() for e in entries if now - e["at"] < HOUR]
+    @staticmethod
+    def recent(requeues: dict[str, list[dict[str, Any]]], now: float) -> list[dict[str, Any]]:
+        """Every requeue of the last hour, of any job, from what load() read."""
+        return [e for entries in requeues.values() for e in entries if now - e["at"] < HOUR]
 
     def record(self, job: str, culprit: str, now: float) -> None:
         data = {j: v for j, v in self.load().items() if v and now - v[-1]["at"] < self.KEEP}

@@ -36,7 +36,7 @@ def recover_job(clients: Clients, answer: Answer) -> Recovery | None:
     with Requeuer(config, slurm, now) as requeuer:
         queued = slurm.queued_job(job.id)
         requeues = requeuer.state.requeues.load()
-        recent = requeuer.state.requeues.recent(now)
+        recent = requeuer.state.requeues.recent(requeues, now)
         decision = decide(job, answer, queued, config, requeues, recent, lambda: len(clients.slurm().nodes()))
         if not decision.refused and not decision.requeue:
             return None
