@@ -19,7 +19,9 @@ FAST = {"catalog": {"overrides": {
     "nvlink-errors-rising": {"hold": "20s"}, "pcie-replays": {"hold": "20s"}, "sbe-storm": {"hold": "20s"},
     "ib-errors": {"hold": "20s"}, "fabric-manager-down": {"hold": "10s"}, "fabric-not-ready": {"hold": "10s"},
     "clock-slowdown": {"hold": "15s"}, "pcie-downtrained": {"hold": "10s"}, "firmware-drift": {"hold": "10s"},
-    "pcie-aer-rising": {"hold": "15s"}}}}
+    # A rate of what `opsctl node check` writes when it runs (test_health_lab.py runs it every few seconds): its
+    # window must hold more than one of those runs on a loaded machine, where one takes several seconds.
+    "pcie-aer-rising": {"hold": "30s"}}}}
 
 
 def node_check(lab, node: str, env: dict | None = None) -> tuple[int, dict]:

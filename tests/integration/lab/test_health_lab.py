@@ -4,6 +4,7 @@ alike), then drained for real.
 
 All faults are injected on gpu033..gpu064 (gpu001..gpu032 belong to other tests of the lab)."""
 
+import subprocess
 import threading
 import time
 
@@ -64,10 +65,13 @@ def table(lab, tmp_path_factory):
     victoria = LabVictoria(lab, tmp) if LabVictoria.available() else None
     stop = threading.Event()
 
-    def keep_checking():
+    def keep_checking():  # one failed run must not end the rate (the table's own check says what it saw)
         while not stop.wait(3):
             for node in RATE_CHECKED:
-                h.node_check(node)
+                try:
+                    h.node_check(node)
+                except (AssertionError, subprocess.TimeoutExpired, ValueError):
+                    continue
     checking = threading.Thread(target=keep_checking, daemon=True)
     try:
         if victoria is not None:  # it must see a DBE begin, as Prometheus does, or it rightly reads no new DBE
