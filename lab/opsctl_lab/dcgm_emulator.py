@@ -133,9 +133,7 @@ class GpuView:
 
     def fabric_status(self) -> int:
         """DCGM's Fabric Manager status of the GPU (hwm.FABRIC_*)."""
-        if self.has("fabric-stuck") or self.hw.node_fault("fabricmanager-down"):
-            return hwm.FABRIC_IN_PROGRESS
-        return hwm.FABRIC_SUCCESS
+        return self.hw.fabric_status(self.gpu, self.now)
 
     def uptime(self) -> float:
         return max(0.0, self.now - COUNTER_EPOCH)
@@ -367,9 +365,10 @@ def _stop(node: EmulatedNode) -> None:
 
 
 def tick(node: EmulatedNode, now: float) -> None:
-    """Follow the node's state: stop or start its listener (exporter-down), keep its sysfs tree current."""
+    """Follow the node's state: stop or start its listener (exporter-down, or its services stopped around a GPU
+    reset), keep its sysfs tree current."""
     hw = node.refresh()
-    down = hw.node_fault("exporter-down")
+    down = hw.node_fault("exporter-down") or not hw.exporter_serves()
     if down and node.server is not None:
         _stop(node)
     elif not down and node.server is None:

@@ -89,8 +89,20 @@ NVLINK_DEGRADED_SPEED_GBPS = 13.281
 # the release dcgm-exporter 4.1.3 builds with: pkg/dcgm/dcgm_structs.h): the GPU's NVML fabric state, Success
 # once Fabric Manager has trained it. With Fabric Manager down a GPU stays "In Progress" (NVIDIA/NVSentinel
 # issue 889: "fabric.state stays In Progress indefinitely").
+FABRIC_NOT_STARTED = 1
 FABRIC_IN_PROGRESS = 2
 FABRIC_SUCCESS = 3
+# How the fabric state reads, by that status: nvidia-smi -q's Fabric "State" (the real H200 capture,
+# tests/fixtures/gpu/nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt, prints "Completed"/"Success").
+FABRIC_STATES = {FABRIC_NOT_STARTED: "Not Started", FABRIC_IN_PROGRESS: "In Progress", FABRIC_SUCCESS: "Completed"}
+# DCGM's host engine (the datacenter-gpu-manager package's unit) and the exporter that reads it, as the
+# dcgm_exporter role runs them: each an NVML client that holds every GPU of the node while it runs.
+MONITORING_SERVICES = ("nvidia-dcgm", "dcgm-exporter")
+# How long Fabric Manager takes to train a GPU's fabric after the node boots or the GPU is reset: Not Started for
+# the first quarter (the driver loads, Fabric Manager starts), In Progress for the rest. A real HGX board takes
+# about a minute; the emulated one a few seconds, so that every ladder test meets the wait without sitting in it.
+# NodeHardware.fabric_training_s holds a node's own (a test sets it longer).
+FABRIC_TRAINING_S = 4.0
 
 # XID messages as dcgm-exporter puts them in err_msg (NVIDIA XID catalog wording, shortened).
 XID_MESSAGES = {
@@ -430,6 +442,14 @@ class NodeHardware:
     # still holds them (its window lives in the exporter, which a GPU reset does not restart), so a repeat
     # counts 2 (expcollector.go). A reboot starts DCGM and the exporter again; `clear` forgets them too.
     xid_seen: list[dict[str, Any]] = field(default_factory=list)
+    # When each GPU (str(gpu)) was last reset, unix seconds: its fabric trains again from then (this boot only).
+    gpu_reset_at: dict[str, float] = field(default_factory=dict)
+    fabric_training_s: float = FABRIC_TRAINING_S
+    # The node's GPU monitoring services (MONITORING_SERVICES) and whether each runs: DCGM's host engine and
+    # dcgm-exporter hold every GPU while they run, so nvidia-smi refuses a reset (nvidia_smi_reset.in_use). The
+    # emulated systemctl (hwtools/systemctl.py) stops and starts them. Empty: not emulated (the lab machines run
+    # the real units, which their emulated nvidia-smi does not see yet).
+    monitoring: dict[str, bool] = field(default_factory=dict)
 
     # ---- persistence -------------------------------------------------------------------------
     @classmethod
@@ -450,6 +470,9 @@ class NodeHardware:
             booted=float(raw.get("booted", EMULATED_BOOT)),
             kernel_log=list(raw.get("kernel_log", [])),
             xid_seen=list(raw.get("xid_seen", [])),
+            gpu_reset_at={str(k): float(v) for k, v in raw.get("gpu_reset_at", {}).items()},
+            fabric_training_s=float(raw.get("fabric_training_s", FABRIC_TRAINING_S)),
+            monitoring={str(k): bool(v) for k, v in raw.get("monitoring", {}).items()},
         )
 
     def save(self, path: Path) -> None:
@@ -493,9 +516,11 @@ class NodeHardware:
         return fault
 
     def clear(self, now: float | None = None) -> None:
-        """Every fault ends; counters keep what they reached (their rate returns to 0)."""
+        """Every fault ends; counters keep what they reached (their rate returns to 0); the monitoring services
+        that were stopped run again (a step that stopped them and never came back leaves no lasting fault)."""
         self._end(list(self.active), time.time() if now is None else now)
         self.xid_seen = []
+        self.monitoring = dict.fromkeys(self.monitoring, True)
 
     def _end(self, faults: list[ActiveFault], now: float) -> list[ActiveFault]:
         """End these faults: what their rates added stays in the counters."""
@@ -508,9 +533,11 @@ class NodeHardware:
     def reset_gpu(self, gpu: int, now: float | None = None) -> list[ActiveFault]:
         """What a successful `nvidia-smi -r -i GPU` does: the GPU's faults that do not survive a reset
         (FaultSpec.survives_reset) end; returns them. The caller decides whether the reset may run."""
+        now = time.time() if now is None else now
         ended = [f for f in self.active if f.gpu == gpu and not FAULTS[f.fault].survives_reset]
         self.xid_seen += [{"gpu": f.gpu, "xid": f.xid, "since": f.since} for f in ended if f.fault == "xid"]
-        return self._end(ended, time.time() if now is None else now)
+        self.gpu_reset_at[str(gpu)] = now
+        return self._end(ended, now)
 
     def reboot(self, now: float | None = None) -> list[ActiveFault]:
         """What a reboot does to the hardware: the faults that do not survive it end (FaultSpec.survives_reboot),
@@ -519,6 +546,7 @@ class NodeHardware:
         now = time.time() if now is None else now
         ended = self._end([f for f in self.active if not FAULTS[f.fault].survives_reboot], now)
         self.booted, self.kernel_log, self.last_xid, self.xid_seen = now, [], {}, []
+        self.gpu_reset_at = {}
         return ended
 
     def _log_xid(self, gpu: int, code: int, now: float) -> None:
@@ -581,6 +609,26 @@ class NodeHardware:
 
     def gpu_present(self, gpu: int) -> bool:
         return not self.has("gpu-missing", gpu=gpu)
+
+    def monitoring_holders(self) -> list[str]:
+        """The monitoring services that run, and so hold every GPU."""
+        return [name for name, running in self.monitoring.items() if running]
+
+    def exporter_serves(self) -> bool:
+        """dcgm-exporter answers: it runs and so does the host engine it reads (when the node emulates them)."""
+        return not self.monitoring or all(self.monitoring.values())
+
+    def fabric_status(self, gpu: int, now: float) -> int:
+        """The GPU's fabric state (FABRIC_*): trained FABRIC_TRAINING_S after the boot or its last reset; never
+        while Fabric Manager is down or the GPU's training is stuck (NVIDIA/NVSentinel issue 889: the state then
+        stays In Progress)."""
+        if self.has("fabric-stuck", gpu=gpu) or self.node_fault("fabricmanager-down"):
+            return FABRIC_IN_PROGRESS
+        since = max(self.booted, self.gpu_reset_at.get(str(gpu), self.booted))
+        # A moment before the node's recorded boot (a caller's clock of its own, in tests) finds it trained.
+        if now - since >= self.fabric_training_s or now < since:
+            return FABRIC_SUCCESS
+        return FABRIC_NOT_STARTED if now - since < self.fabric_training_s / 4 else FABRIC_IN_PROGRESS
 
     def persistence_mode(self, gpu: int) -> bool:
         """Enabled unless the GPU has the persistence-off fault, as on a node whose daemon enables it."""

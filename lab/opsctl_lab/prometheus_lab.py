@@ -19,7 +19,7 @@ import opsctl
 import opsctl_lab
 from opsctl_lab import paths as lp
 from opsctl_lab import processes
-from opsctl_lab.hardware import NodeHardware, write_kernel_log
+from opsctl_lab.hardware import MONITORING_SERVICES, NodeHardware, write_kernel_log
 from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import MGS_NID, MOUNTS, mount_dir, probe_dir, write_storage
 
@@ -38,7 +38,9 @@ def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
     for index in range(nodes):
         name = lp.node_name(index)
         hw = NodeHardware.load(paths.hardware(name), name)
-        if not paths.hardware(name).exists():
+        if not paths.hardware(name).exists() or not hw.monitoring:
+            # Each node runs DCGM's host engine and dcgm-exporter, as a provisioned one does: they hold its GPUs.
+            hw.monitoring = dict.fromkeys(MONITORING_SERVICES, True)
             hw.save(paths.hardware(name))
         write_tree(paths.sysfs(name), hw)
         write_storage(paths.storage(name), mount_base(paths, name), hw)
@@ -58,7 +60,7 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     env = " ".join(f"{k}={v}" for k, v in {**python_env(), "OPSCTL_HW_STATE": paths.hardware(name)}.items())
     tools = {"lctl": "lctl", "lfs": "lfs", "lnetctl": "lnetctl", "nvidia-smi": "nvidia_smi", "dcgmi": "dcgmi",
-             "all_reduce_perf": "all_reduce_perf"}
+             "all_reduce_perf": "all_reduce_perf", "systemctl": "systemctl"}
     for tool, module in tools.items():
         (bin_dir / tool).write_text(f"#!/bin/sh\n{env} exec {sys.executable} -m opsctl_lab.hwtools.{module} \"$@\"\n")
         (bin_dir / tool).chmod(0o755)
@@ -73,7 +75,7 @@ def write_node_check_config(paths: lp.LabPaths, name: str) -> None:
                           "mountstats_path": str(storage / "mountstats")},
               # The node's own kernel log, where its xid-kernel faults write, never the host's /dev/kmsg.
               "gpu": {"kernel_log_path": str(paths.kernel_log(name)), "nvidia_smi": str(bin_dir / "nvidia-smi"),
-                      "dcgmi": str(bin_dir / "dcgmi")},
+                      "dcgmi": str(bin_dir / "dcgmi"), "systemctl": str(bin_dir / "systemctl")},
               "validate": {"all_reduce_perf": str(bin_dir / "all_reduce_perf")}}
     text = yaml.safe_dump(config, sort_keys=False)
     if not paths.node_check_config(name).exists() or paths.node_check_config(name).read_text() != text:

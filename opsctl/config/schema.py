@@ -21,7 +21,7 @@ import yaml
 from opsctl.config import rails as rail_names
 from opsctl.config.fields import Duration, duration, duration_seconds, fail, key, load, parse_duration
 from opsctl.errors import ConfigError
-from opsctl.gpu.tools import node_step_bound_s
+from opsctl.gpu.tools import READY_TIMEOUT_MAX_S, node_step_bound_s
 
 __all__ = ["Config", "Duration", "duration_seconds", "load_config", "parse_config", "parse_duration"]
 
@@ -59,6 +59,11 @@ def _not_negative(v: float) -> bool:
 
 def _positive(v: float) -> bool:
     return v > 0
+
+
+def _unit_name(v: str) -> bool:
+    """A systemd unit, `dcgm-exporter` or `nvidia-dcgm.service`: no path, no space, no option."""
+    return bool(re.fullmatch(r"[A-Za-z0-9:_.@\\-]+", v)) and not v.startswith("-")
 
 
 def _absolute(v: str) -> bool:
@@ -332,6 +337,8 @@ class GpuConfig:
     dcgmi: str = key("dcgmi", check=bool, hint="must not be empty")
     # after a failed validation that follows a reboot, for the RMA's evidence; skipped where not installed
     nvidia_bug_report: str = key("nvidia-bug-report.sh", check=bool, hint="must not be empty")
+    # stops and starts remediation.reset_stops around a GPU reset (docs/remediation.md)
+    systemctl: str = key("systemctl", check=bool, hint="must not be empty")
 
 
 @dataclass(frozen=True)
@@ -347,9 +354,17 @@ class RemediationConfig:
     rma_after: int = key(3, check=lambda v: v >= 1, hint="must be >= 1")
     rma_window: Duration = key(duration("24h"))
     # a reset or reboot with no validation this long after it: the next step (reboot; after a reboot, a person)
-    step_timeout: Duration = key(duration("30m"))
+    step_timeout: Duration = key(duration("1h"))
     # dcgmi diag -r <level> on the node after a reset or reboot (1 quick, 2 medium, 3-4 long)
     validate_level: int = key(2, check=_between(1, 4), hint="must be 1-4")
+    # after a reset or reboot, how long the node waits for every GPU's NVSwitch fabric to be trained and
+    # persistence mode on before its checks (docs/remediation.md); not ready by then: unchecked, never failed
+    ready_timeout: Duration = key(duration("5m"), check=lambda v: 0 < v <= READY_TIMEOUT_MAX_S,
+                                  hint=f"must be more than 0 and at most {READY_TIMEOUT_MAX_S // 60}m")
+    # the node's services that hold every GPU while they run (DCGM's host engine, dcgm-exporter): stopped around a
+    # GPU reset, which nvidia-smi refuses while anything holds the GPU, and started again after it
+    reset_stops: tuple[str, ...] = key(("dcgm-exporter", "nvidia-dcgm"), each=_unit_name,
+                                       each_hint="must be a systemd unit name")
 
     def check_together(self, where: str) -> None:
         """An unanswered step counts as failed after step_timeout: never before the node's step over a GPU at

@@ -8,11 +8,16 @@ the same place:
     flag left): the checks.
 A reason may list several GPUs, `gpu1,gpu3` (a second fault found while the node was on the ladder,
 opsctl/health/ladder_reason.py): each is reset in turn, and all are checked at once.
-The checks are `dcgmi diag -r <remediation.validate_level> -j -i N[,M...]` (DCGM's `-i`/`--entity-id` takes a
-comma-separated list of entities; opsctl.gpu.dcgm_diag judges each GPU's own results: a skipped or errored test
-is "unchecked", never a pass, and one GPU's failure fails the whole) and this run's InfiniBand and storage
-checks. The answer is `opsctl:validated-<pass|fail|unchecked> <gpus> <rules> after-<reset|reboot> <detail>`, set
-through the actor, compared and set against the reason the node read (a person who changed it meanwhile wins).
+Before the checks the node waits, up to remediation.ready_timeout, until every GPU's NVSwitch fabric is trained
+and persistence mode is on (ladder/ready.py): not ready by then is `unchecked` with what it waited for, never a
+failure. The checks are `dcgmi diag -r <remediation.validate_level> -j -i N[,M...]` (DCGM's `-i`/`--entity-id`
+takes a comma-separated list of entities; opsctl.gpu.dcgm_diag judges each GPU's own results: a skipped or
+errored test is "unchecked", never a pass, and one GPU's failure fails the whole) over the GPUs of the reason, or
+over every GPU of the node after a reboot and after an NVLink or NVSwitch fault (whole_node); and this run's
+InfiniBand and storage checks. A diag that fails after a reboot, the answer that sends a GPU to RMA, runs a second
+time: a failure that does not repeat is `unchecked`, a person's. The answer is
+`opsctl:validated-<pass|fail|unchecked> <gpus> <rules> after-<reset|reboot> <detail>`, set through the actor,
+compared and set against the reason the node read (a person who changed it meanwhile wins).
 
 What failed stays on the node for the vendor: `<state_dir>/validation/<UTC time>-<step>/` holds the diag's
 JSON and `nvidia-smi -q -i N`, and after a reboot (the failure the head hands to RMA) NVIDIA's
@@ -33,14 +38,16 @@ from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
 from opsctl.gpu.tools import BUG_REPORT_TIMEOUT_S, DIAG_TIMEOUT_S, NVIDIA_SMI_TIMEOUT_S, Run, run_tool
+from opsctl.health.xid import xid_catalog
+from opsctl.ladder.ready import Pace, wait_ready
 from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
+from opsctl.ladder.reset import ResetOutcome, reset_gpus
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.reach import reach
 
-# Each nvidia-smi call (-pm, -r, -q) and nvidia-bug-report.sh, which gathers logs for minutes on a busy node,
-# within the node check unit's timeout, which the node_check role derives from the same bounds
-# (opsctl.gpu.tools.node_step_bound_s).
-RESET_TIMEOUT_S = NVIDIA_SMI_TIMEOUT_S
+# Each nvidia-smi -q and nvidia-bug-report.sh, which gathers logs for minutes on a busy node, within the node
+# check unit's timeout, which the node_check role derives from the same bounds (opsctl.gpu.tools.node_step_bound_s).
+QUERY_TIMEOUT_S = NVIDIA_SMI_TIMEOUT_S
 SERIAL = re.compile(r"^\s*Serial Number\s*:\s*(\S+)\s*$", re.MULTILINE)
 
 
@@ -64,9 +71,10 @@ def due(node: SlurmNode | None) -> Rung | None:
 
 
 def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool, other_failures: str,
-              run: Run = subprocess.run, now: float | None = None, result: ActionResult | None = None) -> StepOutcome:
+              run: Run = subprocess.run, now: float | None = None, result: ActionResult | None = None,
+              pace: Pace = time) -> StepOutcome:
     """Reset or re-check this node's GPU when its reason asks, and answer with the result; the answer's change
-    is in `result` (actor/result.py) when one is given."""
+    is in `result` (actor/result.py) when one is given. `pace`: the clock the wait for readiness runs on."""
     now = time.time() if now is None else now
     try:
         node = slurm.nodes().get(name)
@@ -76,63 +84,91 @@ def take_step(config: Config, slurm: Slurm, name: str, other_checks_passed: bool
     if rung is None or node is None:
         return StepOutcome(f"remediation: nothing asked of {name}")
     try:
-        return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "", result)
+        return _take(config, slurm, node, rung, run, now, other_failures if not other_checks_passed else "", result,
+                     pace)
     except OpsctlError as err:  # the step may be done; unanswered, the head's step_timeout takes it on
         return StepOutcome(f"remediation: {rung.step} of {rung.fault.gpu_word} not answered: {err}")
 
 
 def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, now: float,
-          other_failures: str, action: ActionResult | None) -> StepOutcome:
-    """The reset (when asked), the checks, the answer; `other_failures` ("" when none) fails a passing diag."""
+          other_failures: str, action: ActionResult | None, pace: Pace) -> StepOutcome:
+    """The reset (when asked), the wait for the node to be ready, the checks, the answer; `other_failures` ("" when
+    none) fails a passing diag."""
     gpus = rung.fault.gpu_indexes
     assert gpus
     evidence = Evidence(Ledger(config), rung.step, now)
-    for gpu in gpus if rung.step == RESET else ():
-        reset = _reset(config.gpu.nvidia_smi, gpu, run)
-        if reset.returncode != 0:
-            why = " ".join((reset.stdout + reset.stderr).split()) or f"exit {reset.returncode}"
-            failed = f"reset failed (exit {reset.returncode})" + (f" on GPU {gpu}" if len(gpus) > 1 else "")
-            return _answer(config, slurm, node, rung, "unchecked", f"{failed}: {why}", now, action)
-    result, detail = _validate(config, gpus, run, evidence, rung.step)
+    reset = reset_gpus(config, gpus, run) if rung.step == RESET else ResetOutcome()
+    if reset.failed:
+        return _answer(config, slurm, node, rung, "unchecked", reset.failed, now, action, note=reset.note)
+    # Fabric Manager trains the fabric again after a boot or a reset: a diag before it completes fails every GPU.
+    ready = wait_ready(config.gpu.nvidia_smi, config.remediation.ready_timeout, run, pace)
+    if not ready.ready:
+        return _answer(config, slurm, node, rung, "unchecked", ready.words(), now, action, note=reset.note)
+    checked = whole_node(rung, ready.gpus) or gpus
+    result, detail = _validate(config, checked, run, evidence, rung.step)
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures
-    return _answer(config, slurm, node, rung, result, detail, now, action)
+    # opsctl history shows how long the node waited and which GPUs the diag checked.
+    note = "; ".join(word for word in (ready.words(), f"diag on GPU {','.join(map(str, checked))}", reset.note)
+                     if word)
+    return _answer(config, slurm, node, rung, result, detail, now, action, note=note)
 
 
-def _reset(nvidia_smi: str, gpu: int, run: Run) -> subprocess.CompletedProcess[str]:
-    """`nvidia-smi -r -i GPU`, persistence mode off around it: the persistence daemon holds the device, and
-    nvidia-smi refuses the reset ("In use by another client", exit 255) while it does (NVIDIA/NVSentinel
-    issue 1690). Persistence mode is turned back on whatever the reset did."""
-    run_tool(run, [nvidia_smi, "-pm", "0", "-i", str(gpu)], RESET_TIMEOUT_S)
-    try:
-        return run_tool(run, [nvidia_smi, "-r", "-i", str(gpu)], RESET_TIMEOUT_S)
-    finally:
-        run_tool(run, [nvidia_smi, "-pm", "1", "-i", str(gpu)], RESET_TIMEOUT_S)
+def whole_node(rung: Rung, every_gpu: tuple[int, ...]) -> tuple[int, ...]:
+    """Every GPU of the node when the step must check them all, else (): after a reboot (the whole board started
+    again), and after a fault of the NVLinks or NVSwitches, which DCGM's tests between GPUs cross (pcie's
+    peer-to-peer part): a pass of the one GPU named would resume a node whose links fail its neighbours."""
+    if rung.step == REBOOT or any(_crosses_gpus(rule, rung.detail) for rule in rung.fault.rules):
+        return every_gpu
+    return ()
+
+
+def _crosses_gpus(rule: str, detail: str) -> bool:
+    """An NVLink, NVSwitch or fabric rule, or an XID whose NVIDIA workflow is the NVLink one (74, 136, 155 ...):
+    by its own rule (`xid-74`), or the code its evidence names (`xid-reset ... xid=74`)."""
+    if rule.startswith(("nvlink-", "nvswitch-", "fabric-")):
+        return True
+    own = re.fullmatch(r"xid-(\d+)", rule)
+    codes = [int(own.group(1))] if own else [int(code) for code in re.findall(r"\bxid=(\d+)\b", detail)]
+    return any("NVLINK" in (entry.immediate if (entry := xid_catalog().entries.get(code)) else "")
+               for code in codes)
 
 
 def _validate(config: Config, gpus: tuple[int, ...], run: Run, evidence: "Evidence", after: str) -> tuple[str, str]:
     """The diag's result on every GPU and its words; on anything but a pass, the evidence kept and the serial of
     the GPU that failed (the first of them) named."""
-    level = config.remediation.validate_level
-    entities = ",".join(str(gpu) for gpu in gpus)
-    diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", entities], DIAG_TIMEOUT_S[level])
-    suspects = list(gpus)
-    try:
-        verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), gpus, level)
-        result, detail = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked"), verdict.describe()
-        named = [f.gpu for f in verdict.failures or verdict.unchecked]
-        suspects = list(dict.fromkeys(named)) or suspects
-    except SourceUnavailable as err:
-        result, detail = "unchecked", str(err)
+    diag, result, detail, suspects = _diag(config, gpus, run)
+    if result == "fail" and after == REBOOT:
+        # The answer sends the GPU to RMA: a failure must fail twice. Once only: a person's (unchecked).
+        again = _diag(config, gpus, run)
+        if again[1] != "fail":
+            result, detail = "unchecked", f"failed once, then {again[1]} on a second run: {detail}"
+        else:
+            diag, detail, suspects = again[0], f"failed twice: {again[2]}", again[3]
     if result == "pass":
         return result, detail
-    queries = [run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], RESET_TIMEOUT_S).stdout
+    queries = [run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], QUERY_TIMEOUT_S).stdout
                for gpu in suspects]
     evidence.keep({"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": "\n".join(queries)})
     if after == REBOOT:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
     found = SERIAL.search(queries[0])
     return result, f"{serial_word(found.group(1))} {detail}" if found else detail
+
+
+def _diag(config: Config, gpus: tuple[int, ...], run: Run) -> tuple[subprocess.CompletedProcess[str], str, str,
+                                                                     list[int]]:
+    """One `dcgmi diag` over `gpus`: its output, result (pass, fail, unchecked), words, and the GPUs it named."""
+    level = config.remediation.validate_level
+    entities = ",".join(str(gpu) for gpu in gpus)
+    diag = run_tool(run, [config.gpu.dcgmi, "diag", "-r", str(level), "-j", "-i", entities], DIAG_TIMEOUT_S[level])
+    try:
+        verdict = diag_verdict(process_dcgm_diag_output(diag.stdout), gpus, level)
+    except SourceUnavailable as err:
+        return diag, "unchecked", str(err), list(gpus)
+    named = [f.gpu for f in verdict.failures or verdict.unchecked]
+    result = {"pass": "pass", "fail": "fail"}.get(verdict.verdict, "unchecked")
+    return diag, result, verdict.describe(), list(dict.fromkeys(named)) or list(gpus)
 
 
 def _bug_report(program: str, run: Run, evidence: "Evidence") -> None:
@@ -157,10 +193,11 @@ class Evidence:
 
 
 def _answer(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, result: str, detail: str,
-            now: float, action: ActionResult | None = None) -> StepOutcome:
+            now: float, action: ActionResult | None = None, note: str = "") -> StepOutcome:
+    """Set the answer through the actor; `note` goes to its audit record only (opsctl history), not the reason."""
     reason = cap_reason(validated_reason(result, rung.fault, rung.step, detail), config.safety.reason_max_length)
     change = Change(node=node.name, event=VALIDATED, seen=node, reason=reason, checks=rung.fault.rules,
-                    evidence=rung.fault.gpu_word, detail=detail, budget=False)
+                    evidence=rung.fault.gpu_word, detail=f"{detail}; {note}" if note else detail, budget=False)
     with Actor(config, slurm, now, result=action) as actor:
         acted = actor.apply([change])
     if acted.dropped:

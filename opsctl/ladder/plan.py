@@ -178,7 +178,9 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
     if result == "fail":
         # The node's detail starts with the GPU's serial (`serial=...`): the RMA's reason keeps it for sinfo -R.
         return _step(name, node, RMA, fault, f"failed its checks after the reboot: {rung.detail}".strip(), config)
-    return _step(name, node, UNVALIDATED, fault, "the checks could not run after the reboot", config)
+    # The node's words say why (a fabric that never trained, a diag that failed once only): the person reads them.
+    why = "the checks could not run after the reboot" + (f": {rung.detail}" if rung.detail else "")
+    return _step(name, node, UNVALIDATED, fault, why, config)
 
 
 def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, config: Config) -> LadderDecision:

@@ -2,12 +2,16 @@
 emulated `nvidia-smi -r` in-process, and the xid-kernel fault's record in the node's kernel log."""
 
 import re
+import time
 
 import pytest
 
 from opsctl_lab import paths as lp
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import (
+    FABRIC_IN_PROGRESS,
+    FABRIC_NOT_STARTED,
+    FABRIC_SUCCESS,
     FAULTS,
     NodeHardware,
     describe_faults,
@@ -16,8 +20,9 @@ from opsctl_lab.hardware import (
     parse_fault,
     write_kernel_log,
 )
-from opsctl_lab.hwtools.nvidia_smi import bus_id
+from opsctl_lab.hwtools.nvidia_smi import bus_id, query_gpu, render_q
 from opsctl_lab.hwtools.nvidia_smi_reset import RC_IN_USE, gpu_reset
+from opsctl_lab.hwtools.systemctl import systemctl
 from tests.conftest import FIXTURES
 
 VOLATILE = {"xid", "xid-kernel", "dbe", "sbe-storm", "nvlink-errors", "nvlink-crc", "pcie-replays", "pcie-aer",
@@ -161,3 +166,57 @@ def test_the_kernel_log_is_next_to_the_state_file_in_both_tiers(tmp_path):
     from opsctl_lab.machines.settings import HW_KERNEL_LOG, HW_STATE
 
     assert str(kernel_log_path(HW_STATE)) == HW_KERNEL_LOG
+
+
+# ---- the board's fabric and its holders (issue: boot, reset and power as an HGX H200 does them) ------------------
+def test_the_fabric_trains_again_after_a_reset_and_after_a_boot_not_started_then_in_progress_then_completed():
+    hw = NodeHardware(node="gpu007", fabric_training_s=8.0)
+    now = 1_800_000_000.0
+    assert hw.fabric_status(2, now) == FABRIC_SUCCESS  # booted long ago
+    hw.reset_gpu(2, now)
+    assert [hw.fabric_status(2, now + t) for t in (0, 1.9, 2, 7.9, 8)] == \
+        [FABRIC_NOT_STARTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_IN_PROGRESS, FABRIC_SUCCESS]
+    assert hw.fabric_status(3, now) == FABRIC_SUCCESS  # only the GPU reset retrains
+    hw.reboot(now + 100)
+    assert {hw.fabric_status(g, now + 104) for g in range(8)} == {FABRIC_IN_PROGRESS}
+    assert {hw.fabric_status(g, now + 108) for g in range(8)} == {FABRIC_SUCCESS}
+    hw.inject("fabric-stuck", gpu=5, now=now + 108)
+    assert hw.fabric_status(5, now + 10_000) == FABRIC_IN_PROGRESS
+
+
+def test_nvidia_smi_prints_the_fabric_state_as_the_real_one_does():
+    hw = NodeHardware(node="gpu007")
+    now = 1_800_000_000.0
+    hw.reset_gpu(1, now)
+    row = query_gpu(hw, now + hw.fabric_training_s / 2, ["index", "fabric.state", "fabric.status"], {"noheader"}, [1])
+    assert row == "1, In Progress, N/A\n"
+    q = render_q(hw, now + hw.fabric_training_s, [1])
+    assert re.search(r"Fabric\n\s+State\s+: Completed\n\s+Status\s+: Success\n", q)
+
+
+def test_the_monitoring_services_hold_every_gpu_until_the_emulated_systemctl_stops_them():
+    hw = NodeHardware(node="gpu007", monitoring={"nvidia-dcgm": True, "dcgm-exporter": True})
+    hw.set_persistence_mode(2, False)
+    text, rc = gpu_reset(hw, {2: bus_id(2)})
+    assert rc == RC_IN_USE and "In use by another client" in text
+    assert systemctl(hw, ["is-active", "dcgm-exporter", "nvidia-dcgm"]) == ("active\nactive\n", "", 0)
+    assert systemctl(hw, ["stop", "dcgm-exporter.service", "nvidia-dcgm"])[2] == 0
+    assert not hw.exporter_serves()
+    assert systemctl(hw, ["is-active", "dcgm-exporter"]) == ("inactive\n", "", 3)
+    assert gpu_reset(hw, {2: bus_id(2)})[1] == 0
+    assert systemctl(hw, ["start", "nvidia-dcgm", "dcgm-exporter"])[2] == 0 and hw.exporter_serves()
+    assert systemctl(hw, ["stop", "nvidia-fabricmanager"]) == (
+        "", "Failed to stop nvidia-fabricmanager.service: Unit nvidia-fabricmanager.service not loaded.\n", 5)
+    assert systemctl(hw, ["is-active", "nvidia-fabricmanager"]) == ("inactive\n", "", 3)
+
+
+def test_all_reduce_perf_fails_as_nccl_tests_does_before_the_fabric_is_trained(tmp_path, monkeypatch, capsys):
+    from opsctl_lab.hwtools import all_reduce_perf
+
+    hw = NodeHardware(node="gpu007")
+    hw.reset_gpu(0, time.time())
+    hw.save(tmp_path / "hw.json")
+    monkeypatch.setenv("OPSCTL_HW_STATE", str(tmp_path / "hw.json"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert all_reduce_perf.main(["-b", "8", "-e", "8M", "-f", "2", "-g", "8"]) == 1
+    assert "Test CUDA failure common.cu:941 'system not yet initialized'" in capsys.readouterr().out

@@ -12,12 +12,9 @@ from opsctl.health.xid import xid_catalog
 from opsctl.ladder.node_step import take_step
 from opsctl.ladder.reasons import fault_of, rung_of, step_reason
 from opsctl_lab.hardware import NodeHardware
-from opsctl_lab.hwtools.dcgmi import diag_document, entity_gpus, styled
-from opsctl_lab.hwtools.dcgmi_diag import run_diag
-from opsctl_lab.hwtools.nvidia_smi import bus_id, gpu_serial, render_q
-from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
+from opsctl_lab.hwtools.nvidia_smi import gpu_serial
+from tests.unit.emulated_gpus import NOW, EmulatedGpus
 from tests.unit.fakes import FakeSlurm, World, node
-from tests.unit.test_ladder_step import NOW, Ran
 
 ON_THE_LADDER = "opsctl:reboot gpu1 xid-79 xid=79 count=1"
 
@@ -74,52 +71,28 @@ def test_defect_3_an_entry_drain_gains_the_new_gpus_evidence(tmp_path):
     assert w.slurm.calls == [("reason", ("gpu040",), "opsctl:xid-48,xid-79 gpu1 xid=48 count=1; gpu3 xid=79 count=1")]
 
 
-class TwoGpus:
-    """subprocess.run of nvidia-smi and dcgmi for a list of GPUs (`-i 1,3`), answered by the lab's emulated node."""
-
-    def __init__(self, hw: NodeHardware):
-        self.hw, self.calls = hw, []
-
-    def __call__(self, argv, **_):
-        self.calls.append(" ".join(argv[1:]))
-        if argv[0] == "nvidia-bug-report.sh":  # not installed, as on the lab's nodes
-            raise FileNotFoundError(2, "No such file or directory")
-        gpus, _ = entity_gpus(argv[argv.index("-i") + 1])
-        if argv[:2] == ["nvidia-smi", "-pm"]:
-            for gpu in gpus:
-                self.hw.set_persistence_mode(gpu, argv[2] == "1", NOW)
-            return Ran(argv, 0, "")
-        if argv[:2] == ["nvidia-smi", "-r"]:
-            text, rc = gpu_reset(self.hw, {g: bus_id(g) for g in gpus}, NOW)
-            return Ran(argv, rc, text)
-        if argv[:2] == ["nvidia-smi", "-q"]:
-            return Ran(argv, 0, render_q(self.hw, NOW, gpus))
-        runs = run_diag(self.hw, int(argv[argv.index("-r") + 1]), gpus, NOW)
-        failed = any(result == "Fail" for run in runs for result in run.results.values())
-        return Ran(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, gpus)))
-
-
 def _two_gpu_node(tmp_path, reason, state="down", flags=()):
     config = parse_config({}, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
     hw = NodeHardware(node="gpu007")
     hw.inject("row-remap-failure", gpu=3, now=NOW - 60)  # sticky: gpu3's diagnostics fail
     slurm = FakeSlurm({"gpu007": node("gpu007", state=state, flags=flags, reason=reason)})
-    return config, slurm, TwoGpus(hw)
+    return config, slurm, EmulatedGpus(hw)
 
 
 def test_defect_3_the_node_validates_every_gpu_listed_and_fails_on_the_second(tmp_path):
-    config, slurm, gpus = _two_gpu_node(tmp_path, "opsctl:reboot gpu1,gpu3 xid-79,xid-48 xid=79 count=1")
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    config, slurm, gpus = _two_gpu_node(tmp_path, "opsctl:reset gpu1,gpu3 xid-48,row-remap-pending xid=48 count=1",
+                                        "idle", ("DRAIN",))
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     assert any(call.startswith("diag -r 2 -j -i 1,3") for call in gpus.calls), gpus.calls
-    assert step.reason.startswith(f"opsctl:validated-fail gpu1,gpu3 xid-79,xid-48 after-reboot serial="
+    assert step.reason.startswith(f"opsctl:validated-fail gpu1,gpu3 xid-48,row-remap-pending after-reset serial="
                                   f"{gpu_serial('gpu007', 3)} fail")
     [record] = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
-    assert record["checks"] == ["xid-79", "xid-48"] and record["evidence"] == "gpu1,gpu3"
+    assert record["checks"] == ["xid-48", "row-remap-pending"] and record["evidence"] == "gpu1,gpu3"
 
 
 def test_defect_3_a_reset_asked_for_two_gpus_resets_both(tmp_path):
     config, slurm, gpus = _two_gpu_node(tmp_path, "opsctl:reset gpu1,gpu3 xid-48 xid=48 count=1", "idle", ("DRAIN",))
-    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     assert [c for c in gpus.calls if c.startswith("-r")] == ["-r -i 1", "-r -i 3"]
 
 

@@ -3,58 +3,16 @@
 protocol. The head's part (`opsctl remediate`) then reads the answer: tests/unit/test_remediate.py."""
 
 import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 from opsctl.actor.result import ActionResult
 from opsctl.config import parse_config
 from opsctl.ladder.node_step import take_step
 from opsctl.slurm import SlurmNode
 from opsctl_lab.hardware import NodeHardware
-from opsctl_lab.hwtools.dcgmi import diag_document, styled
-from opsctl_lab.hwtools.dcgmi_diag import run_diag
-from opsctl_lab.hwtools.nvidia_smi import bus_id, gpu_serial, render_q
-from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
+from opsctl_lab.hwtools.nvidia_smi import gpu_serial
+from tests.unit.emulated_gpus import NOW, EmulatedGpus
 from tests.unit.fakes import FakeSlurm, node
-
-NOW = 1_800_000_000.0
-
-
-@dataclass(frozen=True)
-class Ran:
-    """What subprocess.run returns, as far as the node's step reads it (no process is started here)."""
-
-    args: list
-    returncode: int
-    stdout: str
-    stderr: str = ""
-
-
-class EmulatedGpus:
-    """Stands in for subprocess.run of nvidia-smi and dcgmi, answered by the lab's emulation of one node."""
-
-    def __init__(self, hw: NodeHardware, bug_report: str | None = None):
-        self.hw, self.calls, self.bug_report = hw, [], bug_report
-
-    def __call__(self, argv, **_):
-        self.calls.append(" ".join(argv[1:]))
-        if argv[0] == "nvidia-bug-report.sh":
-            if self.bug_report is None:  # not installed, as on the lab's nodes
-                raise FileNotFoundError(2, "No such file or directory")
-            Path(argv[2] + ".gz").write_text(self.bug_report)
-            return Ran(argv, 0, "")
-        gpu = int(argv[argv.index("-i") + 1])
-        if argv[:2] == ["nvidia-smi", "-pm"]:
-            self.hw.set_persistence_mode(gpu, argv[2] == "1", NOW)
-            return Ran(argv, 0, f"Persistence mode set for GPU {bus_id(gpu)}.\n", "")
-        if argv[:2] == ["nvidia-smi", "-r"]:
-            text, rc = gpu_reset(self.hw, {gpu: bus_id(gpu)}, NOW)
-            return Ran(argv, rc, text, "")
-        if argv[:2] == ["nvidia-smi", "-q"]:
-            return Ran(argv, 0, render_q(self.hw, NOW, [gpu]), "")
-        runs = run_diag(self.hw, int(argv[argv.index("-r") + 1]), [gpu], NOW)
-        failed = any(result == "Fail" for run in runs for result in run.results.values())
-        return Ran(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, [gpu])), "")
 
 
 def setup(tmp_path, reason, fault=None, state="idle", flags=("DRAIN",)):
@@ -69,8 +27,10 @@ def setup(tmp_path, reason, fault=None, state="idle", flags=("DRAIN",)):
 def test_a_reset_asked_for_is_done_with_persistence_off_around_it_then_checked_and_answered(tmp_path):
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 row-remap-pending row_remap_pending=1",
                                     "row-remap-pending")
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
-    assert gpus.calls[:3] == ["-pm 0 -i 2", "-r -i 2", "-pm 1 -i 2"] and gpus.calls[3].startswith("diag -r 2 -j")
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
+    resetting = gpus.calls.index("-r -i 2")
+    assert gpus.calls[resetting - 1:resetting + 2] == ["-pm 0 -i 2", "-r -i 2", "-pm 1 -i 2"]
+    assert gpus.calls[-1].startswith("diag -r 2 -j -i 2")
     assert step.reason == "opsctl:validated-pass gpu2 row-remap-pending after-reset pass"
     assert slurm.state["gpu007"].reason == step.reason and hw.persistence_mode(2)
     assert [r["event"] for r in map(json.loads, (tmp_path / "state" / "audit.jsonl").read_text().splitlines())] \
@@ -81,14 +41,14 @@ def test_the_answer_is_in_the_action_result_that_node_check_renders(tmp_path):
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 row-remap-pending row_remap_pending=1",
                                     "row-remap-pending")
     action = ActionResult()
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, result=action)
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus, result=action)
     assert action.done == [f"validated gpu007: {step.reason}"] and action.refused == {}
 
 
 def test_a_sticky_fault_fails_the_diagnostics_and_leaves_the_evidence_for_the_vendor(tmp_path):
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 row-remap-failure row_remap_failure=1",
                                     "row-remap-failure")
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     serial = gpu_serial("gpu007", 2)
     assert step.reason.startswith(f"opsctl:validated-fail gpu2 row-remap-failure after-reset serial={serial} fail: "
                                   "software on GPU 2")
@@ -103,7 +63,7 @@ def test_a_failure_after_a_reboot_adds_nvidia_bug_report_where_it_is_installed(t
         config, hw, slurm, gpus = setup(tmp_path / str(installed), "opsctl:reboot gpu2 row-remap-failure "
                                         "row_remap_failure=1", "row-remap-failure", state="down", flags=())
         gpus.bug_report = "nvidia-bug-report output" if installed else None
-        step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+        step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
         assert step.reason.startswith(f"opsctl:validated-fail gpu2 row-remap-failure after-reboot serial="
                                       f"{gpu_serial('gpu007', 2)} fail")
         [kept] = (tmp_path / str(installed) / "state" / "validation").iterdir()
@@ -112,8 +72,11 @@ def test_a_failure_after_a_reboot_adds_nvidia_bug_report_where_it_is_installed(t
 
 
 def test_a_reset_refused_is_unchecked_never_a_pass(tmp_path):
-    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 xid-48 xid=48 count=1", "gpu-leftover-memory")
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    """A holder opsctl does not stop (no service to stop named: remediation.reset_stops empty): nvidia-smi refuses
+    the reset, and its words are the answer."""
+    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 xid-48 xid=48 count=1")
+    config = replace(config, remediation=replace(config.remediation, reset_stops=()))
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     assert step.reason.startswith("opsctl:validated-unchecked gpu2 xid-48 after-reset reset failed (exit 255): The "
                                   "following GPUs could not be reset")
     assert gpus.calls[-1] == "-pm 1 -i 2"  # persistence mode back on, after the refusal too
@@ -121,7 +84,8 @@ def test_a_reset_refused_is_unchecked_never_a_pass(tmp_path):
 
 def test_a_passing_diag_with_another_check_failing_is_a_failed_validation(tmp_path):
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reboot gpu2 xid-79 xid=79 count=1", state="down", flags=())
-    step = take_step(config, slurm, "gpu007", False, "other checks failed: ib-port-state mlx5_3", run=gpus, now=NOW)
+    step = take_step(config, slurm, "gpu007", False, "other checks failed: ib-port-state mlx5_3", run=gpus, now=NOW,
+                     pace=gpus)
     assert step.reason == "opsctl:validated-fail gpu2 xid-79 after-reboot other checks failed: ib-port-state mlx5_3"
     assert not any(call.startswith("-r") for call in gpus.calls)  # after a reboot: checks only
 
@@ -133,7 +97,7 @@ def test_nothing_is_done_while_jobs_run_a_reboot_is_under_way_or_the_reason_is_n
                                  ("opsctl:reset gpu2 xid-48", "idle", ("DRAIN", "MAINT")),
                                  ("swap gpu2, ticket 7", "idle", ("DRAIN",))]:
         config, hw, slurm, gpus = setup(tmp_path, reason, state=state, flags=flags)
-        step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+        step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
         assert (gpus.calls, slurm.calls, step.reason) == ([], [], ""), reason
 
 
@@ -148,7 +112,7 @@ def test_a_person_who_changed_the_reason_meanwhile_wins(tmp_path):
         return seen
 
     slurm.nodes = person_meanwhile
-    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     assert step.reason == "" and "changed meanwhile" in step.line
     assert slurm.state["gpu007"].reason == "mine now, ticket 9" and slurm.calls == []
 
@@ -161,7 +125,7 @@ def test_slurm_unreadable_is_a_line_not_an_error(tmp_path):
         raise SourceUnavailable("Slurm: scontrol: cannot reach slurmctld")
 
     slurm.nodes = down
-    assert "Slurm unreadable" in take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW).line
+    assert "Slurm unreadable" in take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus).line
 
 
 def test_the_head_resumes_what_the_node_validated(tmp_path):
@@ -169,7 +133,7 @@ def test_the_head_resumes_what_the_node_validated(tmp_path):
     from opsctl.ladder.remediate import remediate
 
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reset gpu2 ecc-dbe-new dbe_increase=1", "dbe")
-    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW)
+    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
     assert slurm.state["gpu007"].reason.startswith("opsctl:validated-pass gpu2 ecc-dbe-new after-reset")
     assert remediate(config, slurm, dry_run=False).made == ["gpu007"]
     assert slurm.state["gpu007"] == SlurmNode("gpu007", "idle", (), "", partitions=("gpu",), gres="gpu:h200:8")

@@ -102,7 +102,7 @@ def span_seconds(span: str) -> float:
 
 def head_level(level: int) -> dict:
     """A head's opsctl_config that sets validate_level, with a step_timeout that a step at that level fits."""
-    return {"remediation": {"validate_level": level, "step_timeout": "2h"}}
+    return {"remediation": {"validate_level": level, "step_timeout": "4h"}}
 
 
 def refusals(head_config: dict | None = None, **site) -> list[str]:
@@ -181,7 +181,7 @@ def test_defect_7_every_head_setting_the_nodes_step_reads_is_declared_and_render
     for key in sorted(reads):
         section, name = key.split(".")
         value = getattr(getattr(defaults, section), name) + 1  # another valid value than the default
-        head: dict = {"remediation": {"step_timeout": "2h"}}
+        head: dict = {"remediation": {"step_timeout": "4h"}}
         head.setdefault(section, {})[name] = value
         parse_config(head, "head", {})  # a head config opsctl takes
         assert node_config(head)[section][name] == value, key
@@ -196,13 +196,24 @@ def test_defect_7_a_ladder_setting_given_to_the_node_alone_is_refused():
 
 # ---- (c) the unit's timeout covers the longest step at every level ------------------------------------------
 class RecordedRun:
-    """subprocess.run of the node's step: records each tool's timeout; every diag finds nothing it can read
-    (so that the step goes on to nvidia-smi -q and, after a reboot, nvidia-bug-report.sh)."""
+    """subprocess.run of the node's step: records each tool's timeout; the fabric trains only at the end of the
+    wait for it (`ready_s`, on the run's own clock: it is the step's pace), and every diag finds nothing it can
+    read (so that the step goes on to nvidia-smi -q and, after a reboot, nvidia-bug-report.sh)."""
 
-    def __init__(self):
+    def __init__(self, ready_s: float):
         self.timeouts: list[float] = []
+        self.ready_s, self.now = ready_s, 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def monotonic(self) -> float:
+        return self.now
 
     def __call__(self, argv, **kwargs):
+        if argv[1].startswith("--query-gpu="):
+            state = "Completed, Success" if self.now >= self.ready_s else "In Progress, N/A"
+            return subprocess.CompletedProcess(argv, 0, f"0, {state}, Enabled\n", "")
         self.timeouts.append(kwargs["timeout"])
         return subprocess.CompletedProcess(argv, 0, "Serial Number : 1654922000001\n" if "-q" in argv else "", "")
 
@@ -216,10 +227,10 @@ def longest_step_s(tmp_path: Path, level: int) -> float:
         config = parse_config(head_level(level), "t", {"OPSCTL_STATE_DIR": str(state_dir)})
         slurm = FakeSlurm({"gpu007": node("gpu007", state=state, flags=flags,
                                           reason=f"opsctl:{step} gpu2 xid-79 xid=79 count=1")})
-        run = RecordedRun()
-        take_step(config, slurm, "gpu007", True, "", run=run, now=NOW)
+        run = RecordedRun(ready_s=float(config.remediation.ready_timeout) - 1)
+        take_step(config, slurm, "gpu007", True, "", run=run, now=NOW, pace=run)
         assert len(run.timeouts) >= 3, (step, run.timeouts)  # the diag, nvidia-smi -q and more ran
-        longest = max(longest, sum(run.timeouts))
+        longest = max(longest, sum(run.timeouts) + run.now)
     return longest
 
 
@@ -276,11 +287,12 @@ def test_defect_7_the_roles_bounds_are_opsctls():
 
     assert {int(level): seconds for level, seconds in value("_node_check_diag_timeout_s").items()} \
         == tools.DIAG_TIMEOUT_S
-    gpus, per_gpu, bug_report = (int(value(name)) for name in (
-        "_node_check_step_gpus", "_node_check_gpu_tools_s", "_node_check_bug_report_s"))
+    gpus, per_gpu, bug_report, runs, ready, reset = (int(value(name)) for name in (
+        "_node_check_step_gpus", "_node_check_gpu_tools_s", "_node_check_bug_report_s", "_node_check_diag_runs",
+        "_node_check_ready_s", "_node_check_reset_once_s"))
     assert gpus == 8
-    assert all(tools.DIAG_TIMEOUT_S[level] + gpus * per_gpu + bug_report == tools.node_step_bound_s(level, gpus)
-               for level in LEVELS)
+    assert all(runs * tools.DIAG_TIMEOUT_S[level] + ready + reset + gpus * per_gpu + bug_report
+               == tools.node_step_bound_s(level, gpus) for level in LEVELS)
 
 
 @pytest.mark.parametrize("span,seconds", [

@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +184,13 @@ def main(argv: list[str]) -> int:
     lost = [g for g in gpus if not hw.gpu_present(g)]
     if lost or len(gpus) < args.ngpus:
         sys.stdout.write(f"{hw.node}: Test CUDA failure common.cu:892 'unknown error'\n"
+                         f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n")
+        return 1
+    now = time.time()
+    if any(hw.fabric_status(g, now) != hwm.FABRIC_SUCCESS for g in gpus):
+        # CUDA_ERROR_SYSTEM_NOT_READY before Fabric Manager trained the fabric; nccl-tests prints it so
+        # (NVIDIA/nccl-tests issue 264: "Test CUDA failure common.cu:941 'system not yet initialized'").
+        sys.stdout.write(f"{hw.node}: Test CUDA failure common.cu:941 'system not yet initialized'\n"
                          f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n")
         return 1
     if os.environ.get("SLURM_PROCID", "0") != "0":

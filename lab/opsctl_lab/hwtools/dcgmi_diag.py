@@ -17,6 +17,9 @@ Read from NVIDIA/DCGM @ 72fa3feaa67d716a75323a8f47c34ff3ee73f824 (DCGM 4.6.0):
   `pcie` also fails NVLink CRC errors at 100 or more per second (nvlink_crc_error_threshold, Pcie.cpp); the
   lab's nvlink-errors fault rises 20 + 5 per second, so DCGM passes it, as issue #198 saw DCGM pass with
   NVLinks down. 9 remapped rows (remapped-rows) pass as well: below the limit of 512.
+- A GPU whose fabric Fabric Manager has not trained (after a boot or a reset, `fabric-stuck`, `fabricmanager-down`)
+  cannot make a CUDA context: CUDA answers CUDA_ERROR_SYSTEM_NOT_READY, and every test after `software` fails it
+  (error 66, judgement as below).
 - The lab's XID faults (xid, xid-kernel) whose NVIDIA catalog action is a GPU reset or a reboot (as
   opsctl.health.xid reads the catalog) stand for a driver whose recovery action says so. Judgement, not
   source: such a GPU cannot make a CUDA context until that happens, so every other test fails it (error 66).
@@ -27,7 +30,7 @@ Read from NVIDIA/DCGM @ 72fa3feaa67d716a75323a8f47c34ff3ee73f824 (DCGM 4.6.0):
 from dataclasses import dataclass, field
 
 from opsctl_lab.dcgm_emulator import GpuView
-from opsctl_lab.hardware import FAULTS, XID_FAULTS, NodeHardware
+from opsctl_lab.hardware import FABRIC_SUCCESS, FAULTS, XID_FAULTS, NodeHardware
 
 DCGM_VERSION = "4.6.0"
 DEVICE_ID = "2335"  # "Device Id : 0x233510DE" of the real H200 capture (nvidia-smi -q)
@@ -72,6 +75,10 @@ SKIP_REASONS = {  # nvvs/include/EntitySet.h
 }
 # cuGetErrorString(CUDA_ERROR_DEVICE_UNAVAILABLE): what context creation is taken to answer on such a GPU.
 CUDA_UNAVAILABLE = "CUDA-capable device(s) is/are busy or unavailable"
+# cuGetErrorString(CUDA_ERROR_SYSTEM_NOT_READY, 802): CUDA's answer on an NVSwitch system whose fabric Fabric
+# Manager has not trained (NVIDIA/nccl-tests issue 264: "Test CUDA failure ... 'system not yet initialized'", and
+# dcgmi diag unable to initialize CUDA on the same node).
+CUDA_NOT_READY = "system not yet initialized"
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,8 @@ def _rate(hw: NodeHardware, gpu: int, counter: str) -> float:
 def _common_errors(hw: NodeHardware, gpu: int, test: str, now: float) -> list[DiagError]:
     if _recovery_action(hw, gpu):
         return [error(gpu, 66, f"GPU {gpu} failed to create a CUDA context: {CUDA_UNAVAILABLE}")]
+    if hw.fabric_status(gpu, now) != FABRIC_SUCCESS:
+        return [error(gpu, 66, f"GPU {gpu} failed to create a CUDA context: {CUDA_NOT_READY}")]
     found = []
     if _rate(hw, gpu, "ecc_dbe_vol") > 0:
         found.append(error(gpu, 103, f"Detected 1 ecc_dbe_volatile_total for GPU {gpu}"))

@@ -104,8 +104,8 @@ def values(hw: NodeHardware, gpu: int, now: float) -> dict[str, Any]:
         "compute_mode": hwm.COMPUTE_MODES[view.compute_mode()],
         "ecc_mode": "Disabled" if view.has("ecc-off") else "Enabled",
         # NVML's fabric status is read only once the state is Completed; before that nvidia-smi prints N/A.
-        **({"fabric_state": "Completed", "fabric_status": "Success"} if view.fabric_status() == hwm.FABRIC_SUCCESS
-           else {"fabric_state": "In Progress", "fabric_status": "N/A"}),
+        "fabric_state": hwm.FABRIC_STATES[view.fabric_status()],
+        "fabric_status": "Success" if view.fabric_status() == hwm.FABRIC_SUCCESS else "N/A",
     }
 
 

@@ -33,8 +33,10 @@ IN_USE_TAIL = ("currently being used by one or more other processes (e.g., Fabri
 
 
 def in_use(hw: NodeHardware, gpu: int) -> bool:
-    """Something holds the GPU: a leftover process, or the persistence daemon (persistence mode Enabled)."""
-    return hw.has("gpu-leftover-memory", gpu=gpu) or hw.persistence_mode(gpu)
+    """Something holds the GPU: a leftover process, the persistence daemon (persistence mode Enabled), or a
+    monitoring service that runs (DCGM's host engine, dcgm-exporter: NVML clients of every GPU; NVIDIA/NVSentinel
+    issue 1691)."""
+    return hw.has("gpu-leftover-memory", gpu=gpu) or hw.persistence_mode(gpu) or bool(hw.monitoring_holders())
 
 
 def gpu_reset(hw: NodeHardware, buses: dict[int, str], now: float | None = None) -> tuple[str, int]:

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -29,12 +30,13 @@ def h(lab, tmp_path):
     helper.cleanup()
 
 
-def node_check(h, node):
-    """The node's timer: `opsctl node check --remediate-self` with the lab node's config and a state directory
-    and audit log of its own (a real node keeps them on its own disk), against the lab's Slurm."""
+def node_check(h, node, **settings):
+    """The node's timer: `opsctl node check --remediate-self` with the lab node's config (and `settings` over it)
+    and a state directory and audit log of its own (a real node keeps them on its own disk), against the lab's
+    Slurm."""
     node_dir = h.lab.lab_dir / "nodes" / node
     config = yaml.safe_load((node_dir / "node-check.yaml").read_text())
-    config.update(state_dir=str(h.tmp / node), audit_log=str(h.tmp / node / "audit.jsonl"))
+    config.update(state_dir=str(h.tmp / node), audit_log=str(h.tmp / node / "audit.jsonl"), **settings)
     path = h.tmp / f"{node}.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in h.lab.env.items() if k not in ("OPSCTL_STATE_DIR", "OPSCTL_CONFIG")}
@@ -46,8 +48,30 @@ def node_check(h, node):
     return proc.stdout, [json.loads(line)["event"] for line in audit.read_text().splitlines()] if audit.exists() else []
 
 
+def node_records(h, node):
+    """The node's own audit log (`opsctl history` on the node), as node_check keeps it."""
+    return [json.loads(line) for line in (h.tmp / node / "audit.jsonl").read_text().splitlines()]
+
+
+def fabric_training(h, node, seconds):
+    """How long the node's emulated Fabric Manager trains its GPUs after a boot or a reset; returns the old."""
+    path = h.lab.lab_dir / "nodes" / node / "hardware.json"
+    raw = json.loads(path.read_text())
+    old, raw["fabric_training_s"] = raw.get("fabric_training_s"), seconds
+    path.write_text(json.dumps(raw))
+    return old
+
+
 def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(h):
     started = time.monotonic()
+    trained = fabric_training(h, NODE, 12.0)  # a board whose fabric trains for a while after the boot
+    try:
+        xid_79_ladder(h, started)
+    finally:
+        fabric_training(h, NODE, trained)
+
+
+def xid_79_ladder(h, started):
     h.inject(NODE, "xid:79", gpu=3)
     h.wait_statuses(NODE, {NODE: "fail"}, {NODE: "xid-79"})
     _, nodes = h.health_json("--drain", "--nodes", NODE)
@@ -63,6 +87,9 @@ def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(h):
     answered, node_audit = node_check(h, NODE)
     assert "checked: pass" in answered and node_audit == ["validated"], answered
     assert h.slurm()[NODE].reason == "opsctl:validated-pass gpu3 xid-79 after-reboot pass"
+    # It waited for the fabric before its diag (a diag before it would have failed every GPU), then checked all 8.
+    waited = re.fullmatch(r"pass; ready after (\d+)s; diag on GPU 0,1,2,3,4,5,6,7", node_records(h, NODE)[0]["detail"])
+    assert waited and int(waited.group(1)) >= 1, node_records(h, NODE)
     assert h.opsctl("remediate").returncode == 0
     # Resumed: idle, and responding once slurmctld's next ping reaches the restarted slurmd.
     after = h.lab.wait_until(lambda: not h.slurm()[NODE].out_of_service and h.slurm()[NODE], 60,
@@ -74,6 +101,23 @@ def test_xid_79_is_drained_rebooted_validated_and_resumed_with_no_person(h):
     assert [json.loads(line)["event"] for line in history.stdout.splitlines()] == ["drain", "reboot", "resume"]
     table = h.opsctl("history", NODE).stdout
     assert "reboot" in table and "validated after the reboot" in table
+
+
+def test_a_fabric_that_never_trains_after_the_reboot_is_a_persons_never_rma(h):
+    node = "gpu055"
+    assert drained_by_health(h, node, "xid:79", 3, "xid-79").startswith("opsctl:xid-79 gpu3")
+    assert remediate(h)[node]["action"] == "reboot"
+    h.lab.wait_until(lambda: h.slurm()[node].back_from_reboot, 90, "the node back from its reboot", interval=1)
+    h.inject(node, "fabric-stuck", gpu=3)  # Fabric Manager never finishes this GPU's training
+    answered, node_audit = node_check(h, node, remediation={"ready_timeout": "10s"})
+    assert node_audit == ["validated"], answered
+    assert h.slurm()[node].reason == ("opsctl:validated-unchecked gpu3 xid-79 after-reboot not ready after 10s: "
+                                      "fabric In Progress on GPU 3")
+    assert not (h.tmp / node / "validation").exists()  # no diag ran: nothing failed
+    assert remediate(h)[node]["action"] == "unvalidated"
+    assert h.slurm()[node].reason == ("opsctl:unvalidated gpu3 xid-79 the checks could not run after the reboot: "
+                                      "not ready after 10s: fabric In Progress on GPU 3")
+    assert events(h, node) == ["drain", "reboot", "unvalidated"]
 
 
 def drained_by_health(h, node, fault, gpu, rule):
@@ -116,6 +160,19 @@ def test_a_pending_row_remap_is_reset_validated_and_resumed_without_a_reboot(h):
     # The reset applied the remap: the fault is gone; the node never rebooted.
     assert hardware(h, node)["active"] == [] and hardware(h, node)["booted"] == booted
     assert events(h, node) == ["drain", "reset", "resume"]
+    # DCGM's host engine and dcgm-exporter were stopped for the reset (the emulated nvidia-smi -r refuses while
+    # they hold the GPU), started again after it, and the exporter serves the GPU's metrics again.
+    assert hardware(h, node)["monitoring"] == {"nvidia-dcgm": True, "dcgm-exporter": True}
+    assert h.lab.wait_until(lambda: 'gpu="2"' in dcgm_metrics(h, node), 30, "dcgm-exporter answering", interval=1)
+    assert re.fullmatch(r"pass; ready after \d+s; diag on GPU 2", node_records(h, node)[0]["detail"])
+
+
+def dcgm_metrics(h, node):
+    try:
+        with urllib.request.urlopen(f"http://{h.lab.address(node)}:9400/metrics", timeout=5) as answer:
+            return answer.read().decode()
+    except OSError:
+        return ""
 
 
 def test_a_sticky_row_remap_failure_goes_from_reset_and_reboot_to_rma_with_the_gpus_serial_and_stays(h):
