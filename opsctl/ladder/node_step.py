@@ -104,7 +104,8 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
     ready = wait_ready(config.gpu.nvidia_smi, config.remediation.ready_timeout, run, pace)
     if not ready.ready:
         return _answer(config, slurm, node, rung, "unchecked", ready.words(), now, action, note=reset.note)
-    checked = whole_node(rung, ready.gpus) or gpus
+    # The reason's GPUs always: one that did not come back (lost, so not listed) must fail the diag, not be left out.
+    checked = tuple(sorted({*whole_node(rung, ready.gpus), *gpus}))
     result, detail = _validate(config, checked, run, evidence, rung.step)
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures

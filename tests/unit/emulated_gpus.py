@@ -64,6 +64,10 @@ class EmulatedGpus:
             return Ran(argv, rc, text)
         if argv[:2] == ["nvidia-smi", "-q"]:
             return Ran(argv, 0, render_q(self.hw, self.now, gpus))
+        if any(not self.hw.gpu_present(gpu) for gpu in gpus):  # as the lab's dcgmi: a lost GPU named with -i
+            runtime = {"DCGM Diagnostic": {"runtime_error": "Error: Unable to complete diagnostic. Return: (-18) : "
+                                                            "GPU is lost\n", "version": "4.6.0"}}
+            return Ran(argv, 238, styled(runtime))
         runs = run_diag(self.hw, int(argv[argv.index("-r") + 1]), gpus, self.now)
         failed = any(result == "Fail" for run in runs for result in run.results.values())
         return Ran(argv, 226 if failed else 0, styled(diag_document(self.hw, runs, gpus)))

@@ -115,6 +115,15 @@ def test_a_reboot_or_an_nvlink_fault_checks_every_gpu_a_reset_of_another_the_gpu
     assert diags(gpus) == [f"diag -r 2 -j -i {checked}"], step.line
 
 
+def test_a_gpu_that_did_not_come_back_from_the_reboot_is_still_checked_and_never_passes(tmp_path):
+    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reboot gpu2 xid-79 xid=79 count=1", "gpu-missing",
+                                    state="down", flags=())
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
+    assert diags(gpus) == ["diag -r 2 -j -i 0,1,2,3,4,5,6,7"]  # nvidia-smi listed 7: the reason's GPU 2 joins them
+    assert step.reason.startswith("opsctl:validated-unchecked gpu2 xid-79 after-reboot")
+    assert "GPU is lost" in audit(tmp_path)[-1]["detail"]
+
+
 def test_a_neighbour_that_fails_after_a_reboot_fails_the_step(tmp_path):
     config, hw, slurm, gpus = setup(tmp_path, "opsctl:reboot gpu2 xid-79 xid=79 count=1", state="down", flags=())
     hw.inject("row-remap-failure", gpu=5, now=NOW - 60)
