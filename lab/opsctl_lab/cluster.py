@@ -153,8 +153,8 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
 
 
 def wait_ready(paths: lp.LabPaths, nodes: int, timeout: float = READY_TIMEOUT_S, watch: bool = True) -> None:
-    """Every node idle (or as its drains leave it) in sinfo, every target that should answer up; with
-    `watch`, also opsctl's --watch running and scraped."""
+    """Every node idle (or as its drains, or opsctl's remediation ladder, leave it) in sinfo, every target that
+    should answer up; with `watch`, also opsctl's --watch running and scraped."""
     deadline = time.monotonic() + timeout
     problem: str | None = "not started"
     while time.monotonic() < deadline:
@@ -171,8 +171,8 @@ def _not_ready(paths: lp.LabPaths, nodes: int, watch: bool = True) -> str | None
     if dead:
         return f"not running: {', '.join(dead[:5])}"
     states = slurm_lab.node_states(paths)
-    unsettled = [n for n, s in states.items()
-                 if not slurm_lab.base_state(s).startswith(slurm_lab.SETTLED) or s.endswith("*")]
+    down = any(state == "down" for state in states.values())
+    unsettled = slurm_lab.unsettled(states, slurm_lab.ladder_down(paths) if down else set())
     if len(states) < nodes or unsettled:
         return f"{len(states) - len(unsettled)}/{nodes} nodes settled in sinfo"
     silent = {name for name in (lp.node_name(i) for i in range(nodes))

@@ -614,6 +614,14 @@ class NodeHardware:
         """The monitoring services that run, and so hold every GPU."""
         return [name for name, running in self.monitoring.items() if running]
 
+    def unit_active(self, unit: str) -> bool | None:
+        """Whether a service of the node runs, as `systemctl is-active` would say: its monitoring services as
+        kept, Fabric Manager unless `fabricmanager-down`, the persistence daemon always; None: no such unit."""
+        if unit in self.monitoring:
+            return self.monitoring[unit]
+        return {"nvidia-fabricmanager": not self.node_fault("fabricmanager-down"),
+                "nvidia-persistenced": True}.get(unit)
+
     def exporter_serves(self) -> bool:
         """dcgm-exporter answers: it runs and so does the host engine it reads (when the node emulates them)."""
         return not self.monitoring or all(self.monitoring.values())

@@ -38,9 +38,11 @@ def prepare_nodes(paths: lp.LabPaths, nodes: int) -> None:
     for index in range(nodes):
         name = lp.node_name(index)
         hw = NodeHardware.load(paths.hardware(name), name)
-        if not paths.hardware(name).exists() or not hw.monitoring:
-            # Each node runs DCGM's host engine and dcgm-exporter, as a provisioned one does: they hold its GPUs.
-            hw.monitoring = dict.fromkeys(MONITORING_SERVICES, True)
+        running = dict.fromkeys(MONITORING_SERVICES, True)
+        if not paths.hardware(name).exists() or hw.monitoring != running:
+            # Each node runs DCGM's host engine and dcgm-exporter, as a provisioned one does, from its start (one
+            # that a ladder step stopped and never started again starts with the lab): they hold its GPUs.
+            hw.monitoring = running
             hw.save(paths.hardware(name))
         write_tree(paths.sysfs(name), hw)
         write_storage(paths.storage(name), mount_base(paths, name), hw)

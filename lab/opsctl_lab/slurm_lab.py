@@ -133,6 +133,27 @@ def node_states(paths: lp.LabPaths) -> dict[str, str]:
     return {node: state for node, state in (line.split(None, 1) for line in out.stdout.splitlines() if " " in line)}
 
 
+def ladder_down(paths: lp.LabPaths) -> set[str]:
+    """The nodes DOWN with their slurmd answering and an opsctl reason: where opsctl's remediation ladder
+    leaves a node (rebooted with nextstate=DOWN, then validated, unvalidated or RMA) until it or a person
+    resumes it. Empty if slurmctld does not answer."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-t", "down", "-o", "%N|%t|%E"], capture_output=True, text=True,
+                             timeout=10, env={**os.environ, "SLURM_CONF": str(paths.slurm_conf)})
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    rows = [line.split("|", 2) for line in out.stdout.splitlines() if line.count("|") >= 2]
+    return {node for node, state, reason in rows if state == "down" and reason.startswith("opsctl:")}
+
+
+def unsettled(states: dict[str, str], ladder: set[str]) -> list[str]:
+    """The nodes still on their way in: not idle, drained, allocated or reserved, or not answering (`*`); a node
+    the ladder left DOWN (`ladder`, ladder_down) is where it belongs."""
+    return [node for node, state in states.items()
+            if (not base_state(state).startswith(SETTLED) or state.endswith("*"))
+            and not (state == "down" and node in ladder)]
+
+
 def _slurm(paths: lp.LabPaths, *argv: str) -> str:
     """A Slurm command's output; its failure a LabError naming it."""
     out = subprocess.run(list(argv), capture_output=True, text=True, timeout=30,

@@ -361,6 +361,10 @@ class RemediationConfig:
     # persistence mode on before its checks (docs/remediation.md); not ready by then: unchecked, never failed
     ready_timeout: Duration = key(duration("5m"), check=lambda v: 0 < v <= READY_TIMEOUT_MAX_S,
                                   hint=f"must be more than 0 and at most {READY_TIMEOUT_MAX_S // 60}m")
+    # the NVIDIA services that must be active before the node's checks (a board without NVSwitches: leave out
+    # nvidia-fabricmanager)
+    ready_services: tuple[str, ...] = key(("nvidia-persistenced", "nvidia-fabricmanager"), each=_unit_name,
+                                          each_hint="must be a systemd unit name")
     # the node's services that hold every GPU while they run (DCGM's host engine, dcgm-exporter): stopped around a
     # GPU reset, which nvidia-smi refuses while anything holds the GPU, and started again after it
     reset_stops: tuple[str, ...] = key(("dcgm-exporter", "nvidia-dcgm"), each=_unit_name,

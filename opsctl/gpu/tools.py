@@ -20,7 +20,7 @@ NVIDIA_SMI_TIMEOUT_S = 120
 NVIDIA_SMI_CALLS_PER_GPU = 4
 BUG_REPORT_TIMEOUT_S = 300
 # The wait for the node to be ready before its checks (ladder/ready.py): remediation.ready_timeout, which the
-# config holds to at most READY_TIMEOUT_MAX_S, and the query that ends it.
+# config holds to at most READY_TIMEOUT_MAX_S, and the two queries that end it (nvidia-smi, systemctl).
 READY_TIMEOUT_MAX_S = 600
 READY_QUERY_TIMEOUT_S = 30
 # A diag that fails after a reboot runs once more before the answer sends the GPU to RMA (ladder/node_step.py).
@@ -36,7 +36,7 @@ def node_step_bound_s(level: int, gpus: int = 1) -> int:
     them all): every tool it may call at its timeout, one after another, the wait for readiness and the diag's
     second run included. The node check's unit (node_check role) allows a step over every GPU of the node, the
     head's remediation.step_timeout one over a GPU."""
-    return (DIAG_RUNS * DIAG_TIMEOUT_S[level] + READY_TIMEOUT_MAX_S + READY_QUERY_TIMEOUT_S + RESET_ONCE_S
+    return (DIAG_RUNS * DIAG_TIMEOUT_S[level] + READY_TIMEOUT_MAX_S + 2 * READY_QUERY_TIMEOUT_S + RESET_ONCE_S
             + gpus * NVIDIA_SMI_CALLS_PER_GPU * NVIDIA_SMI_TIMEOUT_S + BUG_REPORT_TIMEOUT_S)
 
 

@@ -101,7 +101,7 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
     if reset.failed:
         return _answer(config, slurm, node, rung, "unchecked", reset.failed, now, action, note=reset.note)
     # Fabric Manager trains the fabric again after a boot or a reset: a diag before it completes fails every GPU.
-    ready = wait_ready(config.gpu.nvidia_smi, config.remediation.ready_timeout, run, pace)
+    ready = wait_ready(config, run, pace)
     if not ready.ready:
         return _answer(config, slurm, node, rung, "unchecked", ready.words(), now, action, note=reset.note)
     # The reason's GPUs always: one that did not come back (lost, so not listed) must fail the diag, not be left out.

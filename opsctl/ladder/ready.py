@@ -6,7 +6,9 @@ reset; the fabric state goes Not Started -> In Progress -> Completed (`nvidia-sm
 GpuFabricInfo). Until it completes CUDA answers CUDA_ERROR_SYSTEM_NOT_READY ("system not yet initialized") and
 `dcgmi diag` fails every GPU (NVIDIA/NVSentinel issue 883); one failure after a reboot would send a healthy GPU
 to RMA. Persistence mode, which the step turned off around a reset and the persistence daemon turns on at boot,
-must be on again too (DCGM's software test fails a GPU without it).
+must be on again too (DCGM's software test fails a GPU without it), and the NVIDIA services must be active
+(remediation.ready_services: nvidia-persistenced, nvidia-fabricmanager; `systemctl is-active`): a Fabric Manager
+that died after training is no fabric for the next job.
 
     $ nvidia-smi --query-gpu=index,fabric.state,fabric.status,persistence_mode --format=csv,noheader
     0, Completed, Success, Enabled
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol
 
+from opsctl.config.schema import Config
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
 from opsctl.gpu.tools import READY_QUERY_TIMEOUT_S, Run, run_tool
@@ -93,11 +96,27 @@ def query(nvidia_smi: str, run: Run) -> tuple[tuple[int, ...], str]:
         return (), str(err)
 
 
-def wait_ready(nvidia_smi: str, timeout_s: float, run: Run = subprocess.run, pace: Pace = time) -> Readiness:
-    """Query until every GPU is ready, or `timeout_s` has passed."""
+def services_down(systemctl: str, units: tuple[str, ...], run: Run) -> str:
+    """The NVIDIA services (remediation.ready_services) that are not active, `nvidia-fabricmanager inactive`;
+    "" when all are. `systemctl is-active` prints one state a unit (a unit not installed: `inactive`)."""
+    if not units:
+        return ""
+    out = run_tool(run, [systemctl, "is-active", *units], READY_QUERY_TIMEOUT_S)
+    states = out.stdout.split()
+    if len(states) != len(units):
+        first = (out.stderr or out.stdout).strip().splitlines()
+        return f"systemctl is-active exited {out.returncode}" + (f": {first[0][:160]}" if first else "")
+    return ", ".join(f"{unit} {state}" for unit, state in zip(units, states, strict=True) if state != "active")
+
+
+def wait_ready(config: Config, run: Run = subprocess.run, pace: Pace = time) -> Readiness:
+    """Query until every GPU and every service is ready, or remediation.ready_timeout has passed."""
+    timeout_s = config.remediation.ready_timeout
     start = pace.monotonic()
     while True:
-        gpus, why = query(nvidia_smi, run)
+        gpus, why = query(config.gpu.nvidia_smi, run)
+        down = services_down(config.gpu.systemctl, config.remediation.ready_services, run)
+        why = ", ".join(word for word in (why, down) if word)
         waited = pace.monotonic() - start
         if not why or waited >= timeout_s:
             return Readiness(gpus, why, waited)

@@ -205,8 +205,12 @@ def test_the_monitoring_services_hold_every_gpu_until_the_emulated_systemctl_sto
     assert systemctl(hw, ["is-active", "dcgm-exporter"]) == ("inactive\n", "", 3)
     assert gpu_reset(hw, {2: bus_id(2)})[1] == 0
     assert systemctl(hw, ["start", "nvidia-dcgm", "dcgm-exporter"])[2] == 0 and hw.exporter_serves()
-    assert systemctl(hw, ["stop", "nvidia-fabricmanager"]) == (
-        "", "Failed to stop nvidia-fabricmanager.service: Unit nvidia-fabricmanager.service not loaded.\n", 5)
+    assert systemctl(hw, ["stop", "nvidia-imex"]) == (
+        "", "Failed to stop nvidia-imex.service: Unit nvidia-imex.service not loaded.\n", 5)
+    assert systemctl(hw, ["is-active", "nvidia-imex"]) == ("inactive\n", "", 3)
+    # The NVIDIA services answer as the hardware state says: Fabric Manager is down under its fault.
+    assert systemctl(hw, ["is-active", "nvidia-persistenced", "nvidia-fabricmanager"]) == ("active\nactive\n", "", 0)
+    hw.inject("fabricmanager-down")
     assert systemctl(hw, ["is-active", "nvidia-fabricmanager"]) == ("inactive\n", "", 3)
 
 

@@ -127,3 +127,14 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "idle", "gpu002": "idle", "gpu003": "idle"})
     monkeypatch.setattr(prometheus_lab, "nodes_with", lambda expr: set())  # the new Prometheus has no history
     assert CliRunner().invoke(main, ["lab", "reset"]).stdout == "the lab was clean\n"
+
+
+def test_a_node_the_remediation_ladder_left_down_is_settled_any_other_down_node_is_not():
+    """`opsctl lab up` waits for every node to settle: a node that opsctl's ladder rebooted with nextstate=DOWN (or
+    left to a person: unvalidated, RMA) is where it belongs, and must not keep `lab up` waiting for ever."""
+    from opsctl_lab.slurm_lab import unsettled
+
+    states = {"gpu001": "idle", "gpu002": "down", "gpu003": "down", "gpu004": "down*", "gpu005": "drain",
+              "gpu006": "boot"}
+    assert unsettled(states, ladder={"gpu002", "gpu004"}) == ["gpu003", "gpu004", "gpu006"]
+    assert unsettled(states, ladder=set()) == ["gpu002", "gpu003", "gpu004", "gpu006"]

@@ -5,6 +5,7 @@ NVLink fault, and fails a GPU towards RMA only on a second failing diag. Against
 
 import json
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -60,7 +61,8 @@ def test_nvidia_smi_that_fails_while_the_driver_loads_is_not_ready_yet_and_the_w
                                                "with the NVIDIA driver.\n")
 
     clock = DriverLoading(NodeHardware(node="gpu007"))
-    ready = wait_ready("nvidia-smi", 60, clock, clock)
+    config = parse_config({"remediation": {"ready_timeout": 60, "ready_services": []}}, "t", {})
+    ready = wait_ready(config, clock, clock)
     assert not ready.ready and ready.waited_s == 60 and clock.slept == 60
     assert ready.words() == ("not ready after 60s: nvidia-smi exited 9: NVIDIA-SMI has failed because it couldn't "
                              "communicate with the NVIDIA driver.")
@@ -241,3 +243,24 @@ def test_a_service_that_does_not_start_again_is_in_the_audit_record(tmp_path):
     assert step.reason == "opsctl:validated-pass gpu2 xid-48 after-reset pass"
     assert audit(tmp_path)[-1]["detail"].endswith(
         "; dcgm-exporter nvidia-dcgm did not start again: Job for dcgm-exporter.service failed.")
+
+
+def test_the_nvidia_services_must_be_active_before_the_checks(tmp_path):
+    """Fabric Manager down after a reboot: its GPUs' fabric stays In Progress and the unit is inactive; both are
+    named, nothing is diagnosed."""
+    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reboot gpu2 xid-79 xid=79 count=1", state="down", flags=())
+    hw.inject("fabricmanager-down", now=NOW - 60)
+    config = replace(config, remediation=replace(config.remediation, ready_timeout=20))
+    take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
+    detail = audit(tmp_path)[-1]["detail"]
+    assert detail.startswith("not ready after 20s: fabric In Progress on GPU 0, ") and detail.endswith(
+        ", nvidia-fabricmanager inactive")
+    assert diags(gpus) == [] and "is-active nvidia-persistenced nvidia-fabricmanager" in gpus.calls
+
+
+def test_a_service_left_out_of_ready_services_is_not_waited_for(tmp_path):
+    config, hw, slurm, gpus = setup(tmp_path, "opsctl:reboot gpu2 xid-79 xid=79 count=1", state="down", flags=())
+    config = replace(config, remediation=replace(config.remediation, ready_services=("nvidia-persistenced",)))
+    step = take_step(config, slurm, "gpu007", True, "", run=gpus, now=NOW, pace=gpus)
+    assert step.reason == "opsctl:validated-pass gpu2 xid-79 after-reboot pass"
+    assert "is-active nvidia-persistenced" in gpus.calls

@@ -1,7 +1,8 @@
-"""`systemctl is-active|stop|start UNIT...` of an emulated node's GPU monitoring services (the simulated lab's
-nodes have no systemd of their own): DCGM's host engine and dcgm-exporter (hardware.MONITORING_SERVICES), kept in
-the node's hardware state, where the emulated nvidia-smi -r sees them hold the GPUs and the dcgm-exporter emulator
-stops answering while either is stopped.
+"""`systemctl is-active|stop|start UNIT...` of an emulated node's services (the simulated lab's nodes have no
+systemd of their own). DCGM's host engine and dcgm-exporter (hardware.MONITORING_SERVICES) are kept in the node's
+hardware state, where the emulated nvidia-smi -r sees them hold the GPUs and the dcgm-exporter emulator stops
+answering while either is stopped; they alone stop and start. nvidia-fabricmanager (inactive under
+`fabricmanager-down`) and nvidia-persistenced answer is-active (NodeHardware.unit_active).
 
 As systemd 252 answers (systemctl(1)): `is-active` prints one state a unit, `active` or `inactive` (a unit not
 loaded is `inactive` too), exit 0 only when all are active, else 3; `stop` and `start` of a unit it does not know
@@ -24,7 +25,7 @@ def systemctl(hw: NodeHardware, argv: list[str]) -> tuple[str, str, int]:
         return "", "emulated systemctl: only is-active, stop and start of units\n", 1
     verb, units = args[0], [u.removesuffix(".service") for u in args[1:]]
     if verb == "is-active":
-        states = ["active" if hw.monitoring.get(u) else "inactive" for u in units]
+        states = ["active" if hw.unit_active(u) else "inactive" for u in units]
         quiet = "--quiet" in argv or "-q" in argv
         return ("" if quiet else "".join(f"{state}\n" for state in states),
                 "", 0 if all(state == "active" for state in states) else RC_NOT_ACTIVE)
