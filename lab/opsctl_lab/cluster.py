@@ -19,7 +19,7 @@ from opsctl.errors import ExitCode
 from opsctl_lab import accounting, fabric_lab, processes, prometheus_lab, slurm_lab
 from opsctl_lab import paths as lp
 from opsctl_lab.errors import LabError
-from opsctl_lab.hardware import FAULTS, NodeHardware, parse_fault, write_kernel_log
+from opsctl_lab.hardware import FAULTS, MONITORING_SERVICES, NodeHardware, parse_fault, write_kernel_log
 from opsctl_lab.hardware import fault_label as _fault_label
 from opsctl_lab.ib_sysfs import write_tree
 from opsctl_lab.storage_view import write_storage
@@ -259,9 +259,10 @@ def reset() -> ExitCode:
         hw = NodeHardware.load(paths.hardware(node), node)
         if hw.active:
             lines.append(f"cleared {node}: " + ", ".join(_fault_label(f) for f in hw.active))
-        if hw.active or hw.accum or hw.last_xid:
+        running = dict.fromkeys(MONITORING_SERVICES, True)  # as prometheus_lab.prepare_nodes starts them
+        if hw.active or hw.accum or hw.last_xid or hw.monitoring != running:
             worn.append(node)
-            fresh = NodeHardware(node=node, minors=hw.minors)
+            fresh = NodeHardware(node=node, minors=hw.minors, monitoring=running)
             fresh.save(paths.hardware(node))
             write_tree(paths.sysfs(node), fresh)
             write_storage(paths.storage(node), prometheus_lab.mount_base(paths, node), fresh)

@@ -123,6 +123,8 @@ def test_lab_reset_clears_faults_lifts_drains_and_empties_opsctls_state(tmp_path
     for node in ("gpu002", "gpu003"):
         hw = NodeHardware.load(paths.hardware(node), node)
         assert (hw.active, hw.accum, hw.last_xid) == ([], {}, {}), node
+        # As new: running DCGM's host engine and dcgm-exporter, which hold its GPUs (the emulated nvidia-smi -r).
+        assert hw.monitoring == {"nvidia-dcgm": True, "dcgm-exporter": True}, node
     assert list(paths.opsctl_state.iterdir()) == []
     monkeypatch.setattr(slurm_lab, "node_states", lambda p: {"gpu001": "idle", "gpu002": "idle", "gpu003": "idle"})
     monkeypatch.setattr(prometheus_lab, "nodes_with", lambda expr: set())  # the new Prometheus has no history
