@@ -111,12 +111,13 @@ def test_a_fabric_that_never_trains_after_the_reboot_is_a_persons_never_rma(h):
     h.inject(node, "fabric-stuck", gpu=3)  # Fabric Manager never finishes this GPU's training
     answered, node_audit = node_check(h, node, remediation={"ready_timeout": "10s"})
     assert node_audit == ["validated"], answered
-    assert h.slurm()[node].reason == ("opsctl:validated-unchecked gpu3 xid-79 after-reboot not ready after 10s: "
-                                      "fabric In Progress on GPU 3")
+    # The wait ends with the query that passes its bound: 10 s and that query's time (seconds on a loaded machine).
+    waited = r"not ready after (1[0-9])s: fabric In Progress on GPU 3"
+    assert re.fullmatch(rf"opsctl:validated-unchecked gpu3 xid-79 after-reboot {waited}", h.slurm()[node].reason)
     assert not (h.tmp / node / "validation").exists()  # no diag ran: nothing failed
     assert remediate(h)[node]["action"] == "unvalidated"
-    assert h.slurm()[node].reason == ("opsctl:unvalidated gpu3 xid-79 the checks could not run after the reboot: "
-                                      "not ready after 10s: fabric In Progress on GPU 3")
+    assert re.fullmatch(rf"opsctl:unvalidated gpu3 xid-79 the checks could not run after the reboot: {waited}",
+                        h.slurm()[node].reason)
     assert events(h, node) == ["drain", "reboot", "unvalidated"]
 
 
