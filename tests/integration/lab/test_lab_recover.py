@@ -89,7 +89,7 @@ def test_a_job_a_gpu_killed_is_requeued_without_that_node_once_and_no_other_job_
                 pending[job] = {**seen, "after": time.monotonic() - ended.get(job, time.monotonic())}
         time.sleep(0.5)
     assert set(pending) == set(culprits), (ended, pending, {job: queue(h, job) for job in culprits})
-    for job, node in culprits.items():
+    for job in culprits:
         assert pending[job]["after"] <= 30, pending[job]
     # And the culprits drained, as the health timer would once their rule's failure is no longer pending.
     h.lab.wait_until(lambda: h.opsctl("health", "--drain").returncode in (0, 1) and all(
