@@ -48,3 +48,17 @@ def run_tool(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedP
         return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} {argv[1]} timed out after {timeout:g}s")
     except OSError as err:
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {err.strerror}")
+
+
+def exited(out: subprocess.CompletedProcess[str], what: str) -> str:
+    """`<what> exited N: <its first line>`: a tool that did not answer, in one line."""
+    first = (out.stderr or out.stdout).strip().splitlines()
+    return f"{what} exited {out.returncode}" + (f": {first[0][:160]}" if first else "")
+
+
+def unit_states(systemctl: str, units: tuple[str, ...], run: Run, timeout: float
+                ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """`systemctl is-active UNIT...`: the call, and the states it printed, one a unit (`active`, `inactive` also
+    for a unit not installed); the exit code is non-zero unless all are active."""
+    out = run_tool(run, [systemctl, "is-active", *units], timeout)
+    return out, out.stdout.split()

@@ -29,7 +29,7 @@ from typing import Protocol
 from opsctl.config.schema import Config
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.nvidia_smi import parse_nvidia_smi_csv
-from opsctl.gpu.tools import READY_QUERY_TIMEOUT_S, Run, run_tool
+from opsctl.gpu.tools import READY_QUERY_TIMEOUT_S, Run, exited, run_tool, unit_states
 
 READY_FIELDS = ["index", "fabric.state", "fabric.status", "persistence_mode"]
 POLL_S = 2.0
@@ -88,8 +88,7 @@ def query(nvidia_smi: str, run: Run) -> tuple[tuple[int, ...], str]:
     argv = [nvidia_smi, "--query-gpu=" + ",".join(READY_FIELDS), "--format=csv,noheader"]
     out = run_tool(run, argv, READY_QUERY_TIMEOUT_S)  # a hung GPU: not ready
     if out.returncode != 0:
-        first = (out.stderr or out.stdout).strip().splitlines()
-        return (), f"nvidia-smi exited {out.returncode}" + (f": {first[0][:160]}" if first else "")
+        return (), exited(out, "nvidia-smi")
     try:
         return not_ready(out.stdout)
     except SourceUnavailable as err:
@@ -101,11 +100,9 @@ def services_down(systemctl: str, units: tuple[str, ...], run: Run) -> str:
     "" when all are. `systemctl is-active` prints one state a unit (a unit not installed: `inactive`)."""
     if not units:
         return ""
-    out = run_tool(run, [systemctl, "is-active", *units], READY_QUERY_TIMEOUT_S)
-    states = out.stdout.split()
+    out, states = unit_states(systemctl, units, run, READY_QUERY_TIMEOUT_S)
     if len(states) != len(units):
-        first = (out.stderr or out.stdout).strip().splitlines()
-        return f"systemctl is-active exited {out.returncode}" + (f": {first[0][:160]}" if first else "")
+        return exited(out, "systemctl is-active")
     return ", ".join(f"{unit} {state}" for unit, state in zip(units, states, strict=True) if state != "active")
 
 

@@ -24,7 +24,7 @@ from opsctl.config.schema import Config
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.kmsg import canonical_pci
 from opsctl.gpu.nvidia_smi import RC_FELL_OFF_BUS, parse_gpu_indexes, parse_nvidia_smi_csv
-from opsctl.gpu.tools import NVIDIA_SMI_TIMEOUT_S, SYSTEMCTL_TIMEOUT_S, Run, run_tool
+from opsctl.gpu.tools import NVIDIA_SMI_TIMEOUT_S, SYSTEMCTL_TIMEOUT_S, Run, run_tool, unit_states
 
 APP_FIELDS = ["gpu_bus_id", "pid", "process_name"]
 
@@ -72,8 +72,7 @@ def _running(systemctl: str, units: tuple[str, ...], run: Run) -> list[str]:
     that is not installed prints `inactive`, and the exit code is non-zero unless all are active)."""
     if not units:
         return []
-    out = run_tool(run, [systemctl, "is-active", *units], SYSTEMCTL_TIMEOUT_S)
-    states = out.stdout.split()
+    _, states = unit_states(systemctl, units, run, SYSTEMCTL_TIMEOUT_S)
     return [unit for unit, state in zip(units, states, strict=False) if state in ("active", "reloading", "activating")]
 
 
