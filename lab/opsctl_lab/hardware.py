@@ -98,11 +98,15 @@ FABRIC_STATES = {FABRIC_NOT_STARTED: "Not Started", FABRIC_IN_PROGRESS: "In Prog
 # DCGM's host engine (the datacenter-gpu-manager package's unit) and the exporter that reads it, as the
 # dcgm_exporter role runs them: each an NVML client that holds every GPU of the node while it runs.
 MONITORING_SERVICES = ("nvidia-dcgm", "dcgm-exporter")
-# How long Fabric Manager takes to train a GPU's fabric after the node boots or the GPU is reset: Not Started for
-# the first quarter (the driver loads, Fabric Manager starts), In Progress for the rest. A real HGX board takes
-# about a minute; the emulated one a few seconds, so that every ladder test meets the wait without sitting in it.
-# NodeHardware.fabric_training_s holds a node's own (a test sets it longer).
+# How long Fabric Manager takes to train a GPU's fabric after the node boots (a lab machine: after its Fabric
+# Manager starts) or the GPU is reset: Not Started for the first quarter (the driver loads, Fabric Manager starts),
+# In Progress for the rest. A real HGX board takes about a minute; the simulated lab's node a few seconds, so that
+# every ladder test meets the wait without sitting in it. NodeHardware.fabric_training_s holds a node's own (a test
+# sets it longer; the lab machines take OPSCTL_LAB_FABRIC_TRAINING_S, a minute unless set).
 FABRIC_TRAINING_S = 4.0
+# NodeHardware.fabric_manager_since of a node that runs no Fabric Manager of its own (the simulated lab, and a state
+# file from before the field): the fabric trains from the boot, as if Fabric Manager started with it.
+FABRIC_MANAGER_WITH_BOOT = 0.0
 
 # XID messages as dcgm-exporter puts them in err_msg (NVIDIA XID catalog wording, shortened).
 XID_MESSAGES = {
@@ -383,6 +387,10 @@ def leftover_pid(gpu: int) -> int:
     return LEFTOVER_PID_BASE + 97 * gpu
 
 
+def _seconds_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def kernel_log_path(state: Path) -> Path:
     """Where a node's kernel log is, given its state file (`opsctl node check`'s gpu.kernel_log_path)."""
     return Path(state).parent / KERNEL_LOG_NAME
@@ -445,6 +453,11 @@ class NodeHardware:
     # When each GPU (str(gpu)) was last reset, unix seconds: its fabric trains again from then (this boot only).
     gpu_reset_at: dict[str, float] = field(default_factory=dict)
     fabric_training_s: float = FABRIC_TRAINING_S
+    # When Fabric Manager started this boot, unix seconds: the fabric trains from then (or from a GPU's later reset).
+    # None: it has not started this boot, and every fabric stays Not Started (a lab machine's boot says so, its
+    # nvidia-fabricmanager unit records the start: `opsctl-hw boot`, `opsctl-hw fabricmanager`).
+    # FABRIC_MANAGER_WITH_BOOT: the node runs none of its own; the fabric trains from the boot.
+    fabric_manager_since: float | None = FABRIC_MANAGER_WITH_BOOT
     # The node's GPU monitoring services (MONITORING_SERVICES) and whether each runs: DCGM's host engine and
     # dcgm-exporter hold every GPU while they run, so nvidia-smi refuses a reset (nvidia_smi_reset.in_use). The
     # emulated systemctl (hwtools/systemctl.py) stops and starts them. Empty: not emulated (the lab machines run
@@ -472,6 +485,7 @@ class NodeHardware:
             xid_seen=list(raw.get("xid_seen", [])),
             gpu_reset_at={str(k): float(v) for k, v in raw.get("gpu_reset_at", {}).items()},
             fabric_training_s=float(raw.get("fabric_training_s", FABRIC_TRAINING_S)),
+            fabric_manager_since=_seconds_or_none(raw.get("fabric_manager_since", FABRIC_MANAGER_WITH_BOOT)),
             monitoring={str(k): bool(v) for k, v in raw.get("monitoring", {}).items()},
         )
 
@@ -548,6 +562,15 @@ class NodeHardware:
         self.booted, self.kernel_log, self.last_xid, self.xid_seen = now, [], {}, []
         self.gpu_reset_at = {}
         return ended
+
+    def stop_fabric_manager(self) -> None:
+        """The node boots and its Fabric Manager, a service of its own (a lab machine's), has not started yet:
+        nothing trains the fabric until it does (start_fabric_manager)."""
+        self.fabric_manager_since = None
+
+    def start_fabric_manager(self, now: float | None = None) -> None:
+        """Fabric Manager starts: every GPU's fabric trains from now, for fabric_training_s."""
+        self.fabric_manager_since = time.time() if now is None else now
 
     def _log_xid(self, gpu: int, code: int, now: float) -> None:
         """The driver's XID line as the kernel log gets it (kernel_rc.c of NVIDIA/open-gpu-kernel-modules:
@@ -627,16 +650,26 @@ class NodeHardware:
         return not self.monitoring or all(self.monitoring.values())
 
     def fabric_status(self, gpu: int, now: float) -> int:
-        """The GPU's fabric state (FABRIC_*): trained FABRIC_TRAINING_S after the boot or its last reset; never
-        while Fabric Manager is down or the GPU's training is stuck (NVIDIA/NVSentinel issue 889: the state then
-        stays In Progress)."""
+        """The GPU's fabric state (FABRIC_*): trained fabric_training_s after its training began
+        (fabric_training_since); Not Started while Fabric Manager has not started this boot; never trained while
+        Fabric Manager is down or the GPU's training is stuck (NVIDIA/NVSentinel issue 889: the state then stays
+        In Progress)."""
         if self.has("fabric-stuck", gpu=gpu) or self.node_fault("fabricmanager-down"):
             return FABRIC_IN_PROGRESS
-        since = max(self.booted, self.gpu_reset_at.get(str(gpu), self.booted))
+        since = self.fabric_training_since(gpu)
+        if since is None:
+            return FABRIC_NOT_STARTED
         # A moment before the node's recorded boot (a caller's clock of its own, in tests) finds it trained.
         if now - since >= self.fabric_training_s or now < since:
             return FABRIC_SUCCESS
         return FABRIC_NOT_STARTED if now - since < self.fabric_training_s / 4 else FABRIC_IN_PROGRESS
+
+    def fabric_training_since(self, gpu: int) -> float | None:
+        """When the GPU's fabric began training this boot: the latest of the boot, Fabric Manager's start and the
+        GPU's last reset; None while Fabric Manager has not started this boot."""
+        if self.fabric_manager_since is None:
+            return None
+        return max(self.booted, self.fabric_manager_since, self.gpu_reset_at.get(str(gpu), self.booted))
 
     def persistence_mode(self, gpu: int) -> bool:
         """Enabled unless the GPU has the persistence-off fault, as on a node whose daemon enables it."""

@@ -17,6 +17,7 @@ from opsctl.ib.report import report_dict
 from opsctl.nodecheck.run import (
     aer_lines,
     check_lines,
+    gpus_dict,
     kernel_log_dict,
     kernel_log_lines,
     nvlink_dict,
@@ -39,7 +40,8 @@ def node_check(clients: Clients, as_json: bool, textfile: str | None, drain: boo
         click.echo(json.dumps({"schema": JSON_SCHEMA, **report_dict(result.report),
                                "checks": [r.__dict__ for r in result.found], "storage": storage_dict(result.storage),
                                "kernel_log": kernel_log_dict(result.kernel), "nvlink": nvlink_dict(result.nvlinks),
-                               "pcie_aer": result.aer, "ofed": ofed_dict(result.ofed), "action": action, **acted},
+                               "pcie_aer": result.aer, "gpus": gpus_dict(result.gpus), "ofed": ofed_dict(result.ofed),
+                               "action": action, **acted},
                               indent=1))
     else:
         for line in (check_lines(result) + kernel_log_lines(result.kernel) + nvlink_lines(result.nvlinks)

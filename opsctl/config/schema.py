@@ -384,8 +384,10 @@ class RemediationConfig:
 # node_check role renders the head's values of these into the node's own config (node-check.yaml), so that
 # both sides run one ladder. A section stands for all its keys: the node's config checks remediation as the
 # head's does (step_timeout against validate_level). tests/unit/test_node_config_reaches_node.py derives the
-# keys the node's step reads from its code and keeps the role's list the same as this one.
-NODE_LADDER_SETTINGS = ("remediation", "safety.reason_max_length")
+# keys the node's step reads from its code and keeps the role's list the same as this one. The node draining itself
+# (`node check --drain-self`, its HealthCheckProgram) keeps to the head's out-of-service limit too: the limit is the
+# cluster's, whoever drains.
+NODE_LADDER_SETTINGS = ("remediation", "safety.reason_max_length", "safety.max_out_of_service_fraction")
 
 
 @dataclass(frozen=True)

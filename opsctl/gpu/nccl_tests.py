@@ -18,13 +18,18 @@ tests/fixtures/nccl/nccl-tests290_all_reduce_perf_2x8xH100_RING_degraded.txt.
 Bus bandwidth is what compares across GPU counts (nccl-tests doc/PERFORMANCE.md): all-reduce moves
 2(n-1)/n of the data over the slowest link of its ring, so one slow NVLink halves the whole node's figure.
 The verdict reads the largest message size, where the figure has reached its plateau.
+
+run_all_reduce runs it over the node's own GPUs, one process, as the remediation ladder does after a diag of the
+whole node (ladder/node_step.py).
 """
 
 import re
+import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
 from opsctl.errors import SourceUnavailable
+from opsctl.gpu.tools import NCCL_TIMEOUT_S, Run, exited, run_tool
 
 Verdict = Literal["pass", "fail", "not_checked"]
 WHERE = "all_reduce_perf"
@@ -127,3 +132,49 @@ def human_size(size: int) -> str:
         if size >= factor and size % factor == 0:
             return f"{size // factor}{unit}"
     return str(size)
+
+
+@dataclass(frozen=True)
+class AllReduceRun:
+    """One all_reduce_perf over the node's GPUs, judged."""
+
+    verdict: Verdict
+    words: str  # `all-reduce busbw 478GB/s`, `... under the floor 431GB/s`, or why it checked nothing
+    output: str  # what it printed, stdout then stderr: the evidence of anything but a pass
+
+
+def run_all_reduce(program: str, size: str, gpus: int, floor_gbps: float, run: Run) -> AllReduceRun:
+    """`all_reduce_perf -b <size> -e <size> -f 2 -g <gpus> -c 1` over the first `gpus` GPUs of this node, against
+    the bus-bandwidth floor. A tool that cannot start, times out, exits with an error short of a failing result or
+    prints no result checked nothing (not_checked), never a failure."""
+    argv = [program, "-b", size, "-e", size, "-f", "2", "-g", str(gpus), "-c", "1"]
+    done = run_tool(run, argv, NCCL_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    try:
+        result = parse_all_reduce(done.stdout)
+    except SourceUnavailable as err:
+        return AllReduceRun("not_checked", f"all-reduce not checked: {err}", output)
+    verdict, detail = all_reduce_verdict(result, floor_gbps, gpus)
+    if verdict != "fail" and done.returncode != 0:
+        return AllReduceRun("not_checked", f"all-reduce not checked: {_failure(done)}", output)
+    return AllReduceRun(verdict, _all_reduce_words(verdict, detail, result, floor_gbps), output)
+
+
+def _failure(done: subprocess.CompletedProcess[str]) -> str:
+    """Why a run that exited with an error said nothing: a timeout in its own words, else the tool's first line."""
+    if done.returncode == 124:
+        return f"timed out after {NCCL_TIMEOUT_S}s"
+    return exited(done, WHERE)
+
+
+def _all_reduce_words(verdict: Verdict, detail: str, result: AllReduce, floor_gbps: float) -> str:
+    """The verdict's words as the ladder's answer and its audit record carry them: the bandwidth of a run that moved
+    the data intact, else all_reduce_verdict's own words."""
+    last = result.last
+    corrupted = bool(result.out_of_bounds) or any(r.wrong for r in result.rows)
+    if last is None or verdict == "not_checked":
+        return f"all-reduce not checked: {detail.removeprefix('nccl ')}"
+    if corrupted:
+        return f"all-reduce {detail.removeprefix('nccl ')}"
+    busbw = f"all-reduce busbw {last.busbw:.0f}GB/s"
+    return busbw if verdict == "pass" else f"{busbw} under the floor {floor_gbps:g}GB/s"

@@ -23,8 +23,12 @@ BUG_REPORT_TIMEOUT_S = 300
 # config holds to at most READY_TIMEOUT_MAX_S, and the two queries that end it (nvidia-smi, systemctl).
 READY_TIMEOUT_MAX_S = 600
 READY_QUERY_TIMEOUT_S = 30
-# A diag that fails after a reboot runs once more before the answer sends the GPU to RMA (ladder/node_step.py).
+# A diag that fails after a reboot runs once more before the answer sends the GPU to RMA (ladder/node_step.py), and
+# so does the all-reduce after it.
 DIAG_RUNS = 2
+# nccl-tests' all_reduce_perf over the node's GPUs (after a whole-node diag, ladder/node_step.py): at 16 GiB on 8 H200
+# it takes seconds; starting NCCL and the CUDA contexts, up to a minute.
+NCCL_TIMEOUT_S = 300
 # Once around a reset (ladder/reset.py): systemctl is-active, stop and start of the GPU's monitoring services, and
 # two nvidia-smi queries for the processes that hold the GPUs.
 SYSTEMCTL_TIMEOUT_S = 120
@@ -33,11 +37,14 @@ RESET_ONCE_S = 3 * SYSTEMCTL_TIMEOUT_S + 2 * NVIDIA_SMI_TIMEOUT_S
 
 def node_step_bound_s(level: int, gpus: int = 1) -> int:
     """The longest the node's ladder step over `gpus` GPUs may run at `dcgmi diag -r <level>` (one diag checks
-    them all): every tool it may call at its timeout, one after another, the wait for readiness and the diag's
-    second run included. The node check's unit (node_check role) allows a step over every GPU of the node, the
-    head's remediation.step_timeout one over a GPU."""
+    them all): every tool it may call at its timeout, one after another, the wait for readiness, the diag's
+    second run and, over more than one GPU, the all-reduce after it and its second run included. The node check's
+    unit (node_check role) allows a step over every GPU of the node, the head's remediation.step_timeout one over a
+    GPU: there the all-reduce needs no room of its own, as it runs only after a diag passed, in place of the
+    diag's second run and the nvidia-smi queries of a failure (after a reboot, also of the reset it skips)."""
     return (DIAG_RUNS * DIAG_TIMEOUT_S[level] + READY_TIMEOUT_MAX_S + 2 * READY_QUERY_TIMEOUT_S + RESET_ONCE_S
-            + gpus * NVIDIA_SMI_CALLS_PER_GPU * NVIDIA_SMI_TIMEOUT_S + BUG_REPORT_TIMEOUT_S)
+            + gpus * NVIDIA_SMI_CALLS_PER_GPU * NVIDIA_SMI_TIMEOUT_S + BUG_REPORT_TIMEOUT_S
+            + (DIAG_RUNS * NCCL_TIMEOUT_S if gpus > 1 else 0))
 
 
 def run_tool(run: Run, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:

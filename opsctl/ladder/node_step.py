@@ -14,14 +14,18 @@ failure. The checks are `dcgmi diag -r <remediation.validate_level> -j -i N[,M..
 takes a comma-separated list of entities; opsctl.gpu.dcgm_diag judges each GPU's own results: a skipped or
 errored test is "unchecked", never a pass, and one GPU's failure fails the whole) over the GPUs of the reason, or
 over every GPU of the node after a reboot and after an NVLink or NVSwitch fault (whole_node); and this run's
-InfiniBand and storage checks. A diag that fails after a reboot, the answer that sends a GPU to RMA, runs a second
-time: a failure that does not repeat is `unchecked`, a person's. The answer is
+InfiniBand and storage checks. When the diag checked every GPU of a node that has more than one and passed,
+nccl-tests' `all_reduce_perf` over all of them follows, against validate.nccl_busbw_floor_gbps: NVLinks that trained
+at half their speed pass DCGM's diag, and the all-reduce moves data through the NVSwitches at the node's full
+bandwidth. A busbw under the floor fails the step; a run that checked nothing is `unchecked`. A diag or an
+all-reduce that fails after a reboot, the answer that sends a GPU to RMA, runs a second time: a failure that does
+not repeat is `unchecked`, a person's. The answer is
 `opsctl:validated-<pass|fail|unchecked> <gpus> <rules> after-<reset|reboot> <detail>`, set through the actor,
 compared and set against the reason the node read (a person who changed it meanwhile wins).
 
 What failed stays on the node for the vendor: `<state_dir>/validation/<UTC time>-<step>/` holds the diag's
-JSON and `nvidia-smi -q -i N`, and after a reboot (the failure the head hands to RMA) NVIDIA's
-`nvidia-bug-report.sh` output where it is installed. The GPU's serial number goes into the answer
+JSON and `nvidia-smi -q -i N` (or the all-reduce's output), and after a reboot (the failure the head hands to
+RMA) NVIDIA's `nvidia-bug-report.sh` output where it is installed. The GPU's serial number goes into the answer
 (`serial=...`), so that the head's RMA bundle and `sinfo -R` name the board without logging in here.
 """
 
@@ -37,6 +41,7 @@ from opsctl.actor.result import ActionResult
 from opsctl.config.schema import Config
 from opsctl.errors import OpsctlError, SourceUnavailable
 from opsctl.gpu.dcgm_diag import diag_verdict, process_dcgm_diag_output
+from opsctl.gpu.nccl_tests import AllReduceRun, run_all_reduce
 from opsctl.gpu.tools import BUG_REPORT_TIMEOUT_S, DIAG_TIMEOUT_S, NVIDIA_SMI_TIMEOUT_S, Run, run_tool
 from opsctl.health.xid import xid_catalog
 from opsctl.ladder.ready import Pace, wait_ready
@@ -105,13 +110,19 @@ def _take(config: Config, slurm: Slurm, node: SlurmNode, rung: Rung, run: Run, n
     if not ready.ready:
         return _answer(config, slurm, node, rung, "unchecked", ready.words(), now, action, note=reset.note)
     # The reason's GPUs always: one that did not come back (lost, so not listed) must fail the diag, not be left out.
-    checked = tuple(sorted({*whole_node(rung, ready.gpus), *gpus}))
+    every_gpu = whole_node(rung, ready.gpus)
+    checked = tuple(sorted({*every_gpu, *gpus}))
     result, detail = _validate(config, checked, run, evidence, rung.step)
+    bandwidth = ""
+    if result == "pass" and every_gpu and len(checked) > 1:
+        all_reduce, words = _all_reduce(config, len(checked), run, evidence, rung.step)
+        # A pass keeps the diag's answer and adds its bandwidth to the audit record; anything else is the answer.
+        result, detail, bandwidth = (result, detail, words) if all_reduce == "pass" else (all_reduce, words, "")
     if result == "pass" and other_failures:
         result, detail = "fail", other_failures
-    # opsctl history shows how long the node waited and which GPUs the diag checked.
-    note = "; ".join(word for word in (ready.words(), f"diag on GPU {','.join(map(str, checked))}", reset.note)
-                     if word)
+    # opsctl history shows how long the node waited, which GPUs the diag checked and the all-reduce's bandwidth.
+    note = "; ".join(word for word in (ready.words(), f"diag on GPU {','.join(map(str, checked))}", bandwidth,
+                                       reset.note) if word)
     return _answer(config, slurm, node, rung, result, detail, now, action, note=note)
 
 
@@ -172,6 +183,38 @@ def _diag(config: Config, gpus: tuple[int, ...], run: Run) -> tuple[subprocess.C
     return diag, result, verdict.describe(), list(dict.fromkeys(named)) or list(gpus)
 
 
+def _all_reduce(config: Config, gpus: int, run: Run, evidence: "Evidence", after: str) -> tuple[str, str]:
+    """nccl-tests' all-reduce over the node's `gpus` GPUs after their diag passed: the result (pass, fail,
+    unchecked) and its words (on a pass, the bandwidth). On anything but a pass its output is kept, with
+    nvidia-bug-report.sh after a reboot; a failure after a reboot must fail twice, as the diag's."""
+    first = _one_all_reduce(config, gpus, run)
+    runs = [first]
+    result, detail = _step_result(first), first.words
+    if result == "fail" and after == REBOOT:
+        again = _one_all_reduce(config, gpus, run)
+        runs.append(again)
+        if again.verdict != "fail":
+            result, detail = "unchecked", f"failed once, then {_step_result(again)} on a second run: {detail}"
+        else:
+            detail = f"failed twice: {again.words}"
+    if result != "pass":
+        names = ("all_reduce_perf.txt", "all_reduce_perf-second-run.txt")
+        evidence.keep({name: done.output for name, done in zip(names, runs, strict=False)})
+        if after == REBOOT:
+            _bug_report(config.gpu.nvidia_bug_report, run, evidence)
+    return result, detail
+
+
+def _one_all_reduce(config: Config, gpus: int, run: Run) -> AllReduceRun:
+    return run_all_reduce(config.validate.all_reduce_perf, config.validate.nccl_bytes, gpus,
+                          config.validate.nccl_busbw_floor_gbps, run)
+
+
+def _step_result(done: AllReduceRun) -> str:
+    """The answer's word for an all-reduce's verdict: one that checked nothing is unchecked."""
+    return {"pass": "pass", "fail": "fail"}.get(done.verdict, "unchecked")
+
+
 def _bug_report(program: str, run: Run, evidence: "Evidence") -> None:
     """NVIDIA's `nvidia-bug-report.sh --output-file <evidence>/nvidia-bug-report.log` (it writes the file
     gzipped, `.log.gz`), which NVIDIA's support asks for with an RMA. Not installed (exit 127) or failing:
@@ -182,8 +225,8 @@ def _bug_report(program: str, run: Run, evidence: "Evidence") -> None:
 
 
 class Evidence:
-    """The failing diag's evidence for the vendor, kept through the ledger (a node that cannot write it still
-    answers); `directory` once kept."""
+    """The failing diag's or all-reduce's evidence for the vendor, kept through the ledger (a node that cannot write
+    it still answers); `directory` once kept."""
 
     def __init__(self, ledger: Ledger, step: str, now: float):
         self.ledger, self.step, self.now = ledger, step, now

@@ -5,7 +5,10 @@ The reason is `opsctl:node-check <check> <device>, ...`; a person's drain, or on
 too, is left alone (as LBNL NHC does with the drains it did not set), and so is a drain that only reads as
 the node's own: the actor judges each reason against what it set (its custody store in the node's state
 directory, opsctl/actor/custody.py), so Slurm's own drain that kept the words of an earlier node-check drain
-is never resumed."""
+is never resumed.
+
+Its GPU checks (opsctl/nodecheck/gpu.py) drain too, but a resume waits until they were all made: a fabric still
+training after a boot is "not yet", not a pass."""
 
 import time
 
@@ -15,10 +18,14 @@ from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.health.plan import out_of_service_room
 from opsctl.ib.check import Report
-from opsctl.nodecheck.report import REASON_PREFIX, RULE, CheckResult
+from opsctl.nodecheck.gpu import CHECKS as GPU_CHECKS
+from opsctl.nodecheck.gpu import COUNT, GpuReport, every_gpu_failed, slurm_gpus
+from opsctl.nodecheck.report import NODE, REASON_PREFIX, RULE, CheckResult
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.partitions import select_partitions
 from opsctl.storage.check import CHECKS as STORAGE_CHECKS
+
+NOT_RESPONDING_REASON = "Not responding"  # slurmctld's reason for a node it set DOWN when slurmd stopped answering
 
 
 def self_reason(found: list[CheckResult], max_length: int) -> str:
@@ -46,32 +53,56 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
             shaped[result] = f"firmware differs from the pinned {config.ib.firmware} (a fleet-wide rollout?)"
         elif result.check == "ib-kernel-modules":
             shaped[result] = "a kernel module is missing (a driver update on every node?)"
+        elif result.check in GPU_CHECKS and every_gpu_failed(found):
+            shaped[result] = "no GPU answers or no fabric trained (a driver or Fabric Manager change on every node?)"
     return shaped
 
 
+def registering(node: SlurmNode) -> bool:
+    """slurmd starting (its HealthCheckProgram runs before it registers): slurmctld shows the node NOT_RESPONDING,
+    in service or DOWN for that alone (Slurm's own "Not responding"), and nothing else holds it. Such a node may
+    drain itself: that is what a health check at slurmd's start is for."""
+    return set(node.flags) == {"NOT_RESPONDING"} and node.state in ("idle", "down") \
+        and node.reason in ("", NOT_RESPONDING_REASON)
+
+
+def count_against_slurm(gpus: GpuReport, node: SlurmNode) -> list[CheckResult]:
+    """The GPU results, gpu-count judged against the GPUs Slurm was told this node has (its gres), where it says."""
+    told = slurm_gpus(node.gres)
+    if told is None or gpus.answering is None:
+        return list(gpus.found)
+    return [CheckResult(COUNT, NODE, gpus.answering < told) if r.check == COUNT else r for r in gpus.found]
+
+
 def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult],
-               report: Report | None = None, result: ActionResult | None = None) -> ActionResult:
+               report: Report | None = None, result: ActionResult | None = None,
+               gpus: GpuReport | None = None) -> ActionResult:
     """Drain `node` for its failed checks, or resume it from its own node-check drain; one line says what.
 
     Through the actor (the lock, compare and set, the audit). A failure shaped like a shared cause
     (shared_shaped) never drains; a drain that would take more nodes out of service with an opsctl reason
     than safety.max_out_of_service_fraction allows is refused; only a drain whose reason names node-check
     and nothing else is resumed (`opsctl:node-check,xid-79 ...` needs a person: the XID is not ours). The
-    actor fills `result` (a new one when None), which is returned with the line."""
-    shaped = shared_shaped(report, found, config)
-    own = [r for r in found if r.failed and r not in shaped]
-    not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
+    actor fills `result` (a new one when None), which is returned with the line. `gpus`: the GPU checks, whose
+    gpu-count is judged against Slurm's word for the node; a resume waits until they were all made."""
+    gpus = gpus or GpuReport(absent=True)
     with Actor(config, slurm, time.time(), result=result) as actor:
         nodes = actor.nodes()
         if node not in nodes:
             raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
         current = nodes[node]
+        found = found + count_against_slurm(gpus, current)
+        shaped = shared_shaped(report, found, config)
+        own = [r for r in found if r.failed and r not in shaped]
+        not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
         if own:
             return _drain(config, actor, nodes, current, own)
         if shaped:
             actor.skip(node, f"shaped like a shared cause: {not_drained}")
             return _said(actor, f"{node} not drained: {not_drained}; opsctl health, which sees every node, decides",
                          exit_code=ExitCode.FAILING)
+        if current.resumable and current.reason_rules() == [RULE] and not gpus.judged:
+            return _said(actor, f"{node} stays drained: {gpus.skipped}")
         if current.resumable and current.reason_rules() == [RULE] and not any(r.failed for r in found):
             made = actor.apply([Change(node=node, event=RESUME, seen=current, checks=(RULE,),
                                        detail="every node check passes")]).made
@@ -94,7 +125,7 @@ def _drain(config: Config, actor: Actor, nodes: dict[str, SlurmNode], current: S
            own: list[CheckResult]) -> ActionResult:
     node, failing = current.name, ExitCode.FAILING
     # opsctl's words left on a node in service (a resume on a release that keeps the reason) hold nothing.
-    if current.out_of_service or (current.reason and not current.leftover):
+    if not registering(current) and (current.out_of_service or (current.reason and not current.leftover)):
         if current.owned and current.reason.startswith(REASON_PREFIX):
             return _said(actor, f"{node} stays drained: {current.reason}", exit_code=failing)
         actor.skip(node, f"{current.state_text} ({current.reason or 'no reason'})")

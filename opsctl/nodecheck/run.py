@@ -24,6 +24,7 @@ from opsctl.ib.ofed import OfedVersion, read_ofed
 from opsctl.ib.report import check_report
 from opsctl.ladder.node_step import take_step
 from opsctl.nodecheck.drain_self import drain_self
+from opsctl.nodecheck.gpu import GpuReport, check_gpus, read_uptime
 from opsctl.nodecheck.kernel_log import CHECK, KernelLogReport, check_kernel_log
 from opsctl.nodecheck.report import CheckResult, metrics_text, results, storage_results, write_textfile
 from opsctl.storage.check import StorageReport, storage_report
@@ -39,6 +40,8 @@ class NodeCheck:
     aer: dict[str, dict[str, int]] = field(default_factory=dict)  # GPU or HCA -> AER severity -> errors so far
     ofed: OfedVersion = field(default_factory=OfedVersion)  # the RDMA stack's version (version-drift compares it)
     action: ActionResult = field(default_factory=ActionResult)  # what --drain-self and --remediate-self did
+    # gpu-count and gpu-fabric (opsctl/nodecheck/gpu.py): for --drain-self and the exit code, not the textfile
+    gpus: GpuReport = field(default_factory=GpuReport)
     exit_code: ExitCode = ExitCode.OK
 
 
@@ -56,20 +59,25 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
                            clients.tools())
     aer = aer_counts(sysfs_root or clients.config().ib.sysfs_root, kernel)
     ofed = read_ofed(clients.config().ib.ofed_info, clients.tools())
+    config = clients.config()
+    gpus = check_gpus(config.gpu.nvidia_smi, clients.tools(), config.hardware.gpus_per_node, read_uptime(),
+                      config.remediation.ready_timeout)
     found = results(report) + storage_results(storage)
     if textfile:
         write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks, aer, ofed))
+    passed = report.passed and storage.passed and not any(r.failed for r in gpus.found)
     result = NodeCheck(report=report, storage=storage, kernel=kernel, found=found, nvlinks=nvlinks, aer=aer,
-                       ofed=ofed, exit_code=ExitCode.OK if report.passed and storage.passed else ExitCode.FAILING)
+                       ofed=ofed, gpus=gpus, exit_code=ExitCode.OK if passed else ExitCode.FAILING)
     # Slurm names a node by its short host name unless slurm.conf says otherwise: --node then.
     name = node or socket.gethostname().split(".")[0]
     if drain:
-        drain_self(clients.config(), clients.slurm(), name, found, report, result=result.action)
+        drain_self(config, clients.slurm(), name, found, report, result=result.action, gpus=gpus)
         # a storage check fails the command, though it drains nothing
         result.exit_code = worst(result.exit_code, result.action.exit_code)
     if remediate:
         # After the drain decision: a node this run drained is not reset on top of it. The other checks'
-        # failures make a passing diagnostic a failed validation (a reset fixes no InfiniBand port).
+        # failures make a passing diagnostic a failed validation (a reset fixes no InfiniBand port); the GPU
+        # checks are not among them: the step's own wait for readiness and diag judge the GPUs.
         failed = [f"{r.check} {r.device}".strip() for r in found if r.failed]
         step = take_step(clients.config(), clients.slurm(), name, not failed,
                          "other checks failed: " + ", ".join(failed), result=result.action)
@@ -96,6 +104,10 @@ def aer_lines(aer: dict[str, dict[str, int]]) -> list[str]:
     return lines or [f"pcie aer: no errors on {len(aer)} devices"]
 
 
+def gpus_dict(gpus: GpuReport) -> dict[str, Any]:
+    return {"answering": gpus.answering, "checks": [r.__dict__ for r in gpus.found], "skipped": gpus.skipped or None}
+
+
 def ofed_dict(ofed: OfedVersion) -> dict[str, Any]:
     return {"distribution": ofed.distribution or None, "version": ofed.version or None, "note": ofed.note or None}
 
@@ -118,12 +130,12 @@ def check_lines(result: NodeCheck) -> list[str]:
     """A line per check result (with the storage finding's detail), then one per NFS mount."""
     details = {(f.check, f.device): f.detail for f in result.storage.findings}
     lines = []
-    for r in result.found:
+    for r in result.found + [r for r in result.gpus.found if r.failed]:
         detail = details.get((r.check, r.device), "")
         lines.append(f"{r.check:22} {r.device or '-':14} {'FAIL' if r.failed else 'ok'}  {detail}".rstrip())
     for point, stats in sorted(result.storage.nfs.items()):
         lines.append(f"nfs {point}: {stats.retransmissions} RPC retransmissions of {stats.ops} ops since mount")
-    return lines
+    return lines + (list(result.gpus.lines) or [f"gpus not checked: {result.gpus.skipped}"])
 
 
 def nvlink_dict(nvlinks: NvlinkReport) -> dict[str, Any]:

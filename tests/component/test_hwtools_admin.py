@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,52 @@ def test_sysfs_link_host_keeps_the_emulated_infiniband(env, tmp_path):
     assert (root / "class/net").resolve() == host / "class/net" and (root / "kernel").is_symlink()
     assert not (root / "class/infiniband").is_symlink()
     assert sorted(p.name for p in (root / "class/infiniband").iterdir())[-1] == "mlx5_bond_0"
+
+
+def fabric_states(env) -> set[str]:
+    """Every GPU's fabric state, as the emulated nvidia-smi prints it."""
+    out = subprocess.run([sys.executable, "-m", "opsctl_lab.hwtools.nvidia_smi", "--query-gpu=fabric.state",
+                          "--format=csv,noheader"], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.splitlines())
+
+
+def boot(env, tmp_path):
+    """`opsctl-hw boot` in an empty machine root: no driver installed, no module to load."""
+    (tmp_path / "root").mkdir(exist_ok=True)
+    out = admin(dict(env, OPSCTL_HW_MACHINE_ROOT=str(tmp_path / "root")), "boot")
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_a_boot_leaves_the_fabric_not_started_until_fabric_manager_starts(env, tmp_path):
+    boot(env, tmp_path)
+    assert fabric_states(env) == {"Not Started"}
+    assert admin(env, "fabric-training", "1").stdout == "gpu1: the fabric trains for 1 s\n"
+    time.sleep(1.2)
+    assert fabric_states(env) == {"Not Started"}  # nothing trains it before Fabric Manager starts
+    started = admin(env, "fabricmanager")
+    assert started.returncode == 0 and started.stdout == "gpu1: Fabric Manager started; the fabric trains for 1 s\n"
+    deadline = time.monotonic() + 5
+    while fabric_states(env) != {"Completed"}:
+        assert time.monotonic() < deadline, fabric_states(env)
+        time.sleep(0.1)
+
+
+def test_a_bad_training_time_is_refused(env):
+    out = admin(env, "fabric-training", "soon")
+    assert out.returncode != 0 and "number of seconds" in out.stderr
+
+
+def test_a_boot_after_a_reboot_ends_an_xid_and_a_boot_without_one_keeps_it(env, tmp_path):
+    state = Path(env["OPSCTL_HW_STATE"])
+    assert admin(env, "inject", "xid:79", "--gpu", "2").returncode == 0
+    assert admin(env, "inject", "remapped-rows", "--gpu", "4").returncode == 0
+    boot(env, tmp_path)  # the lab stopped and started the machine: no reboot
+    assert [f["fault"] for f in json.loads(state.read_text())["active"]] == ["xid", "remapped-rows"]
+    marker = state.parent / "rebooted"  # what the machine's supervisor leaves after a reboot
+    marker.write_text("1800000000.000\n")
+    out = boot(env, tmp_path)
+    assert "gpu1: rebooted; faults ended: xid:79 gpu2\n" in out.stdout
+    assert [f["fault"] for f in json.loads(state.read_text())["active"]] == ["remapped-rows"]
+    assert not marker.exists()

@@ -158,6 +158,17 @@ def test_production_render_has_required_settings(rendered):
     assert read_conf(rendered["production-22.05"] / "cgroup.conf")["CgroupPlugin"] == "cgroup/v2"
 
 
+def test_every_node_runs_the_node_check_as_its_health_check_at_slurmd_start_and_after(rendered):
+    """slurmd runs HealthCheckProgram before it registers: a node that boots without a GPU drains itself before it
+    takes a job. ANY,CYCLE: in every state, a part of the nodes at a time. The lab runs it only at slurmd's start
+    (65535 s, the most slurm.conf takes)."""
+    for release in ("22.05", "24.11", "26.05"):
+        conf = read_conf(rendered[f"production-{release}"] / "slurm.conf")
+        assert (conf["HealthCheckProgram"], conf["HealthCheckInterval"], conf["HealthCheckNodeState"]) == \
+            ("/usr/local/sbin/opsctl-health-check", "600", "ANY,CYCLE")
+    assert read_conf(rendered["lab"] / "slurm.conf")["HealthCheckInterval"] == "65535"
+
+
 @pytest.mark.parametrize("release,key,absent", [("22.05", "PrologEpilogTimeout", "EpilogTimeout"),
                                                 ("24.11", "PrologEpilogTimeout", "EpilogTimeout"),
                                                 ("26.05", "EpilogTimeout", "PrologEpilogTimeout")])

@@ -1,12 +1,14 @@
-"""subprocess.run of a node's nvidia-smi, dcgmi and systemctl, answered by the lab's emulation of one H200 node in
-process (opsctl_lab.hwtools: no process is started), on a clock of its own that the node's waits move on (`sleep`,
-`monotonic`: pass the fake as take_step's `pace`), so that a GPU reset's fabric training takes its time. The node
-runs DCGM's host engine and dcgm-exporter, as a provisioned one does: they hold its GPUs until stopped."""
+"""subprocess.run of a node's nvidia-smi, dcgmi, systemctl and all_reduce_perf, answered by the lab's emulation of
+one H200 node in process (opsctl_lab.hwtools: no process is started), on a clock of its own that the node's waits
+move on (`sleep`, `monotonic`: pass the fake as take_step's `pace`), so that a GPU reset's fabric training takes
+its time. The node runs DCGM's host engine and dcgm-exporter, as a provisioned one does: they hold its GPUs until
+stopped."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from opsctl_lab.hardware import MONITORING_SERVICES, NodeHardware
+from opsctl_lab.hwtools.all_reduce_perf import single_node
 from opsctl_lab.hwtools.dcgmi import diag_document, entity_gpus, styled
 from opsctl_lab.hwtools.dcgmi_diag import run_diag
 from opsctl_lab.hwtools.nvidia_smi import bus_id, query_apps, query_gpu, render_q
@@ -46,6 +48,9 @@ class EmulatedGpus:
                 raise FileNotFoundError(2, "No such file or directory")
             Path(argv[2] + ".gz").write_text(self.bug_report)
             return Ran(argv, 0, "")
+        if Path(argv[0]).name == "all_reduce_perf":
+            printed = single_node(self.hw, argv[1:], self.now)
+            return Ran(argv, printed.rc, printed.stdout, printed.stderr)
         if argv[0] == "systemctl":
             out, err, rc = systemctl(self.hw, argv[1:])
             return Ran(argv, rc, out, err)

@@ -35,8 +35,9 @@ REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "playbooks" / "roles" / "node_check"
 LEVELS = (1, 2, 3, 4)
 NOW = 1_800_000_000.0
-# The sections of the node's config that are the node's own (where its tools are), not the head's settings.
-NODE_OWN_SECTIONS = {"gpu"}
+# The sections of the node's config that are the node's own (where its tools are, and the all-reduce's floor on
+# its GPUs, as `opsctl node validate` reads them there), not the head's settings.
+NODE_OWN_SECTIONS = {"gpu", "validate"}
 filter_loader.add_directory(str(ROLE / "filter_plugins"))
 
 
@@ -289,11 +290,11 @@ def test_defect_7_the_roles_bounds_are_opsctls():
 
     assert {int(level): seconds for level, seconds in value("_node_check_diag_timeout_s").items()} \
         == tools.DIAG_TIMEOUT_S
-    gpus, per_gpu, bug_report, runs, ready, reset = (int(value(name)) for name in (
+    gpus, per_gpu, bug_report, runs, ready, reset, nccl = (int(value(name)) for name in (
         "_node_check_step_gpus", "_node_check_gpu_tools_s", "_node_check_bug_report_s", "_node_check_diag_runs",
-        "_node_check_ready_s", "_node_check_reset_once_s"))
-    assert gpus == 8
-    assert all(runs * tools.DIAG_TIMEOUT_S[level] + ready + reset + gpus * per_gpu + bug_report
+        "_node_check_ready_s", "_node_check_reset_once_s", "_node_check_nccl_s"))
+    assert gpus == 8 and nccl == tools.NCCL_TIMEOUT_S
+    assert all(runs * tools.DIAG_TIMEOUT_S[level] + ready + reset + gpus * per_gpu + bug_report + runs * nccl
                == tools.node_step_bound_s(level, gpus) for level in LEVELS)
 
 

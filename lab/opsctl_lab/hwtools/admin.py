@@ -8,10 +8,15 @@ every tool (and the dcgm-exporter service, which re-reads the file) reports the 
     opsctl-hw show           # the state file
     opsctl-hw modprobe NAME  # load a kernel module that a lab package built (opsctl_lab.vendor_repos.kmod)
     opsctl-hw boot           # what the kernel and systemd-modules-load do at a boot (boot-time service)
+    opsctl-hw fabricmanager  # Fabric Manager starts: the fabric trains (nvidia-fabricmanager's ExecStartPre)
+    opsctl-hw fabric-training SECONDS   # how long the fabric takes to train
 
 A boot (`boot`, run by the boot-time service before `sysfs`; opsctl_lab.machines.boot) loads the installed
 NVIDIA driver and the modules of modules-load.d; each module that the kernel would refuse is named and makes
-the exit status 1. A machine without an installed driver keeps the emulated one (`driver VERSION`).
+the exit status 1. A machine without an installed driver keeps the emulated one (`driver VERSION`). A boot
+after a reboot (the machine's supervisor left its marker) is a reboot of the board: the faults a reboot ends
+end, each named on stdout. Every boot leaves the fabric Not Started until `fabricmanager` runs; it then trains
+for the node's training time (Not Started for its first quarter, then In Progress, then Completed).
 
 The kernel log (`kmsg` next to the state file, opsctl_lab.hardware.write_kernel_log) is rewritten from the
 state after every command, so an injected xid-kernel fault's XID line is in it.
@@ -36,12 +41,14 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from opsctl_lab.hardware import kernel_log_path, write_kernel_log
+from opsctl_lab.hardware import fault_label, kernel_log_path, write_kernel_log
 from opsctl_lab.hwtools.common import fresh_sysfs, load, main_guard, state_path
 from opsctl_lab.machines import boot, storage_mounts
 from opsctl_lab.machines.fabric_cabling import publish
 
-MACHINE_BASE = Path("/")
+# The machine's root: where a boot finds the installed driver and modules-load.d, and its device files go.
+# OPSCTL_HW_MACHINE_ROOT moves it (a test's directory, so that a boot there never reads this host's files).
+MACHINE_BASE = Path(os.environ.get("OPSCTL_HW_MACHINE_ROOT") or "/")
 
 
 @contextmanager
@@ -69,6 +76,9 @@ def main(argv: list[str]) -> int:
     modprobe = sub.add_parser("modprobe", help="load a kernel module a lab package built, as the kernel would")
     modprobe.add_argument("module")
     sub.add_parser("boot", help="load the installed driver and the modules of modules-load.d, as at a boot")
+    sub.add_parser("fabricmanager", help="Fabric Manager starts: every GPU's fabric trains from now")
+    training = sub.add_parser("fabric-training", help="how long the fabric takes to train, in seconds")
+    training.add_argument("seconds", type=training_seconds)
     args = parser.parse_args(argv)
     if args.cmd == "modprobe":
         return boot.modprobe(MACHINE_BASE, args.module, loaded_modules_dir())
@@ -93,12 +103,27 @@ def main(argv: list[str]) -> int:
             hw.save(state_path())
             sys.stdout.write(f"{hw.node}: driver {args.version} loaded\n")
         elif args.cmd == "boot":
+            marker = boot.reboot_marker(state_path())
+            rebooted = marker.exists()
+            ended = boot.start_board(hw, rebooted)
             failures = boot.boot(hw, MACHINE_BASE, loaded_modules_dir())
             hw.save(state_path())
+            boot.forget_reboot(marker)
+            if rebooted:
+                sys.stdout.write(f"{hw.node}: rebooted; faults ended: "
+                                 f"{', '.join(map(fault_label, ended)) or 'none'}\n")
             if (loaded_modules_dir() / "nvidia").exists():
                 boot.make_gpu_devices(hw, MACHINE_BASE / "dev")
             for line in failures:
                 sys.stderr.write(f"{line}\n")
+        elif args.cmd == "fabricmanager":
+            hw.start_fabric_manager()
+            hw.save(state_path())
+            sys.stdout.write(f"{hw.node}: Fabric Manager started; the fabric trains for {hw.fabric_training_s:g} s\n")
+        elif args.cmd == "fabric-training":
+            hw.fabric_training_s = args.seconds
+            hw.save(state_path())
+            sys.stdout.write(f"{hw.node}: the fabric trains for {args.seconds:g} s\n")
         elif args.cmd == "show":
             sys.stdout.write(json.dumps(asdict(hw), indent=1, sort_keys=True) + "\n")
         root = fresh_sysfs(hw)
@@ -110,6 +135,17 @@ def main(argv: list[str]) -> int:
         if args.cmd == "sysfs" and args.link_host:
             link_host_sysfs(root)
     return 1 if failures else 0
+
+
+def training_seconds(text: str) -> float:
+    """A training time: a number of seconds, 0 or more (0: the fabric is trained as soon as Fabric Manager starts)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return seconds
 
 
 def fabric_dir() -> Path:

@@ -7,9 +7,14 @@ tests/fixtures/nccl/nccl-tests290_all_reduce_perf_8xH100_single_node.txt), with 
 of the node's NVLink: rising with the message size towards a plateau of 482 GB/s, the figure that 8
 GPUs on NVSwitch (NVLink 4, which H100 and H200 share) reach with nccl-tests (476.53 GB/s at 4 GiB in
 that capture; Azure's H200 health check asks 431 GB/s at 16 GiB). `nvlink-slow` on any GPU of the run
-halves the plateau: a ring moves at its slowest link. A GPU that fell off the bus (`gpu-missing`) ends the
-run as CUDA does, with rc 1 (the message is nccl-tests' CUDACHECK format; the lab's judgement of the
-CUDA error a lost GPU gives).
+halves the plateau: a ring moves at its slowest link. So does `nvlink-degraded` (a link trained at half its
+speed, which DCGM's diag passes): NCCL spreads the all-reduce over channels on every link, and the collective
+ends with its slowest channel. A GPU that fell off the bus (`gpu-missing`) ends the run as CUDA does, with rc 1
+(the message is nccl-tests' CUDACHECK format; the lab's judgement of the CUDA error a lost GPU gives), and so
+does a GPU whose NVSwitch fabric is not trained yet.
+
+Started alone (no srun, no mpirun), as the remediation ladder runs it after a diag of every GPU, it runs over
+the node's first `-g` GPUs: single_node() is that run, in process, for the tests.
 
 Across nodes (an srun step of one task per node, nccl-tests built with MPI=1): rank 0 prints the table for
 every rank, the others print nothing, as nccl-tests does. The data crosses the fabric on the HCAs
@@ -71,8 +76,14 @@ class Rank:
     gpu: int
 
 
+# The faults whose GPU moves its share of an all-reduce at half the rate: links that carry half (`nvlink-slow`),
+# and a link trained at half its speed (`nvlink-degraded`), whose channels the whole collective waits for.
+HALF_RATE_FAULTS = ("nvlink-slow", "nvlink-degraded")
+
+
 def nvlink_gbps(hw: NodeHardware, gpus: list[int], size: int) -> float:
-    plateau = PLATEAU_GBPS / (2 if any(hw.has("nvlink-slow", gpu=g) for g in gpus) else 1)
+    slowed = any(hw.has(fault, gpu=g) for fault in HALF_RATE_FAULTS for g in gpus)
+    plateau = PLATEAU_GBPS / (2 if slowed else 1)
     return plateau * size / (size + HALF_SIZE)
 
 
@@ -174,25 +185,59 @@ def _nodes(own: NodeHardware) -> list[NodeHardware]:
     return [own if name == own.node else NodeHardware.load(Path(pattern.format(node=name)), name) for name in names]
 
 
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    hw = load()
+@dataclass(frozen=True)
+class Printed:
+    """What a run prints and its exit code."""
+
+    stdout: str
+    rc: int
+    stderr: str = ""
+
+
+def _refused(hw: NodeHardware, args: argparse.Namespace, gpus: list[int], now: float) -> Printed | None:
+    """How the run ends before its table, None when it does not: arguments nccl-tests refuses, a GPU lost, or one
+    whose fabric is not trained."""
     if not 1 <= args.ngpus <= hwm.GPUS_PER_NODE or args.stepfactor < 2 or args.minbytes > args.maxbytes:
-        sys.stderr.write("Invalid arguments\n")
-        return 1
-    gpus = _visible_gpus(args.ngpus)
+        return Printed("", 1, "Invalid arguments\n")
     lost = [g for g in gpus if not hw.gpu_present(g)]
     if lost or len(gpus) < args.ngpus:
-        sys.stdout.write(f"{hw.node}: Test CUDA failure common.cu:892 'unknown error'\n"
-                         f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n")
-        return 1
-    now = time.time()
+        return Printed(f"{hw.node}: Test CUDA failure common.cu:892 'unknown error'\n"
+                       f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n", 1)
     if any(hw.fabric_status(g, now) != hwm.FABRIC_SUCCESS for g in gpus):
         # CUDA_ERROR_SYSTEM_NOT_READY before Fabric Manager trained the fabric; nccl-tests prints it so
         # (NVIDIA/nccl-tests issue 264: "Test CUDA failure common.cu:941 'system not yet initialized'").
-        sys.stdout.write(f"{hw.node}: Test CUDA failure common.cu:941 'system not yet initialized'\n"
-                         f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n")
-        return 1
+        return Printed(f"{hw.node}: Test CUDA failure common.cu:941 'system not yet initialized'\n"
+                       f" .. {hw.node} pid {os.getpid()}: Test failure common.cu:1040\n", 1)
+    return None
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    sizes = [args.minbytes]
+    while sizes[-1] * args.stepfactor <= args.maxbytes:
+        sizes.append(sizes[-1] * args.stepfactor)
+    return sizes
+
+
+def single_node(hw: NodeHardware, argv: list[str], now: float) -> Printed:
+    """`all_reduce_perf ARGS` started alone on this node: over its first `-g` GPUs (no CUDA_VISIBLE_DEVICES), their
+    NVLinks only."""
+    args = _parser().parse_args(argv)
+    gpus = list(range(hwm.GPUS_PER_NODE))[:args.ngpus]
+    refused = _refused(hw, args, gpus, now)
+    if refused is not None:
+        return refused
+    return Printed(report([Rank(hw, gpu) for gpu in gpus], [], _sizes(args), args), 0)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    hw = load()
+    gpus = _visible_gpus(args.ngpus)
+    refused = _refused(hw, args, gpus, time.time())
+    if refused is not None:
+        sys.stdout.write(refused.stdout)
+        sys.stderr.write(refused.stderr)
+        return refused.rc
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return 0  # nccl-tests: only rank 0 prints
     nodes = _nodes(hw)
@@ -201,10 +246,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(f"{hw.node}: NCCL WARN NET/IB : No device found.\n")
         return 1
     ranks = [Rank(node, gpu) for node in nodes for gpu in gpus]
-    sizes = [args.minbytes]
-    while sizes[-1] * args.stepfactor <= args.maxbytes:
-        sizes.append(sizes[-1] * args.stepfactor)
-    sys.stdout.write(report(ranks, hcas, sizes, args))
+    sys.stdout.write(report(ranks, hcas, _sizes(args), args))
     return 0
 
 

@@ -5,7 +5,14 @@ A boot starts with no module loaded; the NVIDIA driver a lab package installed f
 the one loaded (nvidia-smi and DCGM report its version); then the modules of modules-load.d are loaded, as
 systemd-modules-load loads them (which does not run in a container), and each one that the kernel would
 refuse is named. A machine without an installed driver keeps the emulated one. Loading the driver makes its
-device nodes. Which module loads is opsctl_lab.vendor_repos.kmod's: the lab's packages build the modules."""
+device nodes. Which module loads is opsctl_lab.vendor_repos.kmod's: the lab's packages build the modules.
+
+The board boots too (`start_board`). After a reboot (`reboot` in the machine: the machine's supervisor on the
+host saw nspawn's exit status 133 and left a marker next to the state file, supervise.py) it is a reboot of the
+board: the faults that a reboot ends end and the kernel log starts again (NodeHardware.reboot). After the lab
+stopped the machine (`opsctl lab machines down`, then `up`) every fault stays, as on a node powered off and on
+whose faults are in its hardware. Either way Fabric Manager has not started yet: the fabric trains once the
+machine's nvidia-fabricmanager unit starts (`opsctl-hw fabricmanager`)."""
 
 import os
 import shutil
@@ -13,7 +20,7 @@ import stat
 import sys
 from pathlib import Path
 
-from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
+from opsctl_lab.hardware import GPUS_PER_NODE, ActiveFault, NodeHardware
 from opsctl_lab.vendor_repos import kmod
 
 # systemd-modules-load's directories, first the one whose file wins over a file of the same name after it.
@@ -67,6 +74,29 @@ def boot(hw: NodeHardware, root: Path, loaded: Path, release: str = "") -> list[
         except kmod.LoadError as err:
             failures.append(f"Failed to insert module '{name}': {err}")
     return failures
+
+
+# The supervisor's word that the machine rebooted, next to the state file (in the machine's layer on the host).
+REBOOT_MARKER_NAME = "rebooted"
+
+
+def reboot_marker(state: Path) -> Path:
+    """Where the machine's supervisor says the machine rebooted, given its state file."""
+    return Path(state).parent / REBOOT_MARKER_NAME
+
+
+def start_board(hw: NodeHardware, rebooted: bool, now: float | None = None) -> list[ActiveFault]:
+    """The board's part of a boot: after a reboot (the supervisor's marker) a reboot of the board, whose ended
+    faults it returns; after the lab stopped the machine, every fault stays. Fabric Manager has not started
+    either way. The caller removes the marker only once the state is saved (forget_reboot): a boot that stops
+    before then takes the reboot again."""
+    ended = hw.reboot(now) if rebooted else []
+    hw.stop_fabric_manager()
+    return ended
+
+
+def forget_reboot(marker: Path) -> None:
+    marker.unlink(missing_ok=True)
 
 
 NVIDIA_MAJOR = 195  # the NVIDIA driver's character devices: /dev/nvidia<minor>, /dev/nvidiactl at 255

@@ -10,7 +10,16 @@ from pathlib import Path
 import opsctl
 import opsctl_lab
 from opsctl_lab.hardware import GPUS_PER_NODE, NodeHardware
-from opsctl_lab.installed_tools import HEAD_TOOLS, HW_CODE, HW_ROOT, HW_STATE, HW_SYSFS_ROOT, TOOLS, tool_wrapper
+from opsctl_lab.installed_tools import (
+    ADMIN_TOOL,
+    HEAD_TOOLS,
+    HW_CODE,
+    HW_ROOT,
+    HW_STATE,
+    HW_SYSFS_ROOT,
+    TOOLS,
+    tool_wrapper,
+)
 from opsctl_lab.machines.settings import DCGM_PORT, REVERSED_MINORS_MACHINE
 from opsctl_lab.machines.storage_mounts import BIND_MOUNTS, export_dir, mount_unit, place_exports
 from opsctl_lab.storage_view import MOUNTS
@@ -26,12 +35,16 @@ MOUNT_UNITS = {point: mount_unit(point) for point in BIND_MOUNTS}  # /shared: sh
 DCGM_UNIT = "dcgm-exporter.service"
 SYSFS_UNIT = "opsctl-hw-sysfs.service"
 # The NVIDIA role checks that fabric manager runs. These machines have no NVSwitch to train: the lab's
-# unit of that name only runs, so that the check has something real to look at (nvidia_services).
+# unit of that name only runs, so that the check has something real to look at (nvidia_services). Its start
+# is what starts the emulated fabric's training, as the real Fabric Manager's is on an HGX board: after the
+# boot-time unit, whose `opsctl-hw boot` leaves the fabric Not Started, records that it starts.
 FABRICMANAGER_UNIT = "nvidia-fabricmanager.service"
-FABRICMANAGER_UNIT_TEXT = """[Unit]
+FABRICMANAGER_UNIT_TEXT = f"""[Unit]
 Description=NVIDIA fabric manager (opsctl lab emulation: no NVSwitch to train)
+After={SYSFS_UNIT}
 
 [Service]
+ExecStartPre={ADMIN_TOOL} fabricmanager
 ExecStart=/bin/sleep infinity
 
 [Install]
@@ -114,6 +127,17 @@ def _install_tools(upper: Path, paths: list[str]) -> None:
 def install_head(upper: Path) -> None:
     """The head's tools: ibnetdiscover of the fabric its HCAs are cabled to (opsctl_lab.fabric)."""
     _install_tools(upper, HEAD_TOOLS)
+
+
+def set_fabric_training(state: Path, name: str, seconds: float) -> NodeHardware:
+    """How long the machine's fabric trains after Fabric Manager starts (the lab's setting,
+    Settings.fabric_training_s), into its state before it boots: the setting of each `up` that starts the machine
+    wins over an earlier `opsctl-hw fabric-training`. Returns the state."""
+    hw = NodeHardware.load(state, name)
+    if not state.exists() or hw.fabric_training_s != seconds:
+        hw.fabric_training_s = seconds
+        hw.save(state)
+    return hw
 
 
 def install(upper: Path, name: str, address: str) -> None:

@@ -25,6 +25,9 @@ HEAD = "head"
 # node, compact state (idle, drain, down*, ...), reason ("none" when there is none): sinfo(1) -o.
 SINFO = "sinfo -h -N -o '%N %t %E'"
 NO_SINFO = 127  # the shell's "command not found": Slurm is not installed yet
+# How long `up` gives the slurmds to register after SSH answers: a few seconds, once the GPUs are ready. slurmd
+# waits for them first where provisioning made it (the slurm_compute role's wait for the fabric and persistence
+# mode), and a fabric trains for the machine's training time after Fabric Manager starts (settle_timeout).
 SETTLE_S = 30.0
 # The opsctl role's defaults (playbooks/roles/opsctl/defaults/main.yml); an inventory may override them.
 OPSCTL_CONFIG_VAR = "opsctl_config_path"
@@ -147,6 +150,12 @@ def settled_slurm_nodes(settings: Settings, timeout: float = SETTLE_S) -> tuple[
         time.sleep(1)
 
 
+def settle_timeout(settings: Settings) -> float:
+    """The bound of `up`'s wait for the slurmds: SETTLE_S past the machines' fabric training, which a slurmd that
+    waits for its GPUs waits out before it registers. A bound only: `up` goes on once every node has registered."""
+    return SETTLE_S + settings.fabric_training_s
+
+
 def faults(settings: Settings, machines: list[str]) -> dict[str, list[str]]:
     """Faults injected into each GPU machine, from its state file in the machine's own layer, and the
     fabric's own (opsctl_lab.machines.fabric_cabling)."""
@@ -160,7 +169,7 @@ def faults(settings: Settings, machines: list[str]) -> dict[str, list[str]]:
 
 
 def report(settings: Settings, machines: list[str], settle: bool) -> list[str]:
-    nodes, error = settled_slurm_nodes(settings) if settle else slurm_nodes(settings)
+    nodes, error = settled_slurm_nodes(settings, settle_timeout(settings)) if settle else slurm_nodes(settings)
     return found_lines(nodes, faults(settings, machines), error)
 
 

@@ -113,7 +113,8 @@ def up(count: int = 3, echo: Echo = lambda _line: None, settings: Settings | Non
         with phase("ssh"):
             readiness.wait_ssh(settings, names, timeout=boot_timeout)
         inventory.write(settings, names)
-        # Just booted: slurmd registers with slurmctld a few seconds after SSH answers.
+        # Just booted: slurmd registers with slurmctld a few seconds after SSH answers, or once the fabric has
+        # trained where it waits for the GPUs (labstate.settle_timeout).
         found = labstate.report(settings, names, settle=True)
     echo(f"lab machines up: {', '.join(f'{n}={settings.addr(n)}' for n in names)}; "
          f"inventory {settings.inventory_dir}/hosts.yml; total {time.monotonic() - start:.1f}s")
@@ -151,7 +152,8 @@ def _start_machines(settings: Settings, names: list[str], kernel_key: str = "") 
         if is_gpu_machine(name):
             hwinstall.install(uppers[name], name, settings.addr(name))
             state = uppers[name] / HW_STATE.lstrip("/")
-            fabric_cabling.publish(settings.fabric_dir / "nodes", NodeHardware.load(state, name))
+            hw = hwinstall.set_fabric_training(state, name, settings.fabric_training_s)
+            fabric_cabling.publish(settings.fabric_dir / "nodes", hw)
         elif name == "head":
             hwinstall.install_head(uppers[name])
         machine_args = (disks.nspawn_args(settings) if name == STORAGE_MACHINE

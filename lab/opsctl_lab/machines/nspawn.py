@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from opsctl_lab.machines import fabric_cabling, keys
+from opsctl_lab.machines import boot, fabric_cabling, keys
 from opsctl_lab.machines import image as img
-from opsctl_lab.machines.settings import PROVISIONING_HOME, PROVISIONING_UID, Settings
+from opsctl_lab.machines.settings import HW_STATE, PROVISIONING_HOME, PROVISIONING_UID, Settings, is_gpu_machine
 from opsctl_lab.processes import cmdline, read_pidfile, stop_pids, write_pidfile
 from opsctl_lab.vendor_repos import spec
 
@@ -146,6 +146,14 @@ def remove_cgroups(groups: list[Path]) -> None:
                 pass
 
 
+def reboot_marker(settings: Settings, name: str) -> Path | None:
+    """Where the supervisor says that a GPU machine rebooted, for its emulated board's next boot (boot.py); None
+    for the other machines, which have no emulated board."""
+    if not is_gpu_machine(name):
+        return None
+    return boot.reboot_marker(upper(settings, name) / HW_STATE.lstrip("/"))
+
+
 def start(settings: Settings, name: str, extra_args: list[str] | None = None) -> int:
     mdir = settings.machine_dir(name)
     groups = cgroups(settings, name)
@@ -156,9 +164,12 @@ def start(settings: Settings, name: str, extra_args: list[str] | None = None) ->
     if fabric:
         settings.fabric_dir.mkdir(parents=True, exist_ok=True)
     image = str(img.path(settings))
-    # The supervisor boots the machine again when it reboots (supervise.py); its pid is the machine's.
+    # The supervisor boots the machine again when it reboots (supervise.py), and marks the reboot for a GPU
+    # machine's emulated board; its pid is the machine's.
+    marker = reboot_marker(settings, name)
+    marker_args = ["--reboot-marker", str(marker)] if marker else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "opsctl_lab.machines.supervise",
+        [sys.executable, "-m", "opsctl_lab.machines.supervise", *marker_args,
          "systemd-nspawn", "-q", "-b", "-D", image, f"--overlay={image}:{upper(settings, name)}:/",
          f"--network-namespace-path=/run/netns/{settings.netns(name)}", "--register=no", "--keep-unit",
          "-M", settings.nspawn_name(name), f"--hostname={name}", "--console=pipe",

@@ -7,6 +7,10 @@ Every path can be moved with an environment variable, so tests and CI can use th
   OPSCTL_LAB_INVENTORY    hosts.yml, SSH key, known_hosts (default <project>/inventory/lab; net > 0: <state>/inventory)
   OPSCTL_LAB_NET          0-254: which lab network (default 0: 10.213.0.0/24, bridge opsctl-lab0). A
                           second lab on the same host (e.g. the integration tests) takes another one.
+
+and one of the emulated hardware, written into each GPU machine's hardware state when `up` starts it:
+  OPSCTL_LAB_FABRIC_TRAINING_S  seconds Fabric Manager takes to train the NVSwitch fabric, after it starts at
+                          boot or after a GPU reset (default 60, about an HGX board's; tests set less)
 """
 
 import os
@@ -52,6 +56,10 @@ REVERSED_MINORS_MACHINE = "gpu2"
 
 DCGM_PORT = 9400
 
+# How long a GPU machine's fabric trains (NodeHardware.fabric_training_s): about a real HGX board's minute, so that
+# whatever waits for it after a boot or a reset meets the wait it will meet on a cluster.
+FABRIC_TRAINING_S = 60.0
+
 
 def _project_inventory() -> Path:
     root = Path(opsctl.__file__).resolve().parents[1]
@@ -73,6 +81,19 @@ def _net_index() -> int:
     return int(text)
 
 
+def _fabric_training_s() -> float:
+    text = os.environ.get("OPSCTL_LAB_FABRIC_TRAINING_S") or str(FABRIC_TRAINING_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        from opsctl_lab.errors import LabError
+
+        raise LabError(f"OPSCTL_LAB_FABRIC_TRAINING_S must be a number of seconds, 0 or more, not {text!r}")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Settings:
     # state_dir, apt_cache_dir and inventory_dir: None (the default) is a default that depends on `net` (and
@@ -83,6 +104,7 @@ class Settings:
     apt_cache_dir: Path = None  # type: ignore[assignment]  # set in __post_init__
     inventory_dir: Path = None  # type: ignore[assignment]  # set in __post_init__
     mirror: str = DEFAULT_MIRROR
+    fabric_training_s: float = field(default_factory=_fabric_training_s)
 
     def __post_init__(self) -> None:
         # Another lab network gets its own state (and inventory) by default: two labs must never share one.

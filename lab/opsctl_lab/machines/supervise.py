@@ -1,4 +1,4 @@
-"""A machine's supervisor: `python -m opsctl_lab.machines.supervise systemd-nspawn ARGS...`.
+"""A machine's supervisor: `python -m opsctl_lab.machines.supervise [--reboot-marker PATH] systemd-nspawn ARGS...`.
 
 A machine that reboots (`reboot`, `shutdown -r`, Ansible's reboot module) ends its systemd-nspawn with
 exit status 133; systemd-nspawn@.service boots it again (RestartForceExitStatus=133), and so does this.
@@ -12,6 +12,12 @@ node rebooted: `scontrol reboot` would wait until ResumeTimeout. Each boot after
 in a time namespace of its own whose boot clock starts at zero, as a real node's does. The first boot
 keeps the host's clock: the lab stopping and starting a machine (`opsctl lab machines down/up`) is a
 restart of its processes to Slurm, not an unexpected reboot that would set the node DOWN.
+
+A reboot is also one of the emulated board (a GPU machine's): with --reboot-marker the supervisor leaves that
+file (next to the machine's hardware state, in its layer) after each reboot, and the machine's next boot
+(`opsctl-hw boot`, opsctl_lab.machines.boot) ends the faults that a reboot ends. The supervisor alone tells a
+reboot (status 133) from the lab stopping the machine, whose faults all stay. nspawn has ended by then, so
+nothing has the machine's layer mounted while it writes there.
 """
 
 import ctypes
@@ -20,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 REBOOT_STATUS = 133  # systemd-nspawn(1): "the container requested a reboot"
 # A machine that reboots at once after every boot (a broken unit) would spin: at most this many boots in
@@ -46,9 +53,24 @@ def fresh_boot_clock() -> None:
         offsets.write(f"boottime {-int(time.clock_gettime(time.CLOCK_BOOTTIME))} 0\n")
 
 
+def mark_reboot(marker: Path) -> None:
+    """The machine rebooted: its next boot finds this file (its content, the time, is for a person)."""
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{time.time():.3f}\n")
+
+
+def split_marker(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """([--reboot-marker PATH] COMMAND...) -> (PATH or None, COMMAND...)."""
+    if argv[:1] == ["--reboot-marker"] and len(argv) > 1:
+        return Path(argv[1]), argv[2:]
+    return None, argv
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        sys.stderr.write("usage: python -m opsctl_lab.machines.supervise systemd-nspawn ARGS...\n")
+    marker, argv = split_marker(argv)
+    if not argv or argv[0].startswith("-"):
+        sys.stderr.write("usage: python -m opsctl_lab.machines.supervise [--reboot-marker PATH] "
+                         "systemd-nspawn ARGS...\n")
         return 2
     stopping = False
     child: subprocess.Popen[bytes] | None = None
@@ -69,6 +91,8 @@ def main(argv: list[str]) -> int:
         if stopping:  # a signal between the check above and this child
             child.terminate()
         status = child.wait()
+        if status == REBOOT_STATUS and marker is not None:
+            mark_reboot(marker)  # the board rebooted, even when the lab stops the machine now
         if status != REBOOT_STATUS or stopping:
             return status
         if len(boots) >= BURST_BOOTS:

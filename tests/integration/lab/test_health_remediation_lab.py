@@ -87,8 +87,10 @@ def xid_79_ladder(h, started):
     answered, node_audit = node_check(h, NODE)
     assert "checked: pass" in answered and node_audit == ["validated"], answered
     assert h.slurm()[NODE].reason == "opsctl:validated-pass gpu3 xid-79 after-reboot pass"
-    # It waited for the fabric before its diag (a diag before it would have failed every GPU), then checked all 8.
-    waited = re.fullmatch(r"pass; ready after (\d+)s; diag on GPU 0,1,2,3,4,5,6,7", node_records(h, NODE)[0]["detail"])
+    # It waited for the fabric before its diag (a diag before it would have failed every GPU), then checked all 8,
+    # then ran nccl-tests' all-reduce over them.
+    waited = re.fullmatch(r"pass; ready after (\d+)s; diag on GPU 0,1,2,3,4,5,6,7; all-reduce busbw \d+GB/s",
+                          node_records(h, NODE)[0]["detail"])
     assert waited and int(waited.group(1)) >= 1, node_records(h, NODE)
     assert h.opsctl("remediate").returncode == 0
     # Resumed: idle, and responding once slurmctld's next ping reaches the restarted slurmd.

@@ -21,6 +21,7 @@ pytestmark = [NEEDS_ROOT, NEEDS_MACHINES, pytest.mark.provision]
 NODE = "gpu1"
 OPSCTL = "/opt/opsctl/bin/opsctl"  # opsctl_venv of the opsctl role
 NODE_CHECK_UNIT = "/etc/systemd/system/opsctl-node-check.service"  # node_check role
+NODE_CONFIG = "/etc/opsctl/node-check.yaml"  # node_check role: the node's audit log is set there
 
 
 def remediate(machines) -> dict:
@@ -64,4 +65,50 @@ def test_a_pending_row_remap_is_reset_by_the_nodes_own_service_and_resumed_by_th
         lab_cli("clear", NODE)
         machines.ssh(NODE, "systemctl start opsctl-node-check.timer")
         if machines.drained(NODE):
+            machines.resume(NODE)
+
+
+def test_xid_79_reboots_through_slurm_waits_for_the_fabric_validates_and_resumes(machines):
+    """XID 79 (the GPU fell off the bus: NVIDIA's catalog says reboot) on a machine whose Fabric Manager takes 60 s
+    to train the fabric after a boot, as an HGX board's does. The head drains it and reboots it through Slurm; the
+    machine boots with the fault gone, and slurmd registers only once the fabric trained. The node's own step waits
+    for the fabric too, checks every GPU (a reboot restarted the whole board), passes, and the head resumes it:
+    never opsctl:rma. The node's audit record says how long the step waited. The node check's timer is kept from
+    starting at the boot, so that the test takes the step itself once, as the timer would."""
+    wait_until(lambda: machines.node_state(NODE)[0] == "idle", 90, f"{NODE} idle")
+    machines.ssh(NODE, "systemctl disable --now opsctl-node-check.timer")
+    training = json.loads(machines.ssh(NODE, "opsctl-hw show").stdout)["fabric_training_s"]
+    machines.ssh(NODE, "opsctl-hw fabric-training 60")
+    booted = machines.ssh(NODE, "cat /proc/sys/kernel/random/boot_id").stdout
+
+    def back_from_reboot():
+        state, reason = machines.node_state(NODE)
+        new_boot = machines.ssh(NODE, "cat /proc/sys/kernel/random/boot_id", check=False).stdout not in ("", booted)
+        return (state, reason) if state == "down" and new_boot else None
+
+    lab_cli("inject", NODE, "xid:79", "--gpu", "1")
+    try:
+        _, reason = wait_until(lambda: health_drain(machines), 90, f"{NODE} drained", interval=3)
+        assert reason.startswith("opsctl:xid-79 gpu1"), reason
+        assert remediate(machines)[NODE]["action"] == "reboot"
+        state, reason = wait_until(back_from_reboot, 300, f"{NODE} back from its reboot")
+        assert reason.startswith("opsctl:reboot gpu1 xid-79"), (state, reason)
+        ready = machines.ssh(NODE, "journalctl -b -u slurmd -o cat | grep 'opsctl-gpus-ready: GPUs'").stdout
+        assert "GPUs ready after" in ready, ready
+        machines.ssh(NODE, f"$(sed -n 's/^ExecStart=//p' {NODE_CHECK_UNIT})", timeout=900)
+        assert machines.node_state(NODE)[1] == "opsctl:validated-pass gpu1 xid-79 after-reboot pass"
+        record = json.loads(machines.ssh(NODE, f"{OPSCTL} history {NODE} --json --config {NODE_CONFIG}")
+                            .stdout.splitlines()[-1])
+        assert record["event"] == "validated" and "ready after" in record["detail"], record
+        assert "diag on GPU 0,1,2,3,4,5,6,7; all-reduce busbw" in record["detail"], record
+        assert remediate(machines)[NODE]["action"] == "resume"
+        assert wait_until(lambda: machines.node_state(NODE)[0] == "idle", 60, f"{NODE} back in service")
+        events = [json.loads(line)["event"] for line in
+                  machines.on_head(f"{OPSCTL} history {NODE} --json").splitlines()]
+        assert "rma" not in events and events[-3:] == ["drain", "reboot", "resume"], events[-6:]
+    finally:
+        lab_cli("clear", NODE)
+        machines.ssh(NODE, f"opsctl-hw fabric-training {training}", check=False)
+        machines.ssh(NODE, "systemctl enable --now opsctl-node-check.timer", check=False)
+        if machines.drained(NODE) or machines.node_state(NODE)[0].startswith("down"):
             machines.resume(NODE)
