@@ -1,12 +1,13 @@
 """The one place where opsctl builds what it talks to: the config, the Prometheus client, the Slurm
-backend and how the node's GPU tools run. The CLI passes a Clients through click's context object; tests
-pass one holding fakes of the PromQuery and Slurm protocols and of the tools' runner
+backend, the nodes' BMCs and how the node's GPU tools run. The CLI passes a Clients through click's context
+object; tests pass one holding fakes of the PromQuery and Slurm protocols and of the tools' runner
 (`CliRunner().invoke(main, args, obj=Clients(...))`)."""
 
 import os
 import subprocess
 from typing import cast
 
+from opsctl.bmc import PowerControl
 from opsctl.config import Config, load_config
 from opsctl.errors import ConfigError
 from opsctl.gpu.tools import Run
@@ -19,8 +20,9 @@ from opsctl.slurm.requeue import SlurmRequeue
 class Clients:
     def __init__(self, config: Config | None = None, prom: PromQuery | None = None, slurm: Slurm | None = None,
                  jobs: SlurmReservations | None = None, accounting: SlurmAccounting | None = None,
-                 tools: Run | None = None, requeues: SlurmRequeue | None = None):
+                 tools: Run | None = None, requeues: SlurmRequeue | None = None, power: PowerControl | None = None):
         self._config = config
+        self._power = power
         self._tools = tools
         self._prom = prom
         self._slurm = slurm
@@ -46,6 +48,10 @@ class Clients:
         if acting and self._loaded_here:  # a config handed in (tests) is taken as it is
             refuse_private_state_dir(self._config, self.config_path)
         return self._config
+
+    def power(self) -> PowerControl | None:
+        """The nodes' BMCs when handed a fake (tests); None: the actor builds bmc's client when a step needs it."""
+        return self._power
 
     def tools(self) -> Run:
         """How the node's GPU tools run (opsctl.gpu.tools.run_tool): subprocess.run unless handed a fake."""

@@ -1,7 +1,8 @@
 """`opsctl lab up|down|status|env|inject|clear`: the simulated cluster on this host.
 
 up: munged, MariaDB and slurmdbd (the accounting), slurmctld and one slurmd per node (real Debian Slurm),
-the dcgm-exporter emulator, one real node_exporter per node, a real Prometheus and a read-only
+the dcgm-exporter emulator, one real node_exporter per node, the nodes' BMC (a Redfish emulator, when
+sushy-tools is installed: opsctl_lab.bmc), a real Prometheus and a read-only
 `opsctl health --watch` whose metrics Prometheus scrapes; then waits until every node is idle in sinfo
 and every target is up. Running it again with the lab up changes nothing.
 """
@@ -16,7 +17,7 @@ import click
 import yaml
 
 from opsctl.errors import ExitCode
-from opsctl_lab import accounting, fabric_lab, processes, prometheus_lab, slurm_lab
+from opsctl_lab import accounting, bmc, fabric_lab, processes, prometheus_lab, slurm_lab
 from opsctl_lab import paths as lp
 from opsctl_lab.errors import LabError
 from opsctl_lab.hardware import FAULTS, MONITORING_SERVICES, NodeHardware, parse_fault, write_kernel_log
@@ -98,6 +99,7 @@ def up(nodes: int = 64, scrape_interval: int = 5) -> ExitCode:
     fabric_lab.write_fabric(paths, nodes)
     phase("dcgm-exporter emulator", prometheus_lab.start_dcgm_emulator, paths, nodes)
     phase("node_exporters", _start_node_exporters, paths, nodes)
+    phase("bmc", _start_bmc, paths, nodes)
     phase("prometheus", _start_prometheus, paths, nodes, scrape_interval)
     _write_opsctl_config(paths, scrape_interval)
     prometheus_lab.start_why_spool(paths)
@@ -125,6 +127,12 @@ def _start_node_exporters(paths: lp.LabPaths, nodes: int) -> None:
             prometheus_lab.start_node_exporter(paths, index)
 
 
+def _start_bmc(paths: lp.LabPaths, nodes: int) -> None:
+    missing = bmc.start(paths, nodes)
+    if missing:
+        click.echo(f"no BMC in the lab: {missing}; the remediation ladder has no power rung here")
+
+
 def _start_prometheus(paths: lp.LabPaths, nodes: int, scrape_interval: int) -> None:
     prometheus_lab.write_prometheus_config(paths, nodes, scrape_interval)
     prometheus_lab.start_prometheus(paths)
@@ -148,6 +156,10 @@ def _write_opsctl_config(paths: lp.LabPaths, scrape_interval: int) -> None:
               # within one requeue (the default, 2, would take a third failure).
               "recover": {"max_requeues": 1},
               "state_dir": str(paths.opsctl_state), "audit_log": str(paths.opsctl_state / "audit.jsonl")}
+    # The nodes' BMC, for the ladder's power cycle: none (no power rung) where sushy-tools is not installed.
+    bmc_config = bmc.opsctl_config(paths)
+    if bmc_config:
+        config["bmc"] = bmc_config
     paths.opsctl_config.write_text(yaml.safe_dump(config, sort_keys=False))
     paths.opsctl_state.mkdir(parents=True, exist_ok=True)
 

@@ -28,6 +28,8 @@ DETECTORS = {
     "layout": "nothing to see: a naming of the HCAs, under which every check must still work",
     "job-health": "the job-health evaluation: a training job's ranks that wait for a slow or hung peer; no node "
                   "health rule fails",
+    "reboot-timeout": "slurmctld's ResumeTimeout (`reboot timed out`) on a reboot the ladder asked for: the ladder "
+                      "power-cycles the node through its BMC",
 }
 # How often `opsctl node check` runs on a node: the node_check role's node_check_interval (1min;
 # tests/unit/test_fault_matrix.py holds the two alike). A rule that reads what it writes sees a fault at

@@ -300,6 +300,11 @@ FAULTS = {
         FaultSpec("hang", "node", "the training rank on the node stops stepping but stays alive, its GPUs idle; "
                   "the job's other ranks wait for it at the all-reduce, for ever", simulated_only=True,
                   seen_by=("job-health",)),
+        # What the lab's RebootProgram does with it (opsctl_lab.slurm_reboot): slurmd stops and never starts
+        # again, and the hardware keeps every fault; only the BMC's power on (opsctl_lab.bmc) boots the node, and
+        # that reboot ends it. No health rule sees it: slurmctld's ResumeTimeout marks the node DOWN.
+        FaultSpec("reboot-hang", "node", "a graceful reboot never finishes: only a power cycle brings the node back",
+                  survives_reboot=False, simulated_only=True, seen_by=("reboot-timeout",)),
         FaultSpec("uplink-down", "fabric", "uplink-down:<leaf>: the leaf's last up-link (port 64, to spine 2) is "
                   "down; inject it on `fabric` (`opsctl lab inject fabric uplink-down:rail3-su1-leaf`)",
                   seen_by=("topology",)),

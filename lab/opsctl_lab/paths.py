@@ -8,7 +8,8 @@ own directory) run side by side on one host:
     0     127.0.0.1:19090   16817      17001-18000    127.10.0.N:9400, :9100  127.0.0.1:19190
     k     127.0.0.1:19090+k 16817+k    17001+1000k..  127.(10+k).0.N          127.0.0.1:19190+k
 
-and the accounting (opsctl_lab.accounting) on 127.0.0.1: slurmdbd on 16830+k, MariaDB on 16840+k.
+and the accounting (opsctl_lab.accounting) on 127.0.0.1: slurmdbd on 16830+k, MariaDB on 16840+k; the BMC
+(opsctl_lab.bmc) on 127.0.0.1: its Redfish service on 16850+k, the listener for its power changes on 16860+k.
 """
 
 import os
@@ -23,6 +24,8 @@ SLURMCTLD_PORT = 16817
 SLURMD_FIRST_PORT = 17001
 SLURMDBD_PORT = 16830
 MARIADB_PORT = 16840
+BMC_PORT = 16850
+BMC_POWER_PORT = 16860
 DCGM_PORT = 9400
 NODE_EXPORTER_PORT = 9100
 OPSCTL_METRICS_PORT = 19190
@@ -59,6 +62,16 @@ def slurmdbd_port() -> int:
 
 def mariadb_port() -> int:
     return MARIADB_PORT + slot()
+
+
+def bmc_port() -> int:
+    """The BMC's Redfish service (sushy-emulator)."""
+    return BMC_PORT + slot()
+
+
+def bmc_power_port() -> int:
+    """The listener that the BMC tells each power change of a node (opsctl_lab.bmc)."""
+    return BMC_POWER_PORT + slot()
 
 
 def slurmd_first_port() -> int:
@@ -107,6 +120,11 @@ class LabPaths:
     def accounting(self) -> Path:
         """MariaDB's data directory and socket, the database password, slurmdbd's PID file."""
         return self.root / "accounting"
+
+    @property
+    def bmc(self) -> Path:
+        """The BMC's config, its state, its user's password (`password`, mode 0600) and htpasswd file."""
+        return self.root / "bmc"
 
     @property
     def dev(self) -> Path:

@@ -14,6 +14,10 @@ for the host lab by `opsctl lab up` and for a chroot cluster by ChrootCluster.up
 takes the place of the old one in the lab's PID files, so `opsctl lab down` (or ChrootCluster.down)
 stops it as it stops the rest.
 
+A host lab node with the `reboot-hang` fault never comes back: its slurmd stops and stays down, its hardware
+keeps every fault, and slurmctld marks it DOWN "reboot timed out" after ResumeTimeout. Only a power cycle
+through the lab's BMC (opsctl_lab.bmc, which boots the node with the program's `--boot NODE`) brings it back.
+
 Slurm keeps boot times in whole seconds and takes a node whose boot time is not before the reboot request
 for one that has booted already: a node rebooted again within a second or two of coming back can be
 returned to service by its old slurmd's answer, still REBOOT_ISSUED, until ResumeTimeout marks it DOWN
@@ -21,6 +25,8 @@ returned to service by its old slurmd's answer, still REBOOT_ISSUED, until Resum
 that has been up for a while.
 
     python -m opsctl_lab.slurm_reboot hardware LAB_DIR NODE    # what the host lab's program runs
+
+exits 0 once the hardware rebooted, HANG_EXIT (3) when the reboot hangs (nothing rebooted).
 """
 
 import shlex
@@ -37,6 +43,8 @@ from opsctl_lab.hardware import NodeHardware, fault_label, write_kernel_log
 # request (both in whole seconds; a registration that boots earlier is "still waiting for boot"), and a
 # moment in which the node shows REBOOT_ISSUED with no slurmd, as a rebooting node does.
 PAUSE_S = 2.0
+# The hardware step's exit status for a reboot that hangs: the program leaves slurmd down.
+HANG_EXIT = 3
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("opsctl_lab", "templates"), undefined=jinja2.StrictUndefined,
@@ -54,7 +62,7 @@ def write_program(path: Path, *, cluster: str, run_dir: Path | str, log_dir: Pat
     argument and reboots its emulated hardware, run while slurmd is down."""
     text = _TEMPLATES.get_template("reboot-program.sh.j2").render(
         cluster=cluster, program=self_path or path, run_dir=run_dir, log_dir=log_dir, slurm_conf=slurm_conf,
-        hardware=hardware or [], pause=f"{pause:g}")
+        hardware=hardware or [], pause=f"{pause:g}", hang_exit=HANG_EXIT)
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
@@ -74,11 +82,20 @@ def reboot_hardware(paths: lp.LabPaths, node: str) -> list[str]:
     return [fault_label(fault) for fault in ended]
 
 
+def reboot_hangs(paths: lp.LabPaths, node: str) -> bool:
+    """Whether the node's graceful reboot never finishes (the `reboot-hang` fault): nothing reboots then."""
+    return NodeHardware.load(paths.hardware(node), node).node_fault("reboot-hang")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "hardware":
         sys.stderr.write("usage: python -m opsctl_lab.slurm_reboot hardware LAB_DIR NODE\n")
         return 2
-    ended = reboot_hardware(lp.LabPaths(Path(argv[1])), argv[2])
+    paths, node = lp.LabPaths(Path(argv[1])), argv[2]
+    if reboot_hangs(paths, node):
+        sys.stdout.write(f"the reboot of {node} hangs (reboot-hang): its hardware keeps every fault\n")
+        return HANG_EXIT
+    ended = reboot_hardware(paths, node)
     sys.stdout.write(f"emulated hardware of {argv[2]} rebooted; faults ended: {', '.join(ended) or 'none'}\n")
     return 0
 

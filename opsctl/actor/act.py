@@ -40,6 +40,7 @@ from opsctl.actor.ledger import Ledger
 from opsctl.actor.lock import RunLock
 from opsctl.actor.memory import Handled, HandledMemory
 from opsctl.actor.result import ActionResult
+from opsctl.bmc import PowerControl, power_control
 from opsctl.config.schema import Config
 from opsctl.errors import Interrupted, OpsctlError, SourceUnavailable
 from opsctl.slurm import Slurm, SlurmNode
@@ -49,6 +50,9 @@ DRAIN, RESUME, ESCALATE, REBOOT = "drain", "resume", "escalate", "reboot"
 # The remediation ladder's steps that re-word opsctl's own drain (opsctl/ladder/reasons.py): ask the
 # node for a GPU reset, record its checks' result, hand the node to the vendor (RMA) or to a person.
 RESET, VALIDATED, RMA, UNVALIDATED = "reset", "validated", "rma", "unvalidated"
+# A reboot that never came back, off and on again through the node's BMC (opsctl/bmc): the reason first, so that
+# Slurm shows the step while it runs, then the BMC.
+POWER_CYCLE = "power-cycle"
 # `opsctl hold` and its release: the hold's word in (or out of) opsctl's own reason (opsctl/ladder/hold.py).
 HOLD, RELEASE = "hold", "release"
 # At ReturnToService=2 slurmctld returns a node that registers after a reboot to service, whatever nextstate
@@ -58,7 +62,7 @@ RETURN_TO_SERVICE_2 = ("slurm.conf sets ReturnToService=2, which returns a reboo
 REBOOT_REFUSED = f"refused: {RETURN_TO_SERVICE_2}"
 # The budget each event spends (a re-wording takes no node out of service; a reset request and a
 # reboot spend the ladder's own). A planned rollout's reboot spends none (Change.budget).
-BUDGET = {DRAIN: "drains", RESUME: "resumes", RESET: "resets", REBOOT: "reboots"}
+BUDGET = {DRAIN: "drains", RESUME: "resumes", RESET: "resets", REBOOT: "reboots", POWER_CYCLE: "reboots"}
 
 
 def cap_reason(reason: str, max_length: int) -> str:
@@ -103,8 +107,10 @@ class Actor:
     would be done, refused and skipped (actor/result.py); `actor.done` is its list of changes made."""
 
     def __init__(self, config: Config, slurm: Slurm, now: float, memory: HandledMemory | None = None,
-                 done: list[str] | None = None, lock: bool = True, result: ActionResult | None = None):
+                 done: list[str] | None = None, lock: bool = True, result: ActionResult | None = None,
+                 power: PowerControl | None = None):
         self.config, self.slurm, self.now = config, slurm, now
+        self._power = power  # the nodes' BMCs (power cycles): bmc's client unless handed one
         self.ledger = Ledger(config)
         self.audit, self.state = self.ledger.audit_log, self.ledger.state
         self.memory = memory
@@ -191,7 +197,7 @@ class Actor:
                 continue
             state = now_seen.state_text if now_seen else "gone"
             self._drop(change, f"changed: Slurm changed since the plan (now {state})", acted, now_seen)
-        if kept and kept[0].event == REBOOT and self.refuses_reboots():
+        if kept and kept[0].event in (REBOOT, POWER_CYCLE) and self.refuses_reboots():
             for change in kept:
                 self._drop(change, REBOOT_REFUSED, acted, change.seen)
             return
@@ -207,12 +213,36 @@ class Actor:
                 self.slurm.resume(names)
             elif event == REBOOT:
                 self.slurm.reboot(names, reason)
+            elif event == POWER_CYCLE:
+                kept = self._power_cycle(kept, reason, acted)
             else:
                 self.slurm.set_reason(names, reason)
         except SourceUnavailable:
             self._settle_after_failure(kept, acted)
             raise
-        self._made(kept, acted)
+        if kept:
+            self._made(kept, acted)
+
+    def _power_cycle(self, batch: list[Change], reason: str, acted: Acted) -> list[Change]:
+        """The step's reason on the nodes, then each one off and on through its BMC: the changes made, with what
+        the BMC did in their audit detail. A node whose BMC did not gets its reason back, its custody entry too,
+        and a `power-cycle-failed` record that says why; the run goes on."""
+        self.slurm.set_reason([c.node for c in batch], reason)
+        made = []
+        for change in batch:
+            try:
+                words = (self._power or power_control(self.config.bmc)).power_cycle(change.node)
+            except OpsctlError as err:
+                with contextlib.suppress(SourceUnavailable):
+                    self.slurm.set_reason([change.node], change.seen.reason)
+                self.state.custody.record({change.node: self._custody_before.get(change.node)})
+                acted.failed.append(change)
+                self.result.refused[change.node] = f"power cycle failed: {err}"
+                self.audit.write(f"{POWER_CYCLE}-failed", node=change.node, checks=change.checks, reason=reason,
+                                 detail=str(err), now=self.now, state=change.seen.state_text)
+                continue
+            made.append(replace(change, detail=f"{change.detail}; {words}".lstrip("; ")))
+        return made
 
     def skip(self, node: str, why: str) -> None:
         """A node left alone on purpose before any change was planned for it (no audit record: nothing was
@@ -310,7 +340,7 @@ class Actor:
 def _batches(changes: list[Change]) -> list[list[Change]]:
     """Drains (by reason) first, then re-wordings, reboots, resumes: one scontrol call per batch."""
     order = {DRAIN: 0, ESCALATE: 1, RESET: 1, VALIDATED: 1, RMA: 1, UNVALIDATED: 1, HOLD: 1, RELEASE: 1, REBOOT: 2,
-             RESUME: 3}
+             POWER_CYCLE: 2, RESUME: 3}
     grouped: dict[tuple[str, str], list[Change]] = {}
     for change in changes:
         key = (change.event, change.reason if change.event != RESUME else "")

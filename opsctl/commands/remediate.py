@@ -1,7 +1,8 @@
 """`opsctl remediate` and `opsctl hold`: the remediation ladder after a drain (docs/remediation.md).
 
 Exit codes: 0 the ladder's steps were made (or nothing was due), 2 usage or config error, 3 Slurm could not
-be read or refused a change, 4 a safety stop (the breaker, a budget spent, a node Slurm changed meanwhile).
+be read or refused a change, or a node's BMC did not power-cycle it, 4 a safety stop (the breaker, a budget
+spent, a node Slurm changed meanwhile).
 With --watch a round's exit 3 or 4 is a line on stderr and the next round follows; SIGTERM ends it with 0.
 """
 

@@ -493,6 +493,34 @@ class RecoverConfig:
     max_requeues_per_hour: int = key(10, check=_not_negative, hint="must be >= 0")
 
 
+BMC_PROTOCOLS = ("", "redfish", "ipmi")
+
+
+@dataclass(frozen=True)
+class BmcConfig:
+    """The nodes' BMCs, for the remediation ladder's power cycle (docs/remediation.md, "Power cycle"): a node whose
+    reboot never came back. `url` and `system` take `{node}`, the Slurm node name. No protocol: no power rung, and a
+    hung reboot goes to a person."""
+
+    protocol: str = key("", check=lambda v: v in BMC_PROTOCOLS, hint="must be redfish, ipmi or empty (none)")
+    # redfish: the BMC's base URL (https://{node}-bmc.example.com); ipmi: the BMC's host name ({node}-bmc)
+    url: str = key("", check=lambda v: v == "" or "{node}" in v or v.startswith(("http://", "https://")),
+                   hint="must be a URL or host name, with {node} for the node's own")
+    # redfish: the ComputerSystem's id under /redfish/v1/Systems ("" : the BMC's only system)
+    system: str = key("")
+    user: str = key("")
+    password_file: str | None = key(None, check=_readable, hint="must be a readable file")
+    verify_tls: bool = key(True)
+    ca_bundle: str | None = key(None, check=_readable, hint="must be a readable file")
+    # one request, and then the whole wait for the power state to change (off, then on)
+    timeout: Duration = key(duration("10s"), check=_positive, hint="must be > 0")
+    power_wait: Duration = key(duration("2m"), check=_positive, hint="must be > 0")
+
+    def check_together(self, where: str) -> None:
+        if self.protocol and not (self.url and self.user and self.password_file):
+            fail(where, f"protocol {self.protocol} needs url, user and password_file")
+
+
 @dataclass(frozen=True)
 class Config:
     prometheus: PrometheusConfig = key(factory=PrometheusConfig)
@@ -511,6 +539,7 @@ class Config:
     why: WhyConfig = key(factory=WhyConfig)
     recover: RecoverConfig = key(factory=RecoverConfig)
     job_health: JobHealthConfig = key(factory=JobHealthConfig)
+    bmc: BmcConfig = key(factory=BmcConfig)
     state_dir: Path = key(DEFAULT_STATE_DIR)
     audit_log: Path = key(DEFAULT_AUDIT_LOG)
     # Where it came from, for messages: not a key of the file, and no part of what a config is.

@@ -25,9 +25,12 @@ from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 from opsctl.slurm.reach import Reach, reach
 
 RESET, REBOOT, RMA, UNVALIDATED = "reset", "reboot", "rma", "unvalidated"
+POWER_CYCLE = "power-cycle"  # through the node's BMC, when its reboot never came back
+# The steps that start the whole board again: the node waits for them as for a reboot, and checks every GPU after.
+BOARD_RESTARTS = (REBOOT, POWER_CYCLE)
 VALIDATED = "validated"
 RESULTS = ("pass", "fail", "unchecked")
-STEPS = (RESET, REBOOT, RMA, UNVALIDATED, *(f"{VALIDATED}-{result}" for result in RESULTS))
+STEPS = (RESET, REBOOT, POWER_CYCLE, RMA, UNVALIDATED, *(f"{VALIDATED}-{result}" for result in RESULTS))
 PERSONS_STEPS = (RMA, UNVALIDATED)  # a person's from then on: nothing automatic changes their reason
 # Rules whose fault a GPU reset clears, or whose clearing it proves: a pending row remap is applied by the
 # reset; a failed remap and a new DBE are retested by the diagnostics after it (a sticky fault fails them).
@@ -127,6 +130,7 @@ def ladder_reach(node: SlurmNode) -> Reach:
     the ladder: the reboot opsctl asked for may still be under way (its own flags mean wait), and it leaves the
     node DOWN with the reboot step, or the node's answer after it; any other hold is hands off."""
     words = step_words(node.reason)
-    rebooting = words is not None and words.step == REBOOT
-    after_reboot = rebooting or (words is not None and words.tail.startswith(f"after-{REBOOT}"))
+    rebooting = words is not None and words.step in BOARD_RESTARTS
+    after_reboot = rebooting or (words is not None and words.tail.startswith(tuple(f"after-{step}"
+                                                                                 for step in BOARD_RESTARTS)))
     return reach(node, down_ok=after_reboot, rebooting=rebooting)

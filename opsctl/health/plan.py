@@ -17,9 +17,9 @@ from opsctl.health.catalog import Rule
 from opsctl.health.evaluate import Check, NodeVerdict, Report
 from opsctl.health.evidence import Evidence
 from opsctl.health.ladder_reason import (
+    BOARD_RESTARTS,
     GPU,
     NEW_FAULT,
-    REBOOT,
     RESET,
     ladder_reach,
     open_faults,
@@ -188,11 +188,11 @@ def pending_nodes(report: Report, cluster: dict[str, SlurmNode], candidates: lis
 
 
 def ladder_holds(node: SlurmNode) -> bool:
-    """The remediation ladder has this node out of service for a GPU reset or a reboot right now: its
+    """The remediation ladder has this node out of service for a GPU reset, a reboot or a power cycle right now: its
     reason is that step's (`opsctl:reset gpu3 xid-79 ...`, opsctl/health/ladder_reason.py, whose words the
     ladder reads too)."""
     words = step_words(node.reason) if node.owned and not node.manual and node.out_of_service else None
-    return words is not None and words.step in (RESET, REBOOT)
+    return words is not None and words.step in (RESET, *BOARD_RESTARTS)
 
 
 def ladder_nodes(cluster: dict[str, SlurmNode]) -> list[str]:

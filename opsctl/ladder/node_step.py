@@ -45,7 +45,7 @@ from opsctl.gpu.nccl_tests import AllReduceRun, run_all_reduce
 from opsctl.gpu.tools import BUG_REPORT_TIMEOUT_S, DIAG_TIMEOUT_S, NVIDIA_SMI_TIMEOUT_S, Run, run_tool
 from opsctl.health.xid import xid_catalog
 from opsctl.ladder.ready import Pace, wait_ready
-from opsctl.ladder.reasons import REBOOT, RESET, Rung, rung_of, serial_word, validated_reason
+from opsctl.ladder.reasons import BOARD_RESTARTS, RESET, Rung, rung_of, serial_word, validated_reason
 from opsctl.ladder.reset import ResetOutcome, reset_gpus
 from opsctl.slurm import Slurm, SlurmNode
 from opsctl.slurm.reach import reach
@@ -70,8 +70,8 @@ def due(node: SlurmNode | None) -> Rung | None:
         return None
     if rung.step == RESET and node.drained and not node.runs_jobs and reach(node).ok:
         return rung
-    if rung.step == REBOOT and node.state == "down" and reach(node, down_ok=True).ok:
-        return rung  # back from the reboot the head asked for: DOWN with its reason, nothing else set
+    if rung.step in BOARD_RESTARTS and node.back_from_reboot:
+        return rung  # back from the reboot (or power cycle) the head asked for: DOWN with its reason, nothing else
     return None
 
 
@@ -130,7 +130,7 @@ def whole_node(rung: Rung, every_gpu: tuple[int, ...]) -> tuple[int, ...]:
     """Every GPU of the node when the step must check them all, else (): after a reboot (the whole board started
     again), and after a fault of the NVLinks or NVSwitches, which DCGM's tests between GPUs cross (pcie's
     peer-to-peer part): a pass of the one GPU named would resume a node whose links fail its neighbours."""
-    if rung.step == REBOOT or any(_crosses_gpus(rule, rung.detail) for rule in rung.fault.rules):
+    if rung.step in BOARD_RESTARTS or any(_crosses_gpus(rule, rung.detail) for rule in rung.fault.rules):
         return every_gpu
     return ()
 
@@ -150,7 +150,7 @@ def _validate(config: Config, gpus: tuple[int, ...], run: Run, evidence: "Eviden
     """The diag's result on every GPU and its words; on anything but a pass, the evidence kept and the serial of
     the GPU that failed (the first of them) named."""
     diag, result, detail, suspects = _diag(config, gpus, run)
-    if result == "fail" and after == REBOOT:
+    if result == "fail" and after in BOARD_RESTARTS:
         # The answer sends the GPU to RMA: a failure must fail twice. Once only: a person's (unchecked).
         again = _diag(config, gpus, run)
         if again[1] != "fail":
@@ -162,7 +162,7 @@ def _validate(config: Config, gpus: tuple[int, ...], run: Run, evidence: "Eviden
     queries = [run_tool(run, [config.gpu.nvidia_smi, "-q", "-i", str(gpu)], QUERY_TIMEOUT_S).stdout
                for gpu in suspects]
     evidence.keep({"dcgmi-diag.json": diag.stdout, "nvidia-smi-q.txt": "\n".join(queries)})
-    if after == REBOOT:
+    if after in BOARD_RESTARTS:
         _bug_report(config.gpu.nvidia_bug_report, run, evidence)
     found = SERIAL.search(queries[0])
     return result, f"{serial_word(found.group(1))} {detail}" if found else detail
@@ -190,7 +190,7 @@ def _all_reduce(config: Config, gpus: int, run: Run, evidence: "Evidence", after
     first = _one_all_reduce(config, gpus, run)
     runs = [first]
     result, detail = _step_result(first), first.words
-    if result == "fail" and after == REBOOT:
+    if result == "fail" and after in BOARD_RESTARTS:
         again = _one_all_reduce(config, gpus, run)
         runs.append(again)
         if again.verdict != "fail":
@@ -200,7 +200,7 @@ def _all_reduce(config: Config, gpus: int, run: Run, evidence: "Evidence", after
     if result != "pass":
         names = ("all_reduce_perf.txt", "all_reduce_perf-second-run.txt")
         evidence.keep({name: done.output for name, done in zip(names, runs, strict=False)})
-        if after == REBOOT:
+        if after in BOARD_RESTARTS:
             _bug_report(config.gpu.nvidia_bug_report, run, evidence)
     return result, detail
 

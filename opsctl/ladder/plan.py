@@ -25,6 +25,8 @@ from opsctl.health.plan import counted_nodes
 from opsctl.health.xid import XidCatalog
 from opsctl.ladder.hold import is_held, without_hold
 from opsctl.ladder.reasons import (
+    BOARD_RESTARTS,
+    POWER_CYCLE,
     REBOOT,
     RESET,
     RMA,
@@ -46,7 +48,8 @@ WAIT = "wait"  # nothing to do this run: a step under way, or the node runs jobs
 @dataclass(frozen=True)
 class LadderDecision:
     node: str
-    action: str  # reset | reboot | resume | rma | unvalidated | wait | skip:<why>, would-<...> in a dry run
+    action: str  # reset | reboot | power-cycle | resume | rma | unvalidated | wait | skip:<why>, would-<...> in a dry
+    # run
     fault: Fault | None = None
     reason: str = ""  # the reason the step sets
     detail: str = ""  # why, in words
@@ -54,7 +57,7 @@ class LadderDecision:
 
     @property
     def changes(self) -> bool:
-        return self.action in (RESET, REBOOT, RESUME, RMA, UNVALIDATED)
+        return self.action in (RESET, REBOOT, POWER_CYCLE, RESUME, RMA, UNVALIDATED)
 
 
 @dataclass
@@ -86,7 +89,7 @@ def plan_ladder(cluster: dict[str, SlurmNode], catalog: XidCatalog, records: lis
         if decision is None:
             continue
         rung = rung_of(node)
-        if rung is not None and rung.step in (RESET, REBOOT):
+        if rung is not None and rung.step in (RESET, *BOARD_RESTARTS):
             in_flight += 1
         wanted.append(decision)
     _apply_limits(wanted, in_flight, cluster, budgets, config, plan)
@@ -152,7 +155,7 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
         if needed == REBOOT:
             return _step(name, node, REBOOT, fault, f"{rung.step}: a fault a reset does not clear joined it", config)
     started = _last(records, name, rung.step)
-    if rung.step == REBOOT and started is not None and node.boot_time is not None and node.boot_time > started:
+    if rung.step in BOARD_RESTARTS and started is not None and node.boot_time is not None and node.boot_time > started:
         # `scontrol reboot ASAP` waits for the node's jobs, hours at times: the node's checks have had time to
         # answer only since the boot Slurm reports, not since the request.
         started = node.boot_time
@@ -165,11 +168,13 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
             return _step(name, node, REBOOT, fault, f"no validation {age / 60:.0f}m after the reset",
                          config)
         return LadderDecision(name, WAIT, fault, seen=node, detail="the node resets the GPU and validates it")
-    if rung.step == REBOOT:
+    if rung.step in BOARD_RESTARTS:
+        words = "reboot" if rung.step == REBOOT else "power cycle"
         if age > timeout and not node.down_for_reboot:
-            return _step(name, node, UNVALIDATED, fault,
-                         f"no validation {age / 60:.0f}m after the reboot", config)
-        return LadderDecision(name, WAIT, fault, seen=node, detail="rebooting, then the node validates itself")
+            return _step(name, node, UNVALIDATED, fault, f"no validation {age / 60:.0f}m after the {words}", config)
+        if _never_back(node, age, timeout):
+            return _not_back(name, node, rung, fault, age, config)
+        return LadderDecision(name, WAIT, fault, seen=node, detail=f"{words}, then the node validates itself")
     result = rung.step.removeprefix(f"{VALIDATED}-")
     if result == "pass":
         return LadderDecision(name, RESUME, fault, seen=node, detail=f"validated after the {rung.after}")
@@ -181,6 +186,22 @@ def _climb(name: str, node: SlurmNode, rung: Rung, records: list[dict[str, Any]]
     # The node's words say why (a fabric that never trained, a diag that failed once only): the person reads them.
     why = "the checks could not run after the reboot" + (f": {rung.detail}" if rung.detail else "")
     return _step(name, node, UNVALIDATED, fault, why, config)
+
+
+def _never_back(node: SlurmNode, age: float, timeout: float) -> bool:
+    """The node did not come back from its reboot: slurmctld gave up on it after ResumeTimeout (`reboot timed
+    out`, its own words appended to the reason), or it is still not answering past the step's timeout."""
+    return node.reboot_timed_out or (age > timeout and node.down_for_reboot)
+
+
+def _not_back(name: str, node: SlurmNode, rung: Rung, fault: Fault, age: float, config: Config) -> LadderDecision:
+    """A reboot that never came back is power-cycled through the node's BMC (a graceful reboot can hang on a GPU
+    off the bus or a hung mount); a power cycle that did not bring it back, or no BMC to ask, is a person's."""
+    if rung.step == REBOOT and config.bmc.protocol:
+        return _step(name, node, POWER_CYCLE, fault, f"the reboot did not come back in {age / 60:.0f}m", config)
+    why = "the power cycle did not bring it back" if rung.step == POWER_CYCLE else \
+        "the reboot did not come back and no BMC is configured (bmc.protocol)"
+    return _step(name, node, UNVALIDATED, fault, f"{why} in {age / 60:.0f}m", config)
 
 
 def _step(name: str, node: SlurmNode, step: str, fault: Fault, detail: str, config: Config) -> LadderDecision:
@@ -221,7 +242,7 @@ def _apply_limits(wanted: list[LadderDecision], in_flight: int, cluster: dict[st
                   config: Config, plan: LadderPlan) -> None:
     """The breaker, then each step's budget per run and per hour; what is over them is skipped."""
     rem, safety = config.remediation, config.safety
-    disruptive = [d for d in wanted if d.action in (RESET, REBOOT)]
+    disruptive = [d for d in wanted if d.action in (RESET, *BOARD_RESTARTS)]
     judged = len(counted_nodes(cluster))
     allowed = max(safety.breaker_min_nodes, int(safety.breaker_fraction * judged))
     if disruptive and in_flight + len(disruptive) > allowed:
@@ -234,20 +255,22 @@ def _apply_limits(wanted: list[LadderDecision], in_flight: int, cluster: dict[st
             REBOOT: min(rem.max_reboots_per_run, rem.max_reboots_per_hour - budgets.reboots),
             RESUME: min(safety.max_resumes_per_run, safety.max_resumes_per_hour - budgets.resumes)}
     for decision in wanted:
-        if decision.action in left:
-            if left[decision.action] <= 0:
-                plan.stop = plan.stop or f"{decision.action} budget spent (remediation and safety limits)"
+        # A power cycle is a reboot the hard way: it spends the reboots' budget.
+        spends = REBOOT if decision.action == POWER_CYCLE else decision.action
+        if spends in left:
+            if left[spends] <= 0:
+                plan.stop = plan.stop or f"{spends} budget spent (remediation and safety limits)"
                 decision = LadderDecision(decision.node, "skip:budget", decision.fault, seen=decision.seen,
-                                          detail=f"{decision.action} budget spent")
+                                          detail=f"{spends} budget spent")
             else:
-                left[decision.action] -= 1
+                left[spends] -= 1
         plan.decisions.append(decision)
 
 
 def refuse_reboots(plan: LadderPlan) -> None:
-    """The plan's reboots where slurm.conf sets ReturnToService=2: skipped, so that a dry run says so too (the
-    actor would refuse each of them anyway)."""
+    """The plan's reboots and power cycles where slurm.conf sets ReturnToService=2: skipped, so that a dry run says
+    so too (the actor would refuse each of them anyway)."""
     plan.stop = plan.stop or RETURN_TO_SERVICE_2
     plan.decisions = [LadderDecision(d.node, "skip:return-to-service", d.fault, seen=d.seen,
-                                     detail=RETURN_TO_SERVICE_2) if d.action == REBOOT else d
+                                     detail=RETURN_TO_SERVICE_2) if d.action in BOARD_RESTARTS else d
                       for d in plan.decisions]

@@ -5,7 +5,8 @@ reboot can clear. Each step is an opsctl reason, so that `sinfo -R` shows where 
 
     opsctl:reset <gpu> <rule> <evidence>            the head asks the node to reset the GPU (node check does it)
     opsctl:reboot <gpu> <rule> <evidence>           scontrol reboot ASAP nextstate=DOWN, through the actor
-    opsctl:validated-<result> <gpu> <rule> after-<reset|reboot> <detail>
+    opsctl:power-cycle <gpu> <rule> <why>           the reboot never came back: off and on through the BMC
+    opsctl:validated-<result> <gpu> <rule> after-<reset|reboot|power-cycle> <detail>
                                                     the node's own checks after the step: pass, fail or
                                                     unchecked (a skipped or errored test is never a pass)
     opsctl:rma <gpu> <rule> <why>                   a person and the vendor; nothing automatic touches it
@@ -22,11 +23,13 @@ import re
 from dataclasses import dataclass
 
 from opsctl.health.ladder_reason import (
+    BOARD_RESTARTS,
     CUT,
     FAMILY,
     GPU,
     NODE,
     OWN_XID,
+    POWER_CYCLE,
     REBOOT,
     RESET,
     RESET_RULES,
@@ -43,8 +46,9 @@ from opsctl.health.ladder_reason import (
 from opsctl.health.xid import DRAIN_ACTIONS, XidCatalog
 from opsctl.slurm.base import OWNED_PREFIX, SlurmNode
 
-__all__ = ["REBOOT", "RESET", "RESET_RULES", "RESULTS", "RMA", "STEPS", "UNVALIDATED", "VALIDATED", "Fault", "Rung",
-           "fault_of", "needed_action", "rung_of", "serial_of", "serial_word", "step_reason", "validated_reason"]
+__all__ = ["BOARD_RESTARTS", "POWER_CYCLE", "REBOOT", "RESET", "RESET_RULES", "RESULTS", "RMA", "STEPS",
+           "UNVALIDATED", "VALIDATED", "Fault", "Rung", "fault_of", "needed_action", "rung_of", "serial_of",
+           "serial_word", "step_reason", "validated_reason"]
 # The strongest action of several faults is the node's: an inspect goes to RMA, a reboot also clears what a
 # reset would.
 _STRENGTH = ("reset", "reboot", "inspect")

@@ -13,18 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsctl.actor.act import HOLD, REBOOT, RELEASE, RMA, Actor, Change
+from opsctl.actor.act import HOLD, RELEASE, RMA, Actor, Change
 from opsctl.actor.audit import current_user
 from opsctl.actor.ledger import Ledger, stamp
 from opsctl.actor.result import ActionResult
 from opsctl.actor.state import State
+from opsctl.bmc import PowerControl
 from opsctl.clients import Clients
 from opsctl.config.schema import Config
 from opsctl.errors import ConfigError, ExitCode
 from opsctl.health.xid import xid_catalog
 from opsctl.ladder.hold import held_reason, holdable, is_held, released_reason
 from opsctl.ladder.plan import Budgets, LadderDecision, LadderPlan, plan_ladder, refuse_reboots
-from opsctl.ladder.reasons import serial_of
+from opsctl.ladder.reasons import BOARD_RESTARTS, serial_of
 from opsctl.slurm import Slurm, SlurmNode
 
 # Where the node keeps its side of the evidence (opsctl/ladder/node_step.py): the head never logs in.
@@ -37,19 +38,23 @@ class RemediateResult:
     plan: LadderPlan
     made: list[str] = field(default_factory=list)  # nodes whose step was made
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (node, why): Slurm changed since the plan
+    failed: list[str] = field(default_factory=list)  # nodes whose step was not made: a BMC that did not power-cycle
     bundles: list[Path] = field(default_factory=list)
     dry_run: bool = False
     action: ActionResult = field(default_factory=ActionResult)  # what the actor did, refused and skipped
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.failed:
+            return ExitCode.SOURCE_DOWN
         return ExitCode.SAFETY_STOP if self.plan.stop or self.dropped else ExitCode.OK
 
 
-def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = None) -> RemediateResult:
+def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = None,
+              power: PowerControl | None = None) -> RemediateResult:
     now = time.time() if now is None else now
     action = ActionResult()
-    with Actor(config, slurm, now, result=action) as actor:
+    with Actor(config, slurm, now, result=action, power=power) as actor:
         cluster = actor.nodes()
         records, _ = actor.ledger.audit_records()
         state = actor.state
@@ -57,7 +62,7 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
                           reboots=len(state.budgets.recent("reboots", now)),
                           resumes=len(state.budgets.recent("resumes", now)))
         plan = plan_ladder(cluster, xid_catalog(), records, set(state.holds.load()), budgets, config, now)
-        if any(d.action == REBOOT for d in plan.decisions) and actor.refuses_reboots():  # asked only if needed
+        if any(d.action in BOARD_RESTARTS for d in plan.decisions) and actor.refuses_reboots():  # asked only if needed
             refuse_reboots(plan)
         result = RemediateResult(plan, dry_run=dry_run, action=action)
         changes = [_change(d) for d in plan.changing()]
@@ -76,6 +81,7 @@ def remediate(config: Config, slurm: Slurm, dry_run: bool, now: float | None = N
         if acted is not None:
             result.made = [c.node for c in acted.made]
             result.dropped = [(c.node, why) for c, why in acted.dropped]
+            result.failed = [c.node for c in acted.failed]
             rmas = [change for change in acted.made if change.event == RMA]
             if rmas:
                 records, _ = actor.ledger.audit_records()  # with the RMA's own record
@@ -167,7 +173,7 @@ def _hold_change(node: SlurmNode, why: str, release: bool) -> Change | None:
 
 # ---- what `opsctl remediate` and `opsctl hold` call ---------------------------------------------------------
 def remediate_round(clients: Clients, dry_run: bool) -> RemediateResult:
-    return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run)
+    return remediate(clients.config(acting=not dry_run), clients.slurm(), dry_run, power=clients.power())
 
 
 def hold(clients: Clients, hostlist: str, why: str, release: bool) -> list[str]:

@@ -33,7 +33,8 @@ def self_reason(found: list[CheckResult], max_length: int) -> str:
     return cap_reason(f"{REASON_PREFIX} {', '.join(failed)}", max_length)
 
 
-def shared_shaped(report: Report | None, found: list[CheckResult], config: Config) -> dict[CheckResult, str]:
+def shared_shaped(report: Report | None, found: list[CheckResult], config: Config,
+                  gpus: GpuReport | None = None) -> dict[CheckResult, str]:
     """The failed results shaped like a cause that every node shares, each with why. A node sees only itself:
     when the subnet manager is down, a pinned firmware is rolled out, a driver update breaks nvidia_peermem
     or the storage goes away, all 64 nodes fail the same way at once, and only `opsctl health`, which sees
@@ -53,7 +54,7 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
             shaped[result] = f"firmware differs from the pinned {config.ib.firmware} (a fleet-wide rollout?)"
         elif result.check == "ib-kernel-modules":
             shaped[result] = "a kernel module is missing (a driver update on every node?)"
-        elif result.check in GPU_CHECKS and every_gpu_failed(found):
+        elif result.check in GPU_CHECKS and gpus is not None and every_gpu_failed(gpus, found):
             shaped[result] = "no GPU answers or no fabric trained (a driver or Fabric Manager change on every node?)"
     return shaped
 
@@ -92,7 +93,7 @@ def drain_self(config: Config, slurm: Slurm, node: str, found: list[CheckResult]
             raise ConfigError(f"--drain-self: {node} is not a Slurm node (set --node)")
         current = nodes[node]
         found = found + count_against_slurm(gpus, current)
-        shaped = shared_shaped(report, found, config)
+        shaped = shared_shaped(report, found, config, gpus)
         own = [r for r in found if r.failed and r not in shaped]
         not_drained = "; ".join(sorted({f"{r.check} {r.device}: {why}" for r, why in shaped.items()}))
         if own:

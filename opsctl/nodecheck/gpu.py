@@ -9,18 +9,19 @@ GPU off the bus, or whose NVSwitch fabric never trains, drains itself before it 
   was told (its NodeName line's gres): a node that provisioning gave a line of its own for a lost GPU is
   `opsctl hw quarantine`'s (opsctl:hw-mismatch), and counting it here again would hold it with a second reason
   after the GPU is back. Without Slurm's word, hardware.gpus_per_node.
-- `gpu-fabric` (device `gpu<N>`): the GPU's fabric is not Completed with Success. Fabric Manager trains it after
-  every boot (about a minute on HGX): while the node has been up less than remediation.ready_timeout an untrained
-  fabric is "not yet", never a failure.
+- `gpu-fabric` (device `gpu<N>`): the GPU's fabric training ended, Completed, with a status other than Success.
+  A fabric still training (Not Started, In Progress: Fabric Manager trains it for about a minute after each boot)
+  is "not yet", never a failure, and a resume waits for it: slurmd's start already waited for it, bounded
+  (slurm_compute's opsctl-gpus-ready), and a fabric that never trains is the head's to drain, from DCGM's own
+  field (the catalog's fabric rules), as it sees every node at once.
 
 Neither goes to the textfile: DCGM's catalog rules judge the GPUs on the head, from dcgm-exporter. A node whose
 nvidia-smi is missing (exit 127) has no GPU stack to judge; one whose nvidia-smi fails otherwise (the driver not
-loaded) lists no GPU, which drain_self.shared_shaped leaves to `opsctl health`, as it does a fabric that trains on
-no GPU at all (a Fabric Manager rollout on every node at once).
+loaded) lists no GPU, which drain_self.shared_shaped leaves to `opsctl health`, as it does a fabric that failed on
+every GPU at once (a Fabric Manager rollout on every node).
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.nvidia_smi import RC_FELL_OFF_BUS, CsvValue, parse_nvidia_smi_csv
@@ -48,17 +49,8 @@ class GpuReport:
         return self.absent or not self.skipped
 
 
-def read_uptime(path: str = "/proc/uptime") -> float | None:
-    """Seconds since this node booted; None when unreadable."""
-    try:
-        return float(Path(path).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def check_gpus(nvidia_smi: str, run: Run, expected: int, uptime_s: float | None, settle_s: float) -> GpuReport:
-    """Query the GPUs once and judge them: `expected` GPUs, each fabric trained (only `not yet` while the node has
-    been up at most `settle_s`)."""
+def check_gpus(nvidia_smi: str, run: Run, expected: int) -> GpuReport:
+    """Query the GPUs once and judge them: `expected` GPUs, and no fabric whose training failed."""
     argv = [nvidia_smi, "--query-gpu=" + ",".join(READY_FIELDS), "--format=csv,noheader"]
     out = run_tool(run, argv, READY_QUERY_TIMEOUT_S)
     if out.returncode == RC_NOT_FOUND:
@@ -72,38 +64,34 @@ def check_gpus(nvidia_smi: str, run: Run, expected: int, uptime_s: float | None,
         rows = parse_nvidia_smi_csv(out.stdout, READY_FIELDS)
     except SourceUnavailable as err:
         return GpuReport(skipped=str(err))
-    return judge(rows, expected, uptime_s, settle_s)
+    return judge(rows, expected)
 
 
-def judge(rows: list[dict[str, CsvValue]], expected: int, uptime_s: float | None, settle_s: float) -> GpuReport:
+def judge(rows: list[dict[str, CsvValue]], expected: int) -> GpuReport:
     listed = [row for row in rows if isinstance(row["index"], int)]
     found = [CheckResult(COUNT, NODE, len(listed) < expected)]
     lines = [f"gpus: {len(listed)} answer, {expected} expected"]
-    settling = uptime_s is None or uptime_s <= settle_s
     waiting = []
     for row in listed:
         state, status = row["fabric.state"], row["fabric.status"]
         if state in NO_FABRIC or (state == "Completed" and status == "Success"):
             found.append(CheckResult(FABRIC, f"gpu{row['index']}", False))
-        elif state != "Completed" and settling:
+        elif state != "Completed":
             waiting.append(f"gpu{row['index']} {state}")
         else:
             found.append(CheckResult(FABRIC, f"gpu{row['index']}", True))
-            lines.append(f"gpu{row['index']} fabric {state}" + (f" ({status})" if state == "Completed" else ""))
+            lines.append(f"gpu{row['index']} fabric Completed ({status})")
     skipped = ""
     if waiting:
-        up = "an unknown time" if uptime_s is None else f"{uptime_s:.0f}s"
-        skipped = f"not yet: fabric still training ({', '.join(waiting)}), up {up}"
+        skipped = f"not yet: fabric still training ({', '.join(waiting)})"
         lines.append(skipped)
     return GpuReport(found=tuple(found), answering=len(listed), skipped=skipped, lines=tuple(lines))
 
 
-def every_gpu_failed(found: list[CheckResult]) -> bool:
+def every_gpu_failed(gpus: "GpuReport", found: list[CheckResult]) -> bool:
     """No GPU answers, or the fabric failed on every GPU that does: the shape of a cause every node shares."""
     fabric = [r for r in found if r.check == FABRIC]
-    if any(r.check == COUNT and r.failed for r in found) and not fabric:
-        return True
-    return bool(fabric) and all(r.failed for r in fabric)
+    return gpus.answering == 0 or (len(fabric) == gpus.answering and all(r.failed for r in fabric))
 
 
 def slurm_gpus(gres: str) -> int | None:

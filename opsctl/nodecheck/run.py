@@ -24,7 +24,7 @@ from opsctl.ib.ofed import OfedVersion, read_ofed
 from opsctl.ib.report import check_report
 from opsctl.ladder.node_step import take_step
 from opsctl.nodecheck.drain_self import drain_self
-from opsctl.nodecheck.gpu import GpuReport, check_gpus, read_uptime
+from opsctl.nodecheck.gpu import GpuReport, check_gpus
 from opsctl.nodecheck.kernel_log import CHECK, KernelLogReport, check_kernel_log
 from opsctl.nodecheck.report import CheckResult, metrics_text, results, storage_results, write_textfile
 from opsctl.storage.check import StorageReport, storage_report
@@ -60,8 +60,7 @@ def node_check(clients: Clients, textfile: str | None, drain: bool, node: str | 
     aer = aer_counts(sysfs_root or clients.config().ib.sysfs_root, kernel)
     ofed = read_ofed(clients.config().ib.ofed_info, clients.tools())
     config = clients.config()
-    gpus = check_gpus(config.gpu.nvidia_smi, clients.tools(), config.hardware.gpus_per_node, read_uptime(),
-                      config.remediation.ready_timeout)
+    gpus = check_gpus(config.gpu.nvidia_smi, clients.tools(), config.hardware.gpus_per_node)
     found = results(report) + storage_results(storage)
     if textfile:
         write_textfile(Path(textfile), metrics_text(found, now, storage, kernel, nvlinks, aer, ofed))

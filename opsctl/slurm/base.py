@@ -34,7 +34,10 @@ RESUMED_REASON = "opsctl:resumed"
 # How slurmctld appends its own note to a node's reason (set_node_reason(), src/slurmctld/node_mgr.c), and the
 # notes that are part of a reboot through Slurm (`scontrol reboot`): any other note is Slurm's own verdict.
 SLURM_NOTE = " : "
-REBOOT_NOTES = ("reboot issued", "reboot complete")
+# slurmctld's own words appended to the reason of a node it reboots (set_node_reason): the request sent, the node
+# back, or not back within ResumeTimeout (power_save.c). opsctl's reboot stays opsctl's through them.
+REBOOT_TIMED_OUT = "reboot timed out"
+REBOOT_NOTES = ("reboot issued", "reboot complete", REBOOT_TIMED_OUT)
 # Base states in which a node is out of service whatever its flags say. "invalid" is what Slurm prints
 # for a base state its own release does not know (node_state_base_string).
 DOWN_STATES = {"down", "fail", "failing", "future", "unknown", "error", "inval", "invalid"}
@@ -160,7 +163,13 @@ class SlurmNode:
     def back_from_reboot(self) -> bool:
         """DOWN with opsctl's own reason after a reboot through Slurm (nextstate=DOWN): slurmd registered
         again, nothing else holds it. Like a drain, only opsctl's own resume puts it back."""
-        return self.state == "down" and reach(self, down_ok=True).ok
+        return self.state == "down" and not self.reboot_timed_out and reach(self, down_ok=True).ok
+
+    @property
+    def reboot_timed_out(self) -> bool:
+        """slurmctld gave up on the reboot (ResumeTimeout passed with no registration after it): the node may
+        never have rebooted, so it is not back from one, whatever it answers now."""
+        return REBOOT_TIMED_OUT in self.slurm_notes
 
     def reason_rules(self) -> list[str]:
         """'opsctl:xid-79,ib-down gpu3 ...' -> ['xid-79', 'ib-down']."""

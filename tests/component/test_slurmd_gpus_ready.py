@@ -73,3 +73,12 @@ def test_a_node_without_nvidia_smi_has_nothing_to_wait_for(tmp_path):
     env = dict(os.environ, PATH=f"{tmp_path}:/usr/bin:/bin")
     done = subprocess.run(["/bin/bash", str(SCRIPT), "300"], env=env, capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout) == (0, "opsctl-gpus-ready: no nvidia-smi: no GPUs to wait for\n")
+
+
+def test_a_gpu_off_the_bus_is_not_waited_for(node):
+    """nvidia-smi exits 15 and lists the GPUs that answer: no wait brings the lost one back, so the others are waited
+    for and slurmd starts (its health check then drains the node for the lost GPU)."""
+    state, env = node
+    booted(state, training_s=3, faults=[("gpu-missing", 3)])
+    done = gpus_ready(env, 60)
+    assert done.returncode == 0 and done.stdout.startswith("opsctl-gpus-ready: GPUs ready after "), done.stdout

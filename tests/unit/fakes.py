@@ -267,9 +267,10 @@ class World:
         self.config = parse_config(raw, "t", {"OPSCTL_STATE_DIR": str(tmp_path / "state")})
         self.slurm = FakeSlurm(gpu_nodes(n, **slurm_over))
         self.prom = FakeProm(self.config, list(self.slurm.state))
+        self.power = None  # the nodes' BMCs, where a test hands a fake
 
     def run(self, *args):
-        res = CliRunner().invoke(main, list(args), obj=Clients(self.config, self.prom, self.slurm))
+        res = CliRunner().invoke(main, list(args), obj=Clients(self.config, self.prom, self.slurm, power=self.power))
         self.stdout, self.stderr = res.stdout, res.stderr
         return res.exit_code
 
@@ -281,3 +282,16 @@ class World:
     def audit(self):
         path = self.tmp / "state" / "audit.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class RecordedPower:
+    """What the lab BMC's listener did to the nodes (opsctl_lab.bmc.LabNodes), recorded."""
+
+    def __init__(self) -> None:
+        self.actions: list[tuple[str, str]] = []
+
+    def power_off(self, node: str) -> None:
+        self.actions.append(("Off", node))
+
+    def power_on(self, node: str) -> None:
+        self.actions.append(("On", node))

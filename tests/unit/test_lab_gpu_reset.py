@@ -21,7 +21,7 @@ from opsctl_lab.hardware import (
     write_kernel_log,
 )
 from opsctl_lab.hwtools.nvidia_smi import bus_id, query_gpu, render_q
-from opsctl_lab.hwtools.nvidia_smi_reset import RC_IN_USE, gpu_reset
+from opsctl_lab.hwtools.nvidia_smi_reset import RC_IN_USE, gpu_reset, monitoring_holders
 from opsctl_lab.hwtools.systemctl import systemctl
 from tests.conftest import FIXTURES
 
@@ -39,9 +39,10 @@ def gpu_faults(hw, gpu):
 
 def test_the_volatile_faults_are_what_a_reset_and_a_reboot_end():
     assert {name for name, spec in FAULTS.items() if not spec.survives_reset} == VOLATILE
-    # the SXid faults are the node's kernel log, which a reboot starts again and a GPU reset keeps
+    # the SXid faults are the node's kernel log, which a reboot starts again and a GPU reset keeps; a hung reboot
+    # ends with the power cycle that boots the node
     assert {name for name, spec in FAULTS.items() if not spec.survives_reboot} == VOLATILE | {
-        "gpu-leftover-memory", "gpu-hang", "sxid-fatal", "sxid-nonfatal"}
+        "gpu-leftover-memory", "gpu-hang", "sxid-fatal", "sxid-nonfatal", "reboot-hang"}
 
 
 def test_a_reset_ends_the_gpus_volatile_faults_and_keeps_the_sticky_ones():
@@ -224,3 +225,11 @@ def test_all_reduce_perf_fails_as_nccl_tests_does_before_the_fabric_is_trained(t
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
     assert all_reduce_perf.main(["-b", "8", "-e", "8M", "-f", "2", "-g", "8"]) == 1
     assert "Test CUDA failure common.cu:941 'system not yet initialized'" in capsys.readouterr().out
+
+
+def test_the_holders_are_the_emulated_services_of_the_state_and_none_without_systemd(tmp_path):
+    """A lab machine asks its real systemd (tests/integration/provision/test_provision_9_ladder.py proves it); a
+    node whose state emulates the services answers from the state, and no systemd means no unit holds anything."""
+    hw = NodeHardware(node="gpu1", monitoring={"nvidia-dcgm": True, "dcgm-exporter": False})
+    assert monitoring_holders(hw, booted=tmp_path) == ["nvidia-dcgm"]
+    assert monitoring_holders(NodeHardware(node="gpu1"), booted=tmp_path / "no-systemd") == []

@@ -1,7 +1,7 @@
 """The node check's GPU checks (opsctl/nodecheck/gpu.py) and what `--drain-self` does with them: a node that boots
 with a GPU off the bus drains itself, even while slurmd is only registering; a fabric still training is "not
-yet" (no drain, no resume) until the node has been up remediation.ready_timeout; every GPU failing at once is
-shaped like a shared cause; gpu-count is judged against the GPUs Slurm was told the node has. The rows are
+yet" (no drain, no resume), a fabric whose training failed is a failure; every GPU failing at once is shaped like a
+shared cause; gpu-count is judged against the GPUs Slurm was told the node has. The rows are
 nvidia-smi's `--query-gpu=index,fabric.state,fabric.status,persistence_mode --format=csv,noheader`, worded as the
 real H200 capture prints them (tests/fixtures/gpu/nvidia-smi_q_and_query-gpu_csv_H200_1gpu.txt: "Completed",
 "Success"; the lost GPU's line as nvidia-smi prints it with exit 15)."""
@@ -18,7 +18,6 @@ from tests.unit.fakes import FakeSlurm, gpu_nodes
 
 PASSING = [CheckResult("ib-port-state", "node", False)]
 LOST = "Unable to determine the device handle for GPU0000:8A:00.0: Unknown Error\n"
-SETTLE_S = 300.0
 
 
 def rows(*states: str, gpus: int = 8) -> str:
@@ -37,8 +36,8 @@ def answering(stdout: str, rc: int = 0):
     return run
 
 
-def gpus_of(stdout: str, rc: int = 0, uptime_s: float | None = 3600.0) -> GpuReport:
-    return check_gpus("nvidia-smi", answering(stdout, rc), 8, uptime_s, SETTLE_S)
+def gpus_of(stdout: str, rc: int = 0) -> GpuReport:
+    return check_gpus("nvidia-smi", answering(stdout, rc), 8)
 
 
 def failed(report: GpuReport) -> list[tuple[str, str]]:
@@ -55,20 +54,18 @@ def test_a_lost_gpu_fails_gpu_count_and_a_trained_board_passes():
     assert failed(lost) == [("gpu-count", "node")] and lost.answering == 7 and lost.judged
 
 
-def test_a_fabric_still_training_is_not_yet_until_the_node_has_been_up_the_settle_time():
-    early = gpus_of(rows("In Progress"), uptime_s=40.0)
-    assert failed(early) == [] and not early.judged and "not yet" in early.skipped
-    late = gpus_of(rows("In Progress"), uptime_s=SETTLE_S + 1)
-    assert failed(late) == [("gpu-fabric", "gpu0")] and late.judged
-    # Completed with anything but Success is no training still under way: failed at once.
-    done_badly = gpus_of("0, Completed, Failure, Enabled\n" + "".join(rows()).split("\n", 1)[1], uptime_s=10.0)
-    assert failed(done_badly) == [("gpu-fabric", "gpu0")]
+def test_a_fabric_still_training_is_not_yet_and_one_whose_training_failed_fails():
+    training = gpus_of(rows("In Progress", "Not Started"))
+    assert failed(training) == [] and not training.judged
+    assert training.skipped == "not yet: fabric still training (gpu0 In Progress, gpu1 Not Started)"
+    done_badly = gpus_of("0, Completed, Failure, Enabled\n" + rows().split("\n", 1)[1])
+    assert failed(done_badly) == [("gpu-fabric", "gpu0")] and done_badly.judged
 
 
 def test_a_board_without_a_fabric_and_a_node_without_nvidia_smi_fail_nothing():
     assert failed(gpus_of(rows(*["[Not Supported]"] * 8))) == []
     missing = check_gpus("nvidia-smi", lambda argv, **_: (_ for _ in ()).throw(FileNotFoundError(2, "No such file")),
-                         8, 100.0, SETTLE_S)
+                         8)
     assert missing.absent and missing.judged and missing.found == ()
 
 
@@ -101,14 +98,18 @@ def test_a_person_holding_a_booting_node_is_still_left_alone(tmp_path):
     assert slurm.nodes()["gpu007"].reason == "ticket-9 bad psu" and slurm.calls == []
 
 
-def test_no_gpu_answering_or_no_fabric_trained_is_shaped_like_a_shared_cause(tmp_path):
+def test_no_gpu_answering_or_every_fabric_failed_is_shaped_like_a_shared_cause(tmp_path):
     config = config_for(tmp_path)
     slurm = FakeSlurm(gpu_nodes(64))
-    for report in (gpus_of("", rc=9), gpus_of(rows(*["In Progress"] * 8), uptime_s=SETTLE_S + 1)):
+    every_failed = "".join(f"{gpu}, Completed, Failure, Enabled\n" for gpu in range(8))
+    for report in (gpus_of("", rc=9), gpus_of(every_failed)):
         outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=report)
         assert outcome.exit_code == ExitCode.FAILING and "shared cause" in " ".join(outcome.lines) + \
             " ".join(outcome.skipped.values())
     assert slurm.calls == []
+    # A GPU lost while the others still train is the node's own.
+    drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(LOST + rows(*["In Progress"] * 7, gpus=7), rc=15))
+    assert slurm.nodes()["gpu007"].reason == f"{REASON_PREFIX} gpu-count node"
 
 
 def test_a_resume_waits_until_the_fabric_was_judged(tmp_path):
@@ -116,9 +117,9 @@ def test_a_resume_waits_until_the_fabric_was_judged(tmp_path):
     slurm = FakeSlurm(gpu_nodes(64))
     drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(LOST + rows(gpus=7), rc=15))
     assert slurm.nodes()["gpu007"].drained
-    outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(rows("In Progress"), uptime_s=30.0))
+    outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(rows("In Progress")))
     assert slurm.nodes()["gpu007"].drained and "stays drained: not yet" in "\n".join(outcome.lines)
-    outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(rows(), uptime_s=90.0))
+    outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(rows()))
     assert not slurm.nodes()["gpu007"].drained and outcome.resumed == ["gpu007"]
 
 

@@ -30,7 +30,7 @@ from opsctl_lab import hardware as hwm
 from opsctl_lab.dcgm_emulator import PCI_BUS_IDS, GpuView, gpu_uuid
 from opsctl_lab.hardware import NodeHardware, leftover_pid, stable_int
 from opsctl_lab.hwtools.common import load, main_guard, state_path
-from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset
+from opsctl_lab.hwtools.nvidia_smi_reset import gpu_reset, monitoring_holders
 from opsctl_lab.hwtools.nvidia_smi_topo import persistence_mode, render_topo
 from opsctl_lab.training_load import read_load
 
@@ -388,7 +388,7 @@ def main(argv: list[str]) -> int:
         if changed:
             hw.save(state_path())
     elif opts["mode"] == "reset":
-        text, rc = gpu_reset(hw, {g: bus_id(g) for g in gpus if hw.gpu_present(g)}, now)
+        text, rc = gpu_reset(hw, {g: bus_id(g) for g in gpus if hw.gpu_present(g)}, now, monitoring_holders(hw))
         hw.save(state_path())
         sys.stdout.write(text)
         return RC_FELL_OFF_BUS if _missing(hw, gpus) else rc

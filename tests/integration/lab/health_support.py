@@ -55,6 +55,10 @@ class HealthLab:
                "slurm": {"backend": "cli"}, **FAST}
         if safety:
             raw["safety"] = safety
+        # The lab's BMC (docs/lab.md), where it has one: the ladder's power cycle goes through it.
+        bmc = yaml.safe_load((lab.lab_dir / "opsctl.yaml").read_text()).get("bmc")
+        if bmc:
+            raw["bmc"] = bmc
         self.state = tmp / "state"
         # The test's own state directory is its config's, as a cluster's is (actions refuse a private one).
         raw.update(state_dir=str(self.state), audit_log=str(self.state / "audit.jsonl"))

@@ -118,15 +118,26 @@ def test_a_32_node_job_lands_inside_one_block_on_2411(written):
                                      "--exclusive", "--chdir=/", "--output=/dev/null", "--wrap=sleep 60"])
     try:
         cluster.up(fresh=True, timeout=120)
-        busy = subprocess.run([*sbatch, "-N4", "-w", "gpu[001-004]"], capture_output=True, text=True, check=True)
-        wait(lambda: running_or_released(cluster, busy.stdout.strip()), "the first job to run", cluster, timeout=120)
-        job = subprocess.run([*sbatch, "-N32"], capture_output=True, text=True, check=True).stdout.strip()
+        busy = submitted(sbatch, "-N4", "-w", "gpu[001-004]")
+        wait(lambda: running_or_released(cluster, busy), "the first job to run", cluster, timeout=120)
+        job = submitted(sbatch, "-N32")
         placed = wait(lambda: running_or_released(cluster, job), "the 32-node job to run", cluster, timeout=120)
     finally:
         cluster.down()
     blocks = settings(written["block"], "BlockName")
     assert len(placed) == 32 and any(set(placed) <= set(nodes) for nodes in blocks.values()), (placed, blocks)
     assert placed == blocks["su2-leaf"]
+
+
+def submitted(sbatch: list[str], *args: str, tries: int = 3) -> str:
+    """The job id of `sbatch ARGS`. A slurmctld just started on a machine busy with other streams can refuse a
+    submission for a moment (its RPC queue full, a registration under way): asked again, with what it said."""
+    for _ in range(tries):
+        out = subprocess.run([*sbatch, *args], capture_output=True, text=True, timeout=60)
+        if out.returncode == 0:
+            return out.stdout.strip()
+        time.sleep(5)
+    raise AssertionError(f"sbatch {' '.join(args)} failed {tries} times: {out.stderr.strip()}")
 
 
 def running_or_released(cluster: ChrootCluster, job: str) -> list[str]:

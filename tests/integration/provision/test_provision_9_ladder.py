@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from opsctl_lab.machines.settings import HW_STATE
+from opsctl_lab.machines.settings import DCGM_PORT, HW_STATE
 from tests.integration.provision.support import NEEDS_MACHINES, NEEDS_ROOT, lab_cli, wait_until
 
 pytestmark = [NEEDS_ROOT, NEEDS_MACHINES, pytest.mark.provision]
@@ -111,4 +111,34 @@ def test_xid_79_reboots_through_slurm_waits_for_the_fabric_validates_and_resumes
         machines.ssh(NODE, f"opsctl-hw fabric-training {training}", check=False)
         machines.ssh(NODE, "systemctl enable --now opsctl-node-check.timer", check=False)
         if machines.drained(NODE) or machines.node_state(NODE)[0].startswith("down"):
+            machines.resume(NODE)
+
+
+def test_xid_48_is_reset_with_dcgm_stopped_validated_and_resumed_and_the_exporter_serves_again(machines):
+    """XID 48 on gpu2 while nv-hostengine (nvidia-dcgm, the lab's DCGM package) and dcgm-exporter run, as they always
+    do: each holds every GPU, so the emulated `nvidia-smi -r` refuses while systemd says either is active. The node's
+    step stops both, resets, starts them again: the reset ran (validated-pass, not unchecked), both are active
+    afterwards and the exporter serves gpu2's metrics again."""
+    wait_until(lambda: machines.node_state(NODE)[0] == "idle", 90, f"{NODE} idle")
+    units = "nvidia-dcgm dcgm-exporter"
+    assert machines.ssh(NODE, f"systemctl is-active {units}").stdout.split() == ["active", "active"]
+    machines.ssh(NODE, "systemctl stop opsctl-node-check.timer")
+    lab_cli("inject", NODE, "xid:48", "--gpu", "2")
+    try:
+        _, reason = wait_until(lambda: health_drain(machines), 90, f"{NODE} drained", interval=3)
+        assert reason.startswith("opsctl:xid-48 gpu2"), reason
+        assert remediate(machines)[NODE]["action"] == "reset"
+        machines.ssh(NODE, f"$(sed -n 's/^ExecStart=//p' {NODE_CHECK_UNIT})")
+        assert machines.node_state(NODE)[1] == "opsctl:validated-pass gpu2 xid-48 after-reset pass"
+        assert machines.ssh(NODE, f"systemctl is-active {units}").stdout.split() == ["active", "active"]
+        url = f"http://{machines.addr(NODE)}:{DCGM_PORT}/metrics"
+        metrics = f"python3 -c \"import urllib.request; print(urllib.request.urlopen('{url}').read().decode())\""
+        wait_until(lambda: 'gpu="2"' in machines.ssh(NODE, metrics, check=False).stdout, 60,
+                   "dcgm-exporter serving gpu2 again")
+        assert remediate(machines)[NODE]["action"] == "resume"
+        assert wait_until(lambda: machines.node_state(NODE)[0] == "idle", 60, f"{NODE} back in service")
+    finally:
+        lab_cli("clear", NODE)
+        machines.ssh(NODE, "systemctl start opsctl-node-check.timer")
+        if machines.drained(NODE):
             machines.resume(NODE)
