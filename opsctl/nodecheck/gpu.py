@@ -1,5 +1,5 @@
 """The node check's look at its GPUs, for `--drain-self` as Slurm's HealthCheckProgram: a node that boots with a
-GPU off the bus, or whose NVSwitch fabric never trains, drains itself before it takes a job.
+GPU off the bus, or whose NVSwitch fabric training failed, drains itself before it takes a job.
 
     $ nvidia-smi --query-gpu=index,fabric.state,fabric.status,persistence_mode --format=csv,noheader
     0, Completed, Success, Enabled
@@ -88,7 +88,7 @@ def judge(rows: list[dict[str, CsvValue]], expected: int) -> GpuReport:
     return GpuReport(found=tuple(found), answering=len(listed), skipped=skipped, lines=tuple(lines))
 
 
-def every_gpu_failed(gpus: "GpuReport", found: list[CheckResult]) -> bool:
+def every_gpu_failed(gpus: GpuReport, found: list[CheckResult]) -> bool:
     """No GPU answers, or the fabric failed on every GPU that does: the shape of a cause every node shares."""
     fabric = [r for r in found if r.check == FABRIC]
     return gpus.answering == 0 or (len(fabric) == gpus.answering and all(r.failed for r in fabric))
