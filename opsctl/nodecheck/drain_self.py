@@ -26,6 +26,7 @@ from opsctl.slurm.partitions import select_partitions
 from opsctl.storage.check import CHECKS as STORAGE_CHECKS
 
 NOT_RESPONDING_REASON = "Not responding"  # slurmctld's reason for a node it set DOWN when slurmd stopped answering
+REGISTERING_FLAGS = {"NOT_RESPONDING", "COMPLETING"}
 
 
 def self_reason(found: list[CheckResult], max_length: int) -> str:
@@ -61,10 +62,11 @@ def shared_shaped(report: Report | None, found: list[CheckResult], config: Confi
 
 def registering(node: SlurmNode) -> bool:
     """slurmd starting (its HealthCheckProgram runs before it registers): slurmctld shows the node NOT_RESPONDING,
-    in service or DOWN for that alone (Slurm's own "Not responding"), and nothing else holds it. Such a node may
-    drain itself: that is what a health check at slurmd's start is for."""
-    return set(node.flags) == {"NOT_RESPONDING"} and node.state in ("idle", "down") \
-        and node.reason in ("", NOT_RESPONDING_REASON)
+    in service or DOWN for that alone (Slurm's own "Not responding"), perhaps still COMPLETING a job that the boot
+    cut short (registration ends it), and nothing else holds it. Such a node may drain itself: that is what a
+    health check at slurmd's start is for."""
+    return "NOT_RESPONDING" in node.flags and set(node.flags) <= REGISTERING_FLAGS \
+        and node.state in ("idle", "down") and node.reason in ("", NOT_RESPONDING_REASON)
 
 
 def count_against_slurm(gpus: GpuReport, node: SlurmNode) -> list[CheckResult]:

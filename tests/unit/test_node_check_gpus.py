@@ -85,6 +85,9 @@ def test_a_node_booting_with_a_lost_gpu_drains_itself_while_slurmd_registers(tmp
 
 def test_registering_is_not_responding_alone_with_no_reason_but_slurms():
     assert registering(SlurmNode("n", "idle", ("NOT_RESPONDING",)))
+    # A job's end the boot cut short: slurmctld shows it until the node registers (seen on a lab machine).
+    assert registering(SlurmNode("n", "idle", ("COMPLETING", "NOT_RESPONDING")))
+    assert not registering(SlurmNode("n", "idle", ("COMPLETING",)))
     assert not registering(SlurmNode("n", "down", ("NOT_RESPONDING",), "ticket-9 bad psu"))
     assert not registering(SlurmNode("n", "idle", ("NOT_RESPONDING", "MAINTENANCE")))
     assert not registering(SlurmNode("n", "idle", ("NOT_RESPONDING", "DRAIN"), "Not responding"))
@@ -131,3 +134,12 @@ def test_gpu_count_is_judged_against_the_gpus_slurm_was_told_the_node_has(tmp_pa
     slurm = FakeSlurm(gpu_nodes(64, gpu007=own_line))
     outcome = drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(LOST + rows(gpus=7), rc=15))
     assert outcome.exit_code == ExitCode.OK and slurm.calls == []
+
+
+def test_a_node_booting_while_slurm_still_shows_a_job_completing_drains_itself_too(tmp_path):
+    """As a lab machine rebooted outside Slurm showed it: IDLE+COMPLETING+NOT_RESPONDING, no reason."""
+    config = config_for(tmp_path)
+    booting = SlurmNode("gpu007", "idle", ("COMPLETING", "NOT_RESPONDING"), "", ("gpu",), "gpu:h200:8")
+    slurm = FakeSlurm(gpu_nodes(64, gpu007=booting))
+    drain_self(config, slurm, "gpu007", PASSING, gpus=gpus_of(LOST + rows(gpus=7), rc=15))
+    assert slurm.nodes()["gpu007"].reason == f"{REASON_PREFIX} gpu-count node"
