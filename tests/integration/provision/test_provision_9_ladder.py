@@ -82,9 +82,11 @@ def test_xid_79_reboots_through_slurm_waits_for_the_fabric_validates_and_resumes
     booted = machines.ssh(NODE, "cat /proc/sys/kernel/random/boot_id").stdout
 
     def back_from_reboot():
+        """Registered again: slurmctld appends "reboot complete" then (sinfo shows a rebooting node DOWN too, and its
+        slurmd waits for the fabric before it registers)."""
         state, reason = machines.node_state(NODE)
         new_boot = machines.ssh(NODE, "cat /proc/sys/kernel/random/boot_id", check=False).stdout not in ("", booted)
-        return (state, reason) if state == "down" and new_boot else None
+        return (state, reason) if state == "down" and reason.endswith("reboot complete") and new_boot else None
 
     lab_cli("inject", NODE, "xid:79", "--gpu", "1")
     try:
