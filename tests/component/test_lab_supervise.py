@@ -45,6 +45,21 @@ def test_a_reboot_boots_the_machine_again_and_a_halt_ends_the_supervisor(tmp_pat
     assert err.count("the machine rebooted; booting it again") == 2, err
 
 
+def test_a_reboot_leaves_the_boards_marker_and_a_halt_none(tmp_path):
+    """With --reboot-marker the next boot finds the file (opsctl-hw boot then ends the faults a reboot ends); a
+    machine stopped without a reboot gets none, as `lab machines down`/`up` keeps every fault."""
+    rebooted, halted = tmp_path / "rebooted", tmp_path / "halted"
+    rebooted.mkdir()
+    halted.mkdir()
+    for where, statuses in ((rebooted, [133, 0]), (halted, [0])):
+        proc = supervisor(["--reboot-marker", str(where / "layer/var/lib/opsctl-hw/rebooted"),
+                           *stand_in(where, statuses)])
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert (rebooted / "layer/var/lib/opsctl-hw/rebooted").exists()
+    assert not (halted / "layer/var/lib/opsctl-hw/rebooted").exists()
+
+
 def test_a_crash_is_not_a_reboot(tmp_path):
     proc = supervisor(stand_in(tmp_path, [1]))
     proc.communicate(timeout=30)

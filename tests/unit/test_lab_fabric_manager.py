@@ -161,37 +161,6 @@ def test_up_gives_the_slurmds_the_fabric_training_on_top_of_their_registration()
     assert settle_timeout(Settings(fabric_training_s=10.0)) == SETTLE_S + 10.0
 
 
-class Machine:
-    """A stand-in for the supervisor's systemd-nspawn: each boot ends with the next of `statuses`."""
-
-    def __init__(self, statuses: list[int]) -> None:
-        self.statuses = statuses
-
-    def __call__(self, argv: list[str]) -> "Machine":
-        return self
-
-    def wait(self) -> int:
-        return self.statuses.pop(0)
-
-
-def supervise_boots(monkeypatch, tmp_path, statuses: list[int]) -> bool:
-    """Whether the supervisor leaves its marker for a machine whose boots end with `statuses`."""
-    from opsctl_lab.machines import supervise
-
-    monkeypatch.setattr(supervise.subprocess, "Popen", Machine(list(statuses)))
-    monkeypatch.setattr(supervise.time, "sleep", lambda _s: None)
-    monkeypatch.setattr(supervise, "fresh_boot_clock", lambda: None)
-    monkeypatch.setattr(supervise.signal, "signal", lambda *_args: None)
-    marker = tmp_path / "upper/var/lib/opsctl-hw/rebooted"
-    assert supervise.main(["--reboot-marker", str(marker), "systemd-nspawn", "-b"]) == 0  # the last boot halted
-    return marker.exists()
-
-
-def test_the_supervisor_marks_a_reboot_and_not_a_halt(monkeypatch, tmp_path):
-    assert supervise_boots(monkeypatch, tmp_path / "rebooted", [133, 0])
-    assert not supervise_boots(monkeypatch, tmp_path / "halted", [0])
-
-
 def test_the_supervisors_marker_comes_before_the_command():
     from opsctl_lab.machines.supervise import split_marker
 
