@@ -38,6 +38,7 @@ from typing import Protocol
 
 import requests
 
+from opsctl.fileio import write_atomic
 from opsctl_lab import paths as lp
 from opsctl_lab import processes, prometheus_lab, slurm_lab, slurm_reboot
 from opsctl_lab.errors import LabError
@@ -109,22 +110,14 @@ def emulator_config(nodes: list[str], *, port: int, notify_url: str, state_dir: 
     return header + "".join(f"{name} = {value!r}\n" for name, value in settings.items())
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to a file that only its owner reads (0600 from its creation, never wider)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-
-
 def write_credentials(paths: lp.LabPaths, password: str) -> None:
     """The password for the ladder (password_file) and its bcrypt hash for the emulator (htpasswd_file)."""
     import bcrypt  # sushy-tools' own dependency: there when the emulator is
 
     paths.bmc.mkdir(parents=True, exist_ok=True)
-    write_private(password_file(paths), password + "\n")
+    write_atomic(password_file(paths), password + "\n", mode=0o600)  # only its owner reads it, from its creation
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
-    write_private(htpasswd_file(paths), f"{USER}:{hashed}\n")
+    write_atomic(htpasswd_file(paths), f"{USER}:{hashed}\n", mode=0o600)
 
 
 def prepare(paths: lp.LabPaths, nodes: list[str], port: int, notify_url: str) -> None:
