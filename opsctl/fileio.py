@@ -8,6 +8,9 @@ through or opened. Then fchmod to `mode`, fsync, os.replace onto `path`, and fsy
 that the rename itself is durable. On any failure the temporary file is removed and OSError propagates;
 callers turn it into their own one-line error.
 
+`read_secret(path, key)` reads a password or token kept in a file of its own (a config key names the file, never
+the secret): its text, stripped, or a SourceUnavailable naming the key and never the secret.
+
 `read_nofollow(path)` reads a file's text without following a symlink at `path`: None when it does not
 exist, OSError for a symlink (ELOOP) or anything else that is not a regular file (a FIFO never blocks it).
 """
@@ -17,6 +20,8 @@ import os
 import secrets
 import stat
 from pathlib import Path
+
+from opsctl.errors import SourceUnavailable
 
 # A random temporary name collides only with one planted by someone guessing 64 random bits; a collision
 # (EEXIST) takes a new name, a few times.
@@ -79,3 +84,13 @@ def read_nofollow(path: Path | str) -> str | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         return handle.read()
+
+
+def read_secret(path: str | None, key: str) -> str:
+    """The secret in the file that config key `key` names; SourceUnavailable when it is not set or unreadable."""
+    if path is None:
+        raise SourceUnavailable(f"cannot read {key} (not set)")
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        raise SourceUnavailable(f"cannot read {key} ({err.strerror})") from None

@@ -19,6 +19,7 @@ import requests
 
 from opsctl.config.schema import BmcConfig
 from opsctl.errors import SourceUnavailable
+from opsctl.fileio import read_secret
 
 POLL_S = 2.0
 SYSTEMS = "/redfish/v1/Systems"
@@ -69,18 +70,11 @@ class Redfish:
 
     def _request(self, method: str, url: str, **kwargs: Any) -> Any:
         verify: bool | str = self.bmc.ca_bundle or self.bmc.verify_tls
+        auth = (self.bmc.user, read_secret(self.bmc.password_file, "bmc.password_file"))
         try:
-            answer = self.session.request(method, url, auth=(self.bmc.user, self._password()), verify=verify,
-                                          timeout=self.bmc.timeout, **kwargs)
+            answer = self.session.request(method, url, auth=auth, verify=verify, timeout=self.bmc.timeout, **kwargs)
         except requests.RequestException as err:
             raise SourceUnavailable(f"BMC {method} {url}: {type(err).__name__}") from None
         if answer.status_code >= 400:
             raise SourceUnavailable(f"BMC {method} {url}: HTTP {answer.status_code}")
         return answer
-
-    def _password(self) -> str:
-        try:
-            with open(str(self.bmc.password_file)) as secret:
-                return secret.read().strip()
-        except OSError as err:
-            raise SourceUnavailable(f"cannot read bmc.password_file ({err.strerror})") from None

@@ -16,13 +16,13 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import requests
 
 from opsctl.config.schema import PrometheusConfig
 from opsctl.errors import SourceUnavailable, redact
+from opsctl.fileio import read_secret
 from opsctl.prom.failure import (
     QUERY_PATH,
     RANGE_PATH,
@@ -173,10 +173,10 @@ class PromClientImpl:
         self._headers: dict[str, str] = {}
         self._auth: tuple[str, str] | None = None
         if bearer_token_file:
-            token = _secret(bearer_token_file, "prometheus.bearer_token_file")
+            token = read_secret(bearer_token_file, "prometheus.bearer_token_file")
             self._headers["Authorization"] = f"Bearer {token}"
         if username:
-            self._auth = (username, _secret(password_file, "prometheus.basic_auth.password_file"))
+            self._auth = (username, read_secret(password_file, "prometheus.basic_auth.password_file"))
 
     @property
     def session(self) -> requests.Session:
@@ -253,10 +253,3 @@ class PromClientImpl:
         return payload
 
 
-def _secret(path: str | None, key: str) -> str:
-    if path is None:
-        raise SourceUnavailable(f"cannot read {key} (not set)")
-    try:
-        return Path(path).read_text().strip()
-    except OSError as err:
-        raise SourceUnavailable(f"cannot read {key} ({err.strerror})") from None
