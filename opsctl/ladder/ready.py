@@ -63,6 +63,17 @@ class Readiness:
         return f"not ready after {self.waited_s:.0f}s: {self.why}"
 
 
+FABRIC_TRAINED, FABRIC_TRAINING, FABRIC_FAILED = "trained", "training", "failed"
+
+
+def fabric_state(state: object, status: object) -> str:
+    """A GPU's fabric, from nvidia-smi's fabric.state and fabric.status: trained (Completed with Success, or a board
+    without a fabric), still training (Not Started, In Progress), or failed (Completed with another status)."""
+    if state in NO_FABRIC or (state == "Completed" and status == "Success"):
+        return FABRIC_TRAINED
+    return FABRIC_FAILED if state == "Completed" else FABRIC_TRAINING
+
+
 def not_ready(text: str) -> tuple[tuple[int, ...], str]:
     """The GPUs of a readiness query's output and what of them is not ready ("" when nothing)."""
     rows = parse_nvidia_smi_csv(text, READY_FIELDS)
@@ -72,9 +83,10 @@ def not_ready(text: str) -> tuple[tuple[int, ...], str]:
         if not isinstance(gpu, int):
             raise SourceUnavailable(f"nvidia-smi printed no GPU index: {row}")
         gpus.append(gpu)
-        if state == "Completed" and status != "Success":
+        fabric = fabric_state(state, status)
+        if fabric == FABRIC_FAILED:
             waiting.append(f"fabric Completed with status {status} on GPU {gpu}")
-        elif state != "Completed" and state not in NO_FABRIC:
+        elif fabric == FABRIC_TRAINING:
             waiting.append(f"fabric {state} on GPU {gpu}")
         if persistence != "Enabled":
             waiting.append(f"persistence mode {persistence} on GPU {gpu}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from opsctl.errors import SourceUnavailable
 from opsctl.gpu.nvidia_smi import RC_FELL_OFF_BUS, CsvValue, parse_nvidia_smi_csv
 from opsctl.gpu.tools import READY_QUERY_TIMEOUT_S, Run, exited, run_tool
-from opsctl.ladder.ready import NO_FABRIC, READY_FIELDS
+from opsctl.ladder.ready import FABRIC_FAILED, FABRIC_TRAINING, READY_FIELDS, fabric_state
 from opsctl.nodecheck.report import NODE, CheckResult
 
 COUNT = "gpu-count"
@@ -74,12 +74,12 @@ def judge(rows: list[dict[str, CsvValue]], expected: int) -> GpuReport:
     waiting = []
     for row in listed:
         state, status = row["fabric.state"], row["fabric.status"]
-        if state in NO_FABRIC or (state == "Completed" and status == "Success"):
-            found.append(CheckResult(FABRIC, f"gpu{row['index']}", False))
-        elif state != "Completed":
+        fabric = fabric_state(state, status)
+        if fabric == FABRIC_TRAINING:
             waiting.append(f"gpu{row['index']} {state}")
-        else:
-            found.append(CheckResult(FABRIC, f"gpu{row['index']}", True))
+            continue
+        found.append(CheckResult(FABRIC, f"gpu{row['index']}", fabric == FABRIC_FAILED))
+        if fabric == FABRIC_FAILED:
             lines.append(f"gpu{row['index']} fabric Completed ({status})")
     skipped = ""
     if waiting:
